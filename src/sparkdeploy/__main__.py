@@ -1,0 +1,5 @@
+import sys
+
+from sparkdeploy.cli import main
+
+sys.exit(main())

@@ -1,0 +1,54 @@
+"""The only place that parses argv, prints and exits.
+
+Each module in this package defines one command or group of commands and lists them in `COMMANDS`;
+they are discovered here so adding a command touches one file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import click
+
+from sparkdeploy import __version__
+from sparkdeploy.errors import SparkdeployError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="sparkdeploy")
+def cli() -> None:
+    """Deploy and supervise vLLM on one or two NVIDIA DGX Spark boxes (or the simulated cluster)."""
+
+
+def _register_commands() -> None:
+    for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{module_info.name}")
+        for command in getattr(module, "COMMANDS", ()):
+            cli.add_command(command)
+
+
+_register_commands()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; turn every SparkdeployError into one line on stderr and its exit code."""
+    try:
+        cli.main(args=argv, prog_name="sparkdeploy", standalone_mode=False)
+    except SparkdeployError as err:
+        click.secho(f"error: {err}", fg="red", err=True)
+        return err.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 1
+    except click.exceptions.Exit as done:
+        return done.exit_code
+    except click.ClickException as err:
+        err.show()
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""One error family per concern; each carries what it is about (file, field, node) so the CLI can say it in one line.
+
+Modules below the CLI raise these and never call sys.exit; the CLI maps them to exit codes.
+"""
+
+from __future__ import annotations
+
+
+class SparkdeployError(Exception):
+    """Base of every error the CLI reports as one clear line."""
+
+    exit_code = 1
+
+
+class InputError(SparkdeployError):
+    """Bad user input: nothing was changed; exit code 2."""
+
+    exit_code = 2
+
+
+class InventoryError(InputError):
+    """An inventory, profile or facts file is invalid; names the file and the field path."""
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
+        self.file, self.field, self.reason = file, field, message
+        where = ": ".join(p for p in (file, field) if p)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class PlanError(InputError):
+    """The inventory is valid but cannot be planned safely (e.g. a memory budget below the reserve)."""
+
+
+class VocabError(InputError):
+    """A draft vocabulary, tokenizer or corpus is unusable."""
+
+
+class RemoteError(SparkdeployError):
+    """A command or transfer on a node failed; names the node."""
+
+    def __init__(self, message: str, *, node: str | None = None):
+        self.node = node
+        super().__init__(f"{node}: {message}" if node else message)
+
+
+class HealthError(SparkdeployError):
+    """The service did not become or stay healthy."""
+
+
+class SimError(SparkdeployError):
+    """The simulated cluster could not be built, started or reached."""
+
+
+class BenchError(SparkdeployError):
+    """A measurement could not be taken or compared honestly."""
