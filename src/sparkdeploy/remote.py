@@ -1,0 +1,550 @@
+"""Connections to nodes: run argv lists, upload files atomically, stream bytes between nodes, in parallel.
+
+Every command is an argv list joined with `shlex.join`, so no inventory value ever reaches a remote shell
+unquoted. A node whose host is this machine gets a `LocalConn` (subprocess, no SSH to self); every other
+node gets an `SSHConn` (paramiko) with host-key verification on: unknown keys are refused unless
+`trust_new_hosts` is set, in which case they are accepted and recorded in the kit's known_hosts file.
+Changed keys are always refused.
+
+Streams (`docker save | docker load`) use raw processes/channels with an explicit end of input
+(`shutdown_write`), never fabric's `in_stream`, which does not send EOF.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import ipaddress
+import os
+import posixpath
+import secrets
+import select
+import shlex
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence, TypeVar
+
+import paramiko
+
+from sparkdeploy.errors import RemoteError
+
+T = TypeVar("T")
+
+DEFAULT_KNOWN_HOSTS = Path(os.environ.get("SPARKDEPLOY_KNOWN_HOSTS", "~/.config/sparkdeploy/known_hosts")).expanduser()
+CONNECT_TIMEOUT = 10.0
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a node is reached. `local=None` means: decide by whether `host` is an address of this machine."""
+
+    name: str
+    host: str
+    port: int = 22
+    user: str = "root"
+    identity: str | None = None
+    local: bool | None = None
+    known_hosts: str | None = None
+
+
+@dataclass
+class Result:
+    argv: list[str]
+    rc: int
+    stdout: str
+    stderr: str
+    node: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+    def check(self) -> "Result":
+        if self.rc != 0:
+            tail = (self.stderr or self.stdout).strip().splitlines()[-3:]
+            raise RemoteError(f"`{shlex.join(self.argv)}` exited {self.rc}: {' | '.join(tail)}", node=self.node)
+        return self
+
+
+def is_local_host(host: str) -> bool:
+    """True when `host` names this machine: localhost, its hostname, or an address on one of its interfaces."""
+    if host in ("localhost", "local", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            addr = ipaddress.ip_address(socket.gethostbyname(host))
+        except OSError:
+            return False
+    import psutil
+
+    mine = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return str(addr) in mine
+
+
+class Proc:
+    """A running command with a byte pipe in and out; `close_stdin` sends EOF."""
+
+    def write(self, data: bytes) -> None: ...
+    def read(self, n: int = CHUNK) -> bytes: ...
+    def close_stdin(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> tuple[int, str]: ...
+    def kill(self) -> None: ...
+
+
+class Conn:
+    """One node. Subclasses implement `run`, `put`, `get`, `popen`."""
+
+    target: Target
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+    def run(self, argv: Sequence[str], *, timeout: float = 120, check: bool = True, input: bytes | None = None) -> Result:
+        raise NotImplementedError
+
+    def put(self, path: str, data: bytes, *, mode: int = 0o644, owner: str | None = None) -> None:
+        raise NotImplementedError
+
+    def get(self, path: str) -> bytes | None:
+        raise NotImplementedError
+
+    def popen(self, argv: Sequence[str]) -> Proc:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # Convenience built on run/put.
+    def sh(self, script: str, *, timeout: float = 120, check: bool = True) -> Result:
+        """Run a fixed script (kit text, never inventory values spliced in) under `sh -c`."""
+        return self.run(["sh", "-c", script], timeout=timeout, check=check)
+
+    def exists(self, path: str) -> bool:
+        return self.run(["test", "-e", path], check=False).ok
+
+    def symlink(self, link: str, dest: str) -> None:
+        """Point `link` at `dest` atomically (new link beside it, then rename over)."""
+        tmp = f"{link}.sparkdeploy-tmp-{secrets.token_hex(4)}"
+        self.run(["ln", "-sfn", dest, tmp])
+        self.run(["mv", "-Tf", tmp, link])
+
+
+def _atomic_tmp(path: str) -> str:
+    d, base = posixpath.split(path)
+    return posixpath.join(d, f".{base}.sparkdeploy-tmp-{secrets.token_hex(4)}")
+
+
+# --------------------------------------------------------------------------------------------- local
+class _LocalProc(Proc):
+    def __init__(self, argv: Sequence[str]):
+        self.p = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self._err = b""
+        self._t = threading.Thread(target=self._drain_err, daemon=True)
+        self._t.start()
+
+    def _drain_err(self):
+        self._err = self.p.stderr.read()
+
+    def write(self, data: bytes) -> None:
+        self.p.stdin.write(data)
+
+    def read(self, n: int = CHUNK) -> bytes:
+        return self.p.stdout.read1(n) if hasattr(self.p.stdout, "read1") else self.p.stdout.read(n)
+
+    def close_stdin(self) -> None:
+        try:
+            self.p.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    def wait(self, timeout: float | None = None) -> tuple[int, str]:
+        rc = self.p.wait(timeout)
+        self._t.join(5)
+        return rc, self._err.decode(errors="replace")
+
+    def kill(self) -> None:
+        self.p.kill()
+
+
+class LocalConn(Conn):
+    """This machine: subprocess for commands, os for files (no SSH to self)."""
+
+    def __init__(self, target: Target):
+        self.target = target
+
+    def run(self, argv, *, timeout=120, check=True, input=None) -> Result:
+        argv = [str(a) for a in argv]
+        try:
+            p = subprocess.run(argv, input=input, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RemoteError(f"`{shlex.join(argv)}` did not finish within {timeout:.0f} s", node=self.name) from None
+        except FileNotFoundError as err:
+            res = Result(argv, 127, "", str(err), self.name)
+            return res.check() if check else res
+        res = Result(argv, p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"), self.name)
+        return res.check() if check else res
+
+    def put(self, path, data, *, mode=0o644, owner=None) -> None:
+        tmp = _atomic_tmp(path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.chmod(tmp, mode)
+            if owner:
+                import shutil
+
+                user, _, group = owner.partition(":")
+                shutil.chown(tmp, user or None, group or None)
+            os.replace(tmp, path)
+        except OSError as err:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise RemoteError(f"writing {path} failed: {err.strerror or err}", node=self.name) from None
+
+    def get(self, path) -> bytes | None:
+        try:
+            return Path(path).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise RemoteError(f"reading {path} failed: {err}", node=self.name) from None
+
+    def popen(self, argv) -> Proc:
+        return _LocalProc([str(a) for a in argv])
+
+
+# ----------------------------------------------------------------------------------------------- ssh
+class _TrustNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Accept an unknown host key and record it; a changed key is never reached here (paramiko raises)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def missing_host_key(self, client, hostname, key):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        with _KH_LOCK, open(self.path, "a") as f:
+            f.write(line)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+class _RefusePolicy(paramiko.MissingHostKeyPolicy):
+    def __init__(self, path: Path):
+        self.path = path
+
+    def missing_host_key(self, client, hostname, key):
+        raise RemoteError(
+            f"host key of {hostname} ({key.get_name()}) is not in {self.path} or ~/.ssh/known_hosts; "
+            "check it and re-run with --trust-new-hosts to record it",
+            node=hostname,
+        )
+
+
+_KH_LOCK = threading.Lock()
+
+
+class _ChanProc(Proc):
+    def __init__(self, chan: paramiko.Channel):
+        self.chan = chan
+
+    def write(self, data: bytes) -> None:
+        self.chan.sendall(data)
+
+    def read(self, n: int = CHUNK) -> bytes:
+        return self.chan.recv(n)
+
+    def close_stdin(self) -> None:
+        self.chan.shutdown_write()
+
+    def wait(self, timeout: float | None = None) -> tuple[int, str]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        err = bytearray()
+        while not self.chan.exit_status_ready():
+            if self.chan.recv_stderr_ready():
+                err += self.chan.recv_stderr(CHUNK)
+            elif self.chan.recv_ready():
+                self.chan.recv(CHUNK)
+            else:
+                time.sleep(0.02)
+            if deadline and time.monotonic() > deadline:
+                raise TimeoutError("remote command did not exit")
+        while self.chan.recv_stderr_ready():
+            err += self.chan.recv_stderr(CHUNK)
+        rc = self.chan.recv_exit_status()
+        self.chan.close()
+        return rc, err.decode(errors="replace")
+
+    def kill(self) -> None:
+        self.chan.close()
+
+
+class SSHConn(Conn):
+    """A node over SSH (paramiko). Host keys: the kit's known_hosts file plus ~/.ssh/known_hosts."""
+
+    def __init__(self, target: Target, *, trust_new_hosts: bool = False, connect_timeout: float = CONNECT_TIMEOUT):
+        self.target = target
+        kh = Path(target.known_hosts).expanduser() if target.known_hosts else DEFAULT_KNOWN_HOSTS
+        self.client = paramiko.SSHClient()
+        try:
+            self.client.load_system_host_keys()
+        except (OSError, paramiko.SSHException):
+            pass
+        if kh.exists():
+            self.client.load_host_keys(str(kh))  # kit file wins for add; never saved wholesale
+            self.client._host_keys_filename = None  # we append ourselves, paramiko must not rewrite it
+        self.client.set_missing_host_key_policy(_TrustNewPolicy(kh) if trust_new_hosts else _RefusePolicy(kh))
+        try:
+            self.client.connect(
+                target.host,
+                port=target.port,
+                username=target.user,
+                key_filename=target.identity,
+                timeout=connect_timeout,
+                banner_timeout=connect_timeout,
+                auth_timeout=connect_timeout,
+                allow_agent=target.identity is None,
+                look_for_keys=target.identity is None,
+            )
+        except RemoteError as err:
+            raise RemoteError(str(err).split(": ", 1)[-1], node=target.name) from None
+        except paramiko.BadHostKeyException as err:
+            raise RemoteError(
+                f"host key of {target.host} CHANGED (got {err.key.get_name()} {err.key.get_fingerprint().hex()}); "
+                "refusing to connect; if the node was reinstalled remove its line from the known_hosts file",
+                node=target.name,
+            ) from None
+        except (OSError, paramiko.SSHException, EOFError) as err:
+            raise RemoteError(f"ssh {target.user}@{target.host}:{target.port}: {err or type(err).__name__}", node=target.name) from None
+        self.client.get_transport().set_keepalive(15)
+
+    def _chan(self, argv) -> paramiko.Channel:
+        try:
+            chan = self.client.get_transport().open_session(timeout=CONNECT_TIMEOUT)
+            chan.exec_command(shlex.join(str(a) for a in argv))
+        except (OSError, paramiko.SSHException, AttributeError, EOFError) as err:
+            raise RemoteError(f"ssh session lost: {err or type(err).__name__}", node=self.name) from None
+        return chan
+
+    def run(self, argv, *, timeout=120, check=True, input=None) -> Result:
+        argv = [str(a) for a in argv]
+        chan = self._chan(argv)
+        out, err = bytearray(), bytearray()
+        deadline = time.monotonic() + timeout
+        try:
+            if input is not None:
+                chan.sendall(input)
+            chan.shutdown_write()
+            while True:
+                if chan.recv_ready():
+                    out += chan.recv(CHUNK)
+                    continue
+                if chan.recv_stderr_ready():
+                    err += chan.recv_stderr(CHUNK)
+                    continue
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if chan.closed or self.client.get_transport() is None or not self.client.get_transport().is_active():
+                    raise RemoteError(f"ssh connection dropped while running `{shlex.join(argv)}`", node=self.name)
+                if time.monotonic() > deadline:
+                    chan.close()
+                    raise RemoteError(f"`{shlex.join(argv)}` did not finish within {timeout:.0f} s", node=self.name)
+                select.select([chan], [], [], 0.2)
+            rc = chan.recv_exit_status()
+        except (OSError, paramiko.SSHException, EOFError) as err_:
+            raise RemoteError(f"ssh connection dropped while running `{shlex.join(argv)}`: {err_}", node=self.name) from None
+        finally:
+            chan.close()
+        if rc == -1:
+            raise RemoteError(f"ssh connection dropped while running `{shlex.join(argv)}`", node=self.name)
+        res = Result(argv, rc, out.decode(errors="replace"), err.decode(errors="replace"), self.name)
+        return res.check() if check else res
+
+    def put(self, path, data, *, mode=0o644, owner=None) -> None:
+        """Write to a temp file beside `path`, set mode/owner, fsync, rename over. On failure the temp is removed
+        and `path` is untouched (disk full leaves the old file in place)."""
+        tmp = _atomic_tmp(path)
+        try:
+            res = self.run(
+                ["sh", "-c", 'umask 077 && cat > "$1" && chmod "$2" "$1" && sync "$1"', "put", tmp, format(mode, "o")],
+                input=data,
+                check=False,
+                timeout=max(60, len(data) / 5e6),
+            )
+            if not res.ok:
+                raise RemoteError(f"writing {path} failed: {res.stderr.strip() or 'exit ' + str(res.rc)}", node=self.name)
+            if owner:
+                self.run(["chown", owner, tmp])
+            self.run(["mv", "-f", tmp, path])
+        except RemoteError:
+            try:
+                self.run(["rm", "-f", tmp], check=False, timeout=15)
+            except RemoteError:
+                pass
+            raise
+
+    def get(self, path) -> bytes | None:
+        chan = self._chan(["cat", path])
+        chan.shutdown_write()
+        out = bytearray()
+        while True:
+            b = chan.recv(CHUNK)
+            if not b:
+                break
+            out += b
+        rc = chan.recv_exit_status()
+        chan.close()
+        if rc != 0:
+            if not self.exists(path):
+                return None
+            raise RemoteError(f"reading {path} failed (exit {rc})", node=self.name)
+        return bytes(out)
+
+    def popen(self, argv) -> Proc:
+        return _ChanProc(self._chan(argv))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+# -------------------------------------------------------------------------------------------- helpers
+def connect(target: Target, *, trust_new_hosts: bool = False) -> Conn:
+    local = target.local if target.local is not None else is_local_host(target.host)
+    return LocalConn(target) if local else SSHConn(target, trust_new_hosts=trust_new_hosts)
+
+
+def parallel(items: Iterable[T], fn: Callable[[T], object], *, max_workers: int = 8) -> dict[int, object]:
+    """Run `fn` over items at once; returns {index: result or the exception raised}. Never raises itself."""
+    items = list(items)
+    out: dict[int, object] = {}
+    if not items:
+        return out
+    with cf.ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
+        futs = {pool.submit(fn, it): i for i, it in enumerate(items)}
+        for fut in cf.as_completed(futs):
+            try:
+                out[futs[fut]] = fut.result()
+            except Exception as err:  # noqa: BLE001 - reported per node by the caller
+                out[futs[fut]] = err
+    return out
+
+
+@dataclass
+class Pool:
+    """Open connections to a set of targets (in parallel) and run per-node functions across them."""
+
+    targets: list[Target]
+    trust_new_hosts: bool = False
+    conns: dict[str, Conn] = field(default_factory=dict)
+
+    def open(self) -> dict[str, Exception]:
+        """Connect to every target not yet connected; return {node: error} for those that failed."""
+        todo = [t for t in self.targets if t.name not in self.conns]
+        res = parallel(todo, lambda t: connect(t, trust_new_hosts=self.trust_new_hosts))
+        errors = {}
+        for i, t in enumerate(todo):
+            if isinstance(res[i], Exception):
+                errors[t.name] = res[i]
+            else:
+                self.conns[t.name] = res[i]
+        return errors
+
+    def map(self, fn: Callable[[Conn], T], names: Iterable[str] | None = None) -> dict[str, T | Exception]:
+        names = list(names) if names is not None else [t.name for t in self.targets if t.name in self.conns]
+        res = parallel([self.conns[n] for n in names], fn)
+        return {n: res[i] for i, n in enumerate(names)}
+
+    def close(self) -> None:
+        for c in self.conns.values():
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self.conns.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def stream(src: Conn, src_argv: Sequence[str], dst: Conn, dst_argv: Sequence[str], *, timeout: float = 3600) -> int:
+    """Pipe stdout of `src_argv` on `src` into stdin of `dst_argv` on `dst` (e.g. docker save | docker load).
+
+    Ends input with an explicit EOF; returns the bytes moved; raises RemoteError naming the side that failed.
+    """
+    p_src = src.popen(src_argv)
+    p_dst = dst.popen(dst_argv)
+    moved = 0
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            chunk = p_src.read(CHUNK)
+            if not chunk:
+                break
+            p_dst.write(chunk)
+            moved += len(chunk)
+            if time.monotonic() > deadline:
+                raise RemoteError(f"stream to {dst.name} did not finish within {timeout:.0f} s", node=dst.name)
+        p_dst.close_stdin()
+        rc_src, err_src = p_src.wait(60)
+        rc_dst, err_dst = p_dst.wait(max(60.0, deadline - time.monotonic()))
+    except (OSError, paramiko.SSHException, EOFError, TimeoutError) as err:
+        p_src.kill()
+        p_dst.kill()
+        raise RemoteError(f"stream {src.name} -> {dst.name} broke after {moved} bytes: {err}", node=dst.name) from None
+    if rc_src != 0:
+        raise RemoteError(f"`{shlex.join(src_argv)}` exited {rc_src}: {err_src.strip()[-300:]}", node=src.name)
+    if rc_dst != 0:
+        raise RemoteError(f"`{shlex.join(dst_argv)}` exited {rc_dst}: {err_dst.strip()[-300:]}", node=dst.name)
+    return moved
+
+
+def stream_bytes(dst: Conn, dst_argv: Sequence[str], chunks: Iterable[bytes], *, timeout: float = 3600) -> tuple[int, str]:
+    """Feed locally produced bytes (e.g. a tar build context) into a command on `dst`; returns (rc, stderr+stdout tail)."""
+    p = dst.popen(dst_argv)
+    out = bytearray()
+
+    def drain():
+        while True:
+            try:
+                b = p.read(CHUNK)
+            except (OSError, paramiko.SSHException, ValueError):
+                return
+            if not b:
+                return
+            out.extend(b)
+
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    try:
+        for c in chunks:
+            p.write(c)
+        p.close_stdin()
+        t.join(timeout)
+        rc, err = p.wait(timeout)
+    except (OSError, paramiko.SSHException, EOFError, TimeoutError) as e:
+        p.kill()
+        raise RemoteError(f"`{shlex.join(dst_argv)}` broke: {e}", node=dst.name) from None
+    return rc, (out.decode(errors="replace") + err)[-4000:]

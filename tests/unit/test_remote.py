@@ -1,0 +1,161 @@
+"""remote.py against a real OpenSSH server on loopback, and the local connection."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sparkdeploy import remote
+from sparkdeploy.errors import RemoteError
+from tests.support import sshd as sshd_mod
+
+NASTY = ["a b", "$(touch /tmp/pwned-sparkdeploy)", "; rm -rf /", "'quote'", '"dq"', "back`tick`", "*", "\\n"]
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    if not sshd_mod.available():
+        pytest.skip("needs /usr/sbin/sshd (openssh-server) and root")
+    s = sshd_mod.start(tmp_path_factory.mktemp("sshd"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def known_hosts(tmp_path, sshd):
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[127.0.0.1]:{sshd.port} {sshd.host_pub}\n")
+    return kh
+
+
+def _target(sshd, kh, **kw):
+    return remote.Target("n1", "127.0.0.1", port=sshd.port, identity=str(sshd.client_key), local=False,
+                         known_hosts=str(kh), **kw)
+
+
+@pytest.fixture
+def ssh(sshd, known_hosts):
+    c = remote.connect(_target(sshd, known_hosts))
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def local():
+    return remote.connect(remote.Target("me", "127.0.0.1", local=True))
+
+
+@pytest.fixture(params=["ssh", "local"])
+def conn(request):
+    return request.getfixturevalue(request.param)
+
+
+def test_run_passes_argv_verbatim(conn):
+    res = conn.run([sys.executable if conn.name == "me" else "python3", "-c",
+                    "import sys, json; print(json.dumps(sys.argv[1:]))", *NASTY])
+    import json
+
+    assert json.loads(res.stdout) == NASTY
+    assert not os.path.exists("/tmp/pwned-sparkdeploy")
+
+
+def test_run_reports_exit_and_stderr(conn):
+    res = conn.run(["sh", "-c", "echo oops >&2; exit 3"], check=False)
+    assert res.rc == 3 and "oops" in res.stderr
+    with pytest.raises(RemoteError, match="exited 3: oops"):
+        conn.run(["sh", "-c", "echo oops >&2; exit 3"])
+
+
+def test_run_input_and_timeout(conn):
+    assert conn.run(["cat"], input=b"hello\n").stdout == "hello\n"
+    with pytest.raises(RemoteError, match="did not finish within 1 s"):
+        conn.run(["sleep", "5"], timeout=1)
+
+
+def test_put_is_atomic_with_mode(conn, tmp_path):
+    tmp_path = tmp_path / "d"
+    tmp_path.mkdir()
+    p = str(tmp_path / "f.env")
+    conn.put(p, b"A=1\n", mode=0o600)
+    assert open(p, "rb").read() == b"A=1\n"
+    assert oct(os.stat(p).st_mode & 0o777) == "0o600"
+    conn.put(p, b"A=2\n", mode=0o644, owner="root:root")
+    assert open(p, "rb").read() == b"A=2\n" and oct(os.stat(p).st_mode & 0o777) == "0o644"
+    assert sorted(os.listdir(tmp_path)) == ["f.env"]  # no temp file left behind
+    assert conn.get(p) == b"A=2\n"
+    assert conn.get(str(tmp_path / "missing")) is None
+
+
+def test_put_on_full_disk_leaves_old_file(conn, tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        p = str(mnt / "launch.sh")
+        conn.put(p, b"old\n")
+        with pytest.raises(RemoteError, match="writing .*launch.sh failed"):
+            conn.put(p, b"x" * 200_000)
+        assert open(p, "rb").read() == b"old\n"
+        assert os.listdir(mnt) == ["launch.sh"]
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+def test_stream_between_nodes_sends_eof(ssh, local, tmp_path):
+    out = tmp_path / "copy.bin"
+    gen = ["python3", "-c", "import os,sys; sys.stdout.buffer.write(os.urandom(1)*0 + bytes(range(256))*40000)"]
+    n = remote.stream(ssh, gen, local, ["sh", "-c", f"cat > {out}"])
+    assert n == 256 * 40000 == out.stat().st_size
+    back = tmp_path / "back.bin"
+    n2 = remote.stream(local, ["cat", str(out)], ssh, ["sh", "-c", 'cat > "$1"', "x", str(back)])
+    assert n2 == n and hashlib.sha256(back.read_bytes()).digest() == hashlib.sha256(out.read_bytes()).digest()
+
+
+def test_stream_reports_failing_side(ssh, local):
+    with pytest.raises(RemoteError, match="exited 4"):
+        remote.stream(ssh, ["sh", "-c", "echo data; exit 4"], local, ["cat"])
+
+
+def test_unknown_host_key_refused_then_trusted_and_recorded(sshd, tmp_path):
+    kh = tmp_path / "kh"
+    with pytest.raises(RemoteError, match="--trust-new-hosts"):
+        remote.connect(_target(sshd, kh))
+    c = remote.connect(_target(sshd, kh), trust_new_hosts=True)
+    c.close()
+    assert sshd.host_pub.split()[1] in kh.read_text()
+    remote.connect(_target(sshd, kh)).close()  # now known
+
+
+def test_changed_host_key_always_refused(sshd, tmp_path):
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    kh = tmp_path / "kh"
+    kh.write_text(f"[127.0.0.1]:{sshd.port} {' '.join(open(str(other) + '.pub').read().split()[:2])}\n")
+    with pytest.raises(RemoteError, match="CHANGED"):
+        remote.connect(_target(sshd, kh), trust_new_hosts=True)
+
+
+def test_connection_refused_names_node(tmp_path):
+    with pytest.raises(RemoteError, match="^n9: ssh root@127.0.0.1:1"):
+        remote.connect(remote.Target("n9", "127.0.0.1", port=1, local=False, known_hosts=str(tmp_path / "k")))
+
+
+def test_pool_parallel_and_errors(sshd, known_hosts):
+    ts = [_target(sshd, known_hosts), remote.Target("bad", "127.0.0.1", port=1, local=False)]
+    ts[0] = remote.Target("a", ts[0].host, ts[0].port, identity=ts[0].identity, local=False, known_hosts=ts[0].known_hosts)
+    with remote.Pool(ts) as pool:
+        errs = pool.open()
+        assert list(errs) == ["bad"]
+        out = pool.map(lambda c: c.run(["echo", c.name]).stdout.strip())
+        assert out == {"a": "a"}
+
+
+def test_local_host_detection():
+    assert remote.is_local_host("127.0.0.1")
+    assert remote.is_local_host("localhost")
+    assert not remote.is_local_host("192.0.2.77")
