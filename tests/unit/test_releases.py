@@ -1,0 +1,66 @@
+"""Release directories on a node (exercised through a LocalConn on a temp root)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sparkdeploy import releases, remote
+from sparkdeploy.errors import RemoteError
+
+
+@pytest.fixture
+def conn(tmp_path, monkeypatch):
+    monkeypatch.setattr(releases, "RELEASES", str(tmp_path / "releases"))
+    monkeypatch.setattr(releases, "CURRENT", str(tmp_path / "current"))
+    return remote.LocalConn(remote.Target("n", "localhost", local=True))
+
+
+def test_empty_node(conn):
+    nr = releases.scan(conn)
+    assert nr.complete == {} and nr.current is None and nr.newest == 0
+
+
+def test_write_switch_scan_digests(conn, tmp_path):
+    files = {"launch.sh": (b"#!/bin/sh\n", 0o755), "sub/engine.env": (b"A=1\n", 0o600)}
+    releases.write(conn, 1, files, {"fingerprint": "abc"})
+    releases.switch(conn, 1)
+    nr = releases.scan(conn)
+    assert nr.current == 1 and nr.complete[1]["fingerprint"] == "abc" and not nr.healthy
+    assert os.readlink(tmp_path / "current") == "releases/0001"
+    assert oct(os.stat(tmp_path / "current" / "launch.sh").st_mode & 0o777) == "0o755"
+    assert releases.file_digests(conn, 1) == {n: releases.sha(b) for n, (b, _) in files.items()}
+    releases.mark_healthy(conn, 1, {"probe": "x"})
+    assert releases.scan(conn).healthy == {1}
+    assert releases.read_healthy(conn, 1) == {"probe": "x"}
+
+
+def test_incomplete_release_is_never_switched_and_is_pruned(conn, tmp_path):
+    releases.write(conn, 1, {"a": (b"1", 0o644)}, {})
+    releases.switch(conn, 1)
+    (tmp_path / "releases" / "0002").mkdir()
+    (tmp_path / "releases" / "0002" / "a").write_text("half")
+    nr = releases.scan(conn)
+    assert nr.incomplete == [2] and nr.newest == 2
+    with pytest.raises(RemoteError, match="incomplete"):
+        releases.switch(conn, 2)
+    assert releases.prune(conn, nr) == [2]
+    assert releases.scan(conn).incomplete == []
+
+
+def test_prune_keeps_newest_and_current(conn):
+    for n in range(1, 9):
+        releases.write(conn, n, {"a": (str(n).encode(), 0o644)}, {})
+    releases.switch(conn, 2)
+    dropped = releases.prune(conn, releases.scan(conn), keep=5)
+    assert dropped == [1, 3]
+    assert sorted(releases.scan(conn).complete) == [2, 4, 5, 6, 7, 8]
+
+
+def test_last_healthy_is_common_to_all_nodes():
+    a = releases.NodeReleases(complete={1: {}, 2: {}, 3: {}}, healthy={1, 2, 3})
+    b = releases.NodeReleases(complete={1: {}, 2: {}, 3: {}}, healthy={1, 2})
+    assert releases.last_healthy({"a": a, "b": b}) == 2
+    assert releases.last_healthy({"a": a, "b": b}, before=2) == 1
+    assert releases.last_healthy({"a": a, "b": releases.NodeReleases()}) is None
