@@ -1,0 +1,41 @@
+"""Facts read from a node: the gather script's tagged output parsed into NodeFacts (pure)."""
+
+from types import SimpleNamespace
+
+from sparkdeploy import gather
+
+OUT = """@@meminfo
+MemTotal:       125000000 kB
+MemAvailable:   121000000 kB
+@@ip
+[{"ifname":"enp1s0f1np1","mtu":9000,"operstate":"UP","addr_info":[{"family":"inet","local":"192.168.177.11","prefixlen":24}]}]
+@@gpu
+NVIDIA GB10, 580.95.05
+@@docker
+28.3.3
+@@units
+docker.service
+sparkdeploy-engine.service
+@@gid rocep1s0f1 0 fe80:0000:0000:0000:0000:0000:0000:0001 IB/RoCE v1
+@@gid rocep1s0f1 1 fe80:0000:0000:0000:0000:0000:0000:0001 RoCE v2
+@@gid rocep1s0f1 2 0000:0000:0000:0000:0000:ffff:c0a8:b10b IB/RoCE v1
+@@gid rocep1s0f1 3 0000:0000:0000:0000:0000:ffff:c0a8:b10b RoCE v2
+@@ndev rocep1s0f1 enp1s0f1np1
+@@end
+"""
+
+
+def test_parse_gather():
+    node = SimpleNamespace(name="spark1", data_ip="192.168.177.11", netdev="enp1s0f1np1", hca=("rocep1s0f1", "x"))
+    f = gather.parse_gather(node, OUT)
+    assert f.mem_total_bytes == 125000000 * 1024 and f.mem_available_bytes == 121000000 * 1024
+    assert f.gpu_name == "NVIDIA GB10" and f.driver == "580.95.05" and f.has_gpu
+    assert f.docker_version == "28.3.3" and "sparkdeploy-engine.service" in f.units
+    assert f.netdev("enp1s0f1np1").addresses() == ("192.168.177.11",)
+    assert [(r.name, r.gid_index) for r in f.roce] == [("rocep1s0f1", 3)]
+
+
+def test_parse_gather_sim_node():
+    node = SimpleNamespace(name="n2", data_ip="172.30.0.12", netdev="eth0", hca=())
+    f = gather.parse_gather(node, "@@meminfo\nMemTotal: 1000 kB\n@@gpu\n\n@@end\n", mem_available=5)
+    assert not f.has_gpu and f.gpu_name is None and f.roce == () and f.mem_available_bytes == 5
