@@ -1,0 +1,208 @@
+"""doctor: parsers and checks on captured probe output; a planted problem turns exactly one check red."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from sparkdeploy import doctor as d
+from sparkdeploy.doctor import HostFacts, NodeSpec, Verdict
+
+GIB = 1 << 30
+
+# A healthy DGX Spark as the probe prints it (values as seen on DGX OS 7 / GB10).
+HEALTHY = {
+    "uname": "6.11.0-1016-nvidia",
+    "virt": "none",
+    "modules": "modules_dep=yes\nmodinfo_nvidia=580.95.05\nloaded_nvidia=580.95.05\n"
+               "cmdline=BOOT_IMAGE=/boot/vmlinuz-6.11.0-1016-nvidia root=UUID=x ro quiet splash",
+    "gpu": "NVIDIA GB10, 580.95.05",
+    "gpu_procs": "",
+    "links": (
+        "1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\\    link/loopback 00:00:00:00:00:00\n"
+        "2: enP7s7: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc mq state UP mode DEFAULT group default qlen 1000\\    link/ether 4c:bb:47:00:00:01\n"
+        "3: enp1s0f1np1: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000 qdisc mq state UP mode DEFAULT group default qlen 1000\\    link/ether 4c:bb:47:00:00:02\n"
+        "4: enP2p1s0f1np1: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000 qdisc mq state UP mode DEFAULT group default qlen 1000\\    link/ether 4c:bb:47:00:00:03\n"
+    ),
+    "addrs": (
+        "2: enP7s7    inet 10.0.0.11/24 brd 10.0.0.255 scope global enP7s7\\       valid_lft forever\n"
+        "3: enp1s0f1np1    inet 192.168.177.11/24 brd 192.168.177.255 scope global enp1s0f1np1\\       valid_lft forever\n"
+        "4: enP2p1s0f1np1    inet 192.168.178.11/24 brd 192.168.178.255 scope global enP2p1s0f1np1\\       valid_lft forever\n"
+    ),
+    "rdma": (
+        "port rocep1s0f1 1 enp1s0f1np1 4: ACTIVE\n"
+        "gid rocep1s0f1 1 0 fe80:0000:0000:0000:4ebb:47ff:fe00:0002 enp1s0f1np1 IB/RoCE v1\n"
+        "gid rocep1s0f1 1 1 fe80:0000:0000:0000:4ebb:47ff:fe00:0002 enp1s0f1np1 RoCE v2\n"
+        "gid rocep1s0f1 1 2 0000:0000:0000:0000:0000:ffff:c0a8:b10b enp1s0f1np1 IB/RoCE v1\n"
+        "gid rocep1s0f1 1 3 0000:0000:0000:0000:0000:ffff:c0a8:b10b enp1s0f1np1 RoCE v2\n"
+        "port roceP2p1s0f1 1 enP2p1s0f1np1 4: ACTIVE\n"
+        "gid roceP2p1s0f1 1 0 fe80:0000:0000:0000:4ebb:47ff:fe00:0003 enP2p1s0f1np1 IB/RoCE v1\n"
+        "gid roceP2p1s0f1 1 1 fe80:0000:0000:0000:4ebb:47ff:fe00:0003 enP2p1s0f1np1 RoCE v2\n"
+        "gid roceP2p1s0f1 1 2 0000:0000:0000:0000:0000:ffff:c0a8:b20b enP2p1s0f1np1 IB/RoCE v1\n"
+        "gid roceP2p1s0f1 1 3 0000:0000:0000:0000:0000:ffff:c0a8:b20b enP2p1s0f1np1 RoCE v2\n"
+    ),
+    "earlyoom": f"bin=/usr/bin/earlyoom\nactive=active\nenabled=enabled\n"
+                f"cmdline=/usr/bin/earlyoom -m 4,2 -s 100,100 --prefer {d.EARLYOOM_PREFER} --avoid {d.EARLYOOM_AVOID} ",
+    "sshd": "unit=ssh\nunit_adj=-1000\npid=1234\nlive_adj=-1000",
+    "disk": (
+        "ckpt_path=/srv/models/qwen\n"
+        "ckpt_df=/dev/nvme0n1p2 3936818905088 1000000000000 2936818905088 26% /\n"
+        "ckpt_present=0\n"
+        "docker_root=/var/lib/docker\n"
+        "docker_df=/dev/nvme0n1p2 3936818905088 1000000000000 2936818905088 26% /\n"
+    ),
+    "docker": "server=28.3.3\nruntimes=io.containerd.runc.v2 nvidia runc \ndefault_runtime=runc",
+    "units": "unit docker.service\nExecStart=/usr/bin/dockerd -H fd://\nunit ssh.service\nExecStart=/usr/sbin/sshd -D $SSHD_OPTS\n"
+             "unit sparkdeploy-engine.service\nExecStart=/usr/bin/docker run --name sparkdeploy-vllm img vllm serve\n",
+    "meminfo": "MemTotal:       127535896 kB\nMemFree:        100000000 kB\nMemAvailable:   120000000 kB\n",
+    "timesync": "ntp=yes\ndaemon=systemd-timesyncd",
+    "reach": "192.168.177.12 ok",
+}
+
+SPEC = NodeSpec("spark1", "192.168.177.11", "enp1s0f1np1", ("rocep1s0f1", "roceP2p1s0f1"), True,
+                "/srv/models/qwen", "head")
+
+
+def render(sections: dict[str, str], rcs: dict[str, int] | None = None) -> str:
+    rcs = rcs or {}
+    return "".join(f"@@@ {k}\n{v.rstrip(chr(10))}\n@@@ rc={rcs.get(k, 0)}\n" for k, v in sections.items())
+
+
+def facts(node="spark1", **changes) -> HostFacts:
+    rcs = changes.pop("_rcs", {})
+    overrides = changes.pop("_overrides", {})
+    return HostFacts.from_output(node, render({**HEALTHY, **changes}, rcs), overrides)
+
+
+def results(f: HostFacts, spec: NodeSpec = SPEC, **kw) -> dict[str, d.CheckResult]:
+    kw.setdefault("checkpoint_bytes", 60 * GIB)
+    kw.setdefault("ports", (8000, 29501))
+    return {r.check: r for r in d.run_checks([spec], {spec.name: f}, **kw)}
+
+
+def test_healthy_gb10_is_all_green():
+    res = results(facts())
+    bad = {k: (r.verdict, r.reason) for k, r in res.items() if r.verdict not in (Verdict.OK, Verdict.NOT_PRESENT)}
+    assert not bad
+    # one node: reach and clock are not judged, and say so
+    assert res["data-plane-reach"].verdict is Verdict.NOT_PRESENT
+
+
+PLANTED = [
+    ("gpu", {"gpu": "NVIDIA H100 80GB HBM3, 580.95.05"}, "GB10"),
+    ("kernel-modules", {"modules": "modules_dep=no\nmodinfo_nvidia=\nloaded_nvidia=\ncmdline=ro"}, "linux-modules"),
+    ("kernel-modules", {"modules": "modules_dep=yes\nmodinfo_nvidia=580.95.05\nloaded_nvidia=575.1\ncmdline=ro"}, "reboot"),
+    ("roce-twins", {"rdma": HEALTHY["rdma"].replace("port roceP2p1s0f1 1 enP2p1s0f1np1 4: ACTIVE",
+                                                     "port roceP2p1s0f1 1 enP2p1s0f1np1 1: DOWN")}, "cold-boot"),
+    ("mtu", {"links": HEALTHY["links"].replace("enp1s0f1np1: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000",
+                                               "enp1s0f1np1: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500")}, "mtu: 9000"),
+    ("roce-gid", {"rdma": "\n".join(l for l in HEALTHY["rdma"].splitlines() if "ffff:c0a8:b20b" not in l)}, "IPv4"),
+    ("earlyoom", {"earlyoom": "bin=/usr/bin/earlyoom\nactive=inactive\nenabled=enabled"}, "enable --now earlyoom"),
+    ("earlyoom", {"earlyoom": "bin=\nactive=inactive\nenabled="}, "host setup"),
+    ("earlyoom", {"earlyoom": "bin=/usr/bin/earlyoom\nactive=active\nenabled=enabled\ncmdline=/usr/bin/earlyoom -m 10"},
+     "host setup"),
+    ("sshd-oom", {"sshd": "unit=ssh\nunit_adj=0\npid=1234\nlive_adj=0"}, "OOMScoreAdjust=-1000"),
+    ("disk", {"disk": HEALTHY["disk"].replace("2936818905088 26% /\nckpt_present", "1048576 100% /srv/models\nckpt_present")},
+     "free space"),
+    ("docker", {"docker": "server=28.3.3\nruntimes=io.containerd.runc.v2 runc \ndefault_runtime=runc"}, "nvidia-ctk"),
+    ("gpu-processes", {"gpu_procs": "4242, /usr/bin/python3, 30000 MiB"}, "stop them"),
+    ("stale-units", {"units": HEALTHY["units"] + "unit old-vllm.service\nExecStart=/usr/local/bin/start-vllm.sh\n"},
+     "systemctl disable --now old-vllm.service"),
+    ("stale-units", {"units": HEALTHY["units"] + "unit api.service\nExecStart=/usr/bin/docker run -p 8000:8000 x\n"},
+     "api.service"),
+    ("memory", {"meminfo": "MemTotal: 127535896 kB\nMemAvailable: 20000000 kB\n"}, "gpu_memory_utilization"),
+    ("timesync", {"timesync": "ntp=no"}, "set-ntp"),
+]
+
+
+@pytest.mark.parametrize("check,change,fix_word", PLANTED, ids=[f"{c}-{i}" for i, (c, _, _) in enumerate(PLANTED)])
+def test_planted_problem_turns_exactly_that_check_red(check, change, fix_word):
+    res = results(facts(**change), need_bytes=70 * GIB, reserve_bytes=28 * GIB)
+    red = {k for k, r in res.items() if r.verdict in (Verdict.FAIL, Verdict.WARN)}
+    assert red == {check}, {k: res[k].reason for k in red}
+    assert fix_word in res[check].fix
+
+
+def test_ssh_failure_marks_every_check_unjudged_not_ok():
+    f = HostFacts("spark1", error="ssh nvidia@10.0.0.11:22: Authentication failed")
+    res = d.run_checks([SPEC], {"spark1": f})
+    mine = [r for r in res if r.node == "spark1"]
+    assert mine[0].check == "ssh" and mine[0].verdict is Verdict.FAIL and "ssh-copy-id" in mine[0].fix
+    assert all(r.verdict is Verdict.FAIL for r in mine)
+
+
+SIM_SPEC = NodeSpec("node1", "172.30.99.11", "eth0", (), False, "/srv/models/tiny", "head")
+
+
+def test_sim_node_gpu_checks_not_present_and_container_honest():
+    f = facts("node1", virt="docker", gpu="nvidia-smi: not found", gpu_procs="", rdma="",
+              modules="modules_dep=no\nmodinfo_nvidia=\nloaded_nvidia=\ncmdline=console=ttyS0",
+              links="9: eth0@if10: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000 qdisc noqueue state UP mode DEFAULT\\ x",
+              addrs="9: eth0    inet 172.30.99.11/24 brd 172.30.99.255 scope global eth0",
+              docker="server=20.10.24+dfsg1\nruntimes=runc io.containerd.runc.v2\ndefault_runtime=runc",
+              _rcs={"gpu": 127, "gpu_procs": 127})
+    res = results(f, SIM_SPEC, checkpoint_bytes=100 << 20)
+    for name in ("gpu", "gpu-processes", "roce-twins", "roce-gid", "kernel-modules", "timesync", "driver-match"):
+        assert res[name].verdict is Verdict.NOT_PRESENT, (name, res[name].reason)
+    assert "host's" in res["kernel-modules"].reason and "docker" in res["kernel-modules"].reason
+    assert res["mtu"].verdict is Verdict.OK and res["docker"].verdict is Verdict.OK
+
+
+def test_driver_mismatch_from_facts_file_on_sim_nodes():
+    specs = [SIM_SPEC, NodeSpec("node2", "172.30.99.12", "eth0", (), False)]
+    f1 = facts("node1", virt="docker", _overrides={"driver": "580.95.05"})
+    f2 = facts("node2", virt="docker", _overrides={"driver": "590.44.01"})
+    res = {r.check: r for r in d.run_checks(specs, {"node1": f1, "node2": f2}) if r.node == "cluster"}
+    assert res["driver-match"].verdict is Verdict.FAIL
+    assert "node1 580.95.05" in res["driver-match"].reason and "node2 590.44.01" in res["driver-match"].reason
+    assert "same driver" in res["driver-match"].fix
+    # gpu stays not-present: the inventory says there is none, a facts file does not invent one
+    assert [r for r in d.run_checks(specs, {"node1": f1, "node2": f2}) if r.check == "gpu"][0].verdict is Verdict.NOT_PRESENT
+
+
+def test_reach_and_clock():
+    specs = [SPEC, NodeSpec("spark2", "192.168.177.12", "enp1s0f1np1")]
+    f1, f2 = facts(), facts("spark2", reach="192.168.177.11 err [Errno 113] No route to host")
+    r = d.check_reach(specs, {"spark1": f1, "spark2": f2})
+    assert r.verdict is Verdict.FAIL and "spark2 -> 192.168.177.11" in r.reason
+    assert d.check_clock_skew({"a": (0.010, 0.002), "b": (0.012, 0.002)}).verdict is Verdict.OK
+    assert d.check_clock_skew({"a": (0.0, 0.001), "b": (2.0, 0.001)}).verdict is Verdict.WARN
+    bad = d.check_clock_skew({"a": (0.0, 0.001), "b": (30.0, 0.001)})
+    assert bad.verdict is Verdict.FAIL and "NTP" in bad.fix
+    assert "by construction" in d.check_clock_skew({"a": (0, 0), "b": (0, 0)}, shared_kernel=True).reason
+
+
+def test_parsers():
+    assert d.ipv4_mapped("0000:0000:0000:0000:0000:ffff:c0a8:b10b") == "192.168.177.11"
+    assert d.ipv4_mapped("fe80:0000:0000:0000:4ebb:47ff:fe00:0002") is None
+    ports = d.parse_rdma(HEALTHY["rdma"])
+    assert d.roce_v2_gid_index(ports["rocep1s0f1"]) == 3
+    assert d.roce_v2_gid_index(ports["rocep1s0f1"], "192.168.177.99") is None
+    links = d.parse_ip_link(HEALTHY["links"] + "7: eth0@if8: <BROADCAST,UP,LOWER_UP> mtu 1500 qdisc x state UP mode D\n")
+    assert links["eth0"].mtu == 1500 and links["lo"].up and links["enP7s7"].mtu == 1500
+    assert d.parse_meminfo("MemAvailable:   1024 kB\nHugepagesize:  2048 kB\n")["MemAvailable"] == 1 << 20
+    assert d.parse_nvidia_smi("NVIDIA GB10, 580.95.05\n") == [d.Gpu("NVIDIA GB10", "580.95.05")]
+    assert d.parse_df_line("tmpfs 1048576 1048576 0 100% /srv/m").avail == 0
+    out = "@@@ a\nx=1\n@@@ rc=0\n@@@ b\n@@@ rc=127\n"
+    assert d.split_sections(out) == {"a": d.Section(0, "x=1"), "b": d.Section(127, "")}
+
+
+def test_memory_margin_levels():
+    assert d.memory_margin("m", "n", 100 * GIB, 60 * GIB, 28 * GIB).verdict is Verdict.OK
+    assert d.memory_margin("m", "n", 90 * GIB, 60 * GIB, 28 * GIB).verdict is Verdict.WARN
+    r = d.memory_margin("m", "n", 80 * GIB, 60 * GIB, 28 * GIB)
+    assert r.verdict is Verdict.FAIL and "margin -8.0 GiB" in r.reason
+
+
+def test_probe_script_runs_locally_and_parses():
+    """The real script on this machine (read-only): every section comes back with an rc."""
+    out = subprocess.run(d.probe_argv("/nonexistent/ckpt", ["127.0.0.1"]), capture_output=True, text=True,
+                         timeout=60).stdout
+    secs = d.split_sections(out)
+    assert set(secs) == set(d.SECTIONS)
+    assert d.parse_meminfo(secs["meminfo"].text)["MemTotal"] > 0
+    assert "ckpt_path=/" in secs["disk"].text  # nearest existing parent
+    assert "127.0.0.1" in secs["reach"].text
+    json.dumps([r.as_dict() for r in d.run_checks([SIM_SPEC], {"node1": HostFacts.from_output("node1", out)})])
