@@ -1,0 +1,204 @@
+"""Is the service healthy? Checks with a verdict and a reason, per node and overall.
+
+Node checks read one snapshot per node (one SSH round trip): docker, our unit enabled + active, stale units,
+the engine container running with the release's image, MemAvailable above the reserve, boot persistence,
+the watchdog's state. API checks go to the head: /health, /v1/models, a temperature-0 generation probe
+that must be byte-identical to the one recorded when the release passed its gate, /metrics.
+
+`/health` alone lies on a wedged pair (see docs/supervision.md): the generation probe is what says healthy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import requests
+
+from sparkdeploy.remote import Conn
+
+PROBE_PROMPT = "The capital of France is"
+PROBE_MAX_TOKENS = 8
+WATCHDOG_STATE = "/var/lib/sparkdeploy/watchdog.json"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    reason: str
+    node: str = ""  # "" = the service as a whole
+
+
+@dataclass
+class NodeExpect:
+    """What a node should look like (built from the plan and the current release)."""
+
+    name: str
+    role: str
+    unit: str
+    container: str
+    image_id: str | None
+    reserve_bytes: int
+    release: int | None
+    ports: tuple[int, ...] = ()
+    extra_units: tuple[str, ...] = ()  # e.g. the watchdog timer on the head
+
+
+@dataclass
+class ServiceExpect:
+    api_url: str
+    served_model: str
+    nodes: list[NodeExpect]
+    probe_expected: str | None = None  # recorded at the release's health gate
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def add(self, name: str, ok: bool, reason: str, node: str = "") -> Check:
+        c = Check(name, bool(ok), reason, node)
+        self.checks.append(c)
+        return c
+
+    def to_dict(self) -> dict:
+        nodes: dict[str, list] = {}
+        for c in self.checks:
+            nodes.setdefault(c.node or "service", []).append(asdict(c))
+        return {"healthy": self.healthy, "failed": [f"{c.node or 'service'}: {c.name}: {c.reason}" for c in self.failed()],
+                "checks": nodes}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+# ------------------------------------------------------------------------------------------- node side
+# One round trip: $1 unit, $2 container, $3.. extra units; prints KEY VALUE lines.
+_NODE_SCRIPT = r"""
+unit=$1; ctr=$2; shift 2
+echo "docker $(docker info --format '{{.ServerVersion}}' 2>/dev/null || echo DOWN)"
+echo "docker_enabled $(systemctl is-enabled docker.service 2>/dev/null || echo unknown)"
+echo "unit_enabled $(systemctl is-enabled "$unit" 2>/dev/null || echo missing)"
+echo "unit_active $(systemctl is-active "$unit" 2>/dev/null)"
+for u in "$@"; do echo "extra $u $(systemctl is-enabled "$u" 2>/dev/null || echo missing) $(systemctl is-active "$u" 2>/dev/null)"; done
+echo "container $(docker inspect -f '{{.State.Status}} {{.Image}} {{.State.StartedAt}} {{.RestartCount}}' "$ctr" 2>/dev/null || echo absent)"
+echo "mem $(awk '/^MemAvailable:/{print $2*1024}' /proc/meminfo)"
+echo "current $(readlink /etc/sparkdeploy/current 2>/dev/null)"
+echo "boot $(ps -o lstart= -p 1 2>/dev/null)"
+echo "watchdog $(cat /var/lib/sparkdeploy/watchdog.json 2>/dev/null | tr -d '\n')"
+"""
+
+
+def node_snapshot(conn: Conn, unit: str, container: str, extra_units: tuple[str, ...] = ()) -> dict:
+    out = conn.run(["sh", "-c", _NODE_SCRIPT, "health", unit, container, *extra_units], timeout=30, check=False).stdout
+    snap: dict = {"extra": {}}
+    for line in out.splitlines():
+        key, _, val = line.partition(" ")
+        if key == "extra":
+            name, _, rest = val.partition(" ")
+            en, _, act = rest.partition(" ")
+            snap["extra"][name] = (en.strip(), act.strip())
+        else:
+            snap[key] = val.strip()
+    return snap
+
+
+def check_node(report: Report, exp: NodeExpect, snap: dict, stale: list[str]) -> None:
+    n = exp.name
+    docker = snap.get("docker", "DOWN")
+    report.add("docker", docker not in ("", "DOWN"), f"dockerd {docker}" if docker != "DOWN" else "dockerd not answering", n)
+    en, act = snap.get("unit_enabled", "missing"), snap.get("unit_active", "unknown")
+    report.add("unit", en == "enabled" and act == "active", f"{exp.unit} is {en} and {act}", n)
+    for u, (uen, uact) in snap.get("extra", {}).items():
+        want_active = u.endswith(".timer")
+        ok = uen == "enabled" and (uact == "active" or not want_active)
+        report.add(f"unit {u}", ok, f"{u} is {uen} and {uact}", n)
+    report.add("stale units", not stale, "none" if not stale else "other enabled units run vLLM or bind our ports: "
+               + ", ".join(stale), n)
+    parts = snap.get("container", "absent").split()
+    if parts[0] == "absent":
+        report.add("container", False, f"container {exp.container} does not exist", n)
+    else:
+        status, image = parts[0], parts[1] if len(parts) > 1 else "?"
+        img_ok = exp.image_id is None or image == exp.image_id
+        report.add("container", status == "running" and img_ok,
+                   f"{exp.container} {status} with image {image[:19]}"
+                   + ("" if img_ok else f", expected release image {exp.image_id[:19]}"), n)
+    try:
+        mem = int(float(snap.get("mem") or 0))
+    except ValueError:
+        mem = 0
+    report.add("memory", mem >= exp.reserve_bytes,
+               f"MemAvailable {mem / 2**30:.1f} GiB vs reserve {exp.reserve_bytes / 2**30:.1f} GiB", n)
+    cur = snap.get("current", "")
+    want = f"releases/{exp.release:04d}" if exp.release is not None else None
+    boot_ok = en == "enabled" and snap.get("docker_enabled") == "enabled" and bool(cur) and (want is None or cur == want)
+    report.add("boot persistence", boot_ok,
+               f"unit {en}, docker.service {snap.get('docker_enabled')}, current -> {cur or 'nothing'}"
+               + ("" if want is None or cur == want else f" (expected {want})"), n)
+    wd = snap.get("watchdog")
+    if wd:
+        try:
+            state = json.loads(wd)
+        except ValueError:
+            state = {}
+        if state.get("gave_up"):
+            report.add("watchdog", False, f"supervisor stopped the service: {state.get('reason', 'retry cap reached')}", n)
+
+
+# -------------------------------------------------------------------------------------------- API side
+def generate(api_url: str, model: str, *, timeout: float = 30, prompt: str = PROBE_PROMPT,
+             max_tokens: int = PROBE_MAX_TOKENS) -> str:
+    """A short temperature-0 completion; returns its text (raises requests errors / ValueError)."""
+    r = requests.post(f"{api_url}/v1/completions", timeout=timeout,
+                      json={"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": 0})
+    r.raise_for_status()
+    return r.json()["choices"][0]["text"]
+
+
+def check_api(report: Report, exp: ServiceExpect, *, probe_timeout: float = 30) -> str | None:
+    """API checks on the head; returns the probe text (None if the probe failed)."""
+    try:
+        r = requests.get(f"{exp.api_url}/health", timeout=5)
+        report.add("/health", r.status_code == 200, f"HTTP {r.status_code}")
+    except requests.RequestException as err:
+        report.add("/health", False, f"no answer from {exp.api_url}: {type(err).__name__}")
+        report.add("generation", False, "skipped: API not answering")
+        return None
+    try:
+        r = requests.get(f"{exp.api_url}/v1/models", timeout=5)
+        ids = [m.get("id") for m in r.json().get("data", [])]
+        report.add("/v1/models", exp.served_model in ids, f"serves {ids}")
+    except (requests.RequestException, ValueError) as err:
+        report.add("/v1/models", False, f"{type(err).__name__}: {err}")
+    text = None
+    t0 = time.monotonic()
+    try:
+        text = generate(exp.api_url, exp.served_model, timeout=probe_timeout)
+        dt = time.monotonic() - t0
+        if exp.probe_expected is None:
+            report.add("generation", True, f"answered in {dt:.2f} s (no recorded probe to compare)")
+        else:
+            same = text == exp.probe_expected
+            report.add("generation", same, f"answered in {dt:.2f} s, " + (
+                "byte-identical to the probe recorded at deploy" if same else
+                f"DIFFERS from the recorded probe: got {text!r}, recorded {exp.probe_expected!r}"))
+    except (requests.RequestException, ValueError, KeyError) as err:
+        report.add("generation", False, f"temperature-0 probe failed after {time.monotonic() - t0:.1f} s: "
+                   f"{type(err).__name__}: {str(err)[:200]}")
+    try:
+        r = requests.get(f"{exp.api_url}/metrics", timeout=5)
+        n = sum(1 for line in r.text.splitlines() if line.startswith("vllm:"))
+        report.add("metrics", r.status_code == 200 and n > 0, f"{n} vllm: samples")
+    except requests.RequestException as err:
+        report.add("metrics", False, f"{type(err).__name__}")
+    return text

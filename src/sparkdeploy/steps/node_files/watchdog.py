@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""sparkdeploy coupled-rank watchdog: runs on the head from a systemd timer (stdlib only; copied to the node).
+
+Each tick: probe a real short completion on the local API. If the pair is wedged or a rank died, restart
+BOTH ranks, workers first, head last, with exponential backoff and a retry cap; after the cap, stop the
+service and record why (read by `sparkdeploy health`). Design and reasons: docs/supervision.md.
+
+Usage: watchdog.py CONFIG.json          (one tick; the timer calls it again)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+STATE = "/var/lib/sparkdeploy/watchdog.json"
+
+DEFAULTS = {
+    "probe_timeout_s": 20,  # one short completion; a healthy engine answers in well under a second
+    "start_grace_s": 900,  # readiness can take many minutes (load, JIT): not-ready within this is "starting"
+    "skew_s": 60,  # head started this much later than a still-running worker: the worker is a zombie
+    "fail_threshold": 2,  # consecutive failed ticks before acting (one slow answer is not a death)
+    "backoff_base_s": 30,  # wait after restart k: base * 2**(k-1)
+    "backoff_max_s": 600,
+    "retry_cap": 4,  # restarts within one unstable period; then stop and say why
+    "stable_s": 600,  # healthy this long after a restart: the retry count starts over
+}
+
+
+# ------------------------------------------------------------------------------------------ decision (pure)
+def decide(state: dict, obs: dict, cfg: dict, now: float) -> tuple[str, dict, str]:
+    """Return (action, new_state, why). action: none | wait | restart | give_up.
+
+    obs: probe_ok (bool), health_ok (bool), head_started (epoch or None), worker_started (epoch or None,
+    None if unknown or no worker), head_enabled (bool: the operator has not run `down`).
+    """
+    c = dict(DEFAULTS, **cfg)
+    s = dict(state)
+    s.setdefault("restarts", [])
+    s.setdefault("failures", 0)
+    if s.get("gave_up"):
+        return "none", s, "gave up earlier: " + s.get("reason", "")
+    if not obs.get("head_enabled", True):
+        return "none", s, "service disabled (down): not supervising"
+    if obs.get("probe_ok"):
+        s["failures"] = 0
+        s["last_ok"] = now
+        if s["restarts"] and now - s.get("last_restart", 0) >= c["stable_s"]:
+            s["restarts"] = []
+        return "none", s, "probe ok"
+    # Not answering a real completion. Is it just starting?
+    started = max([t for t in (obs.get("head_started"), s.get("last_restart")) if t] or [0])
+    hs, ws = obs.get("head_started"), obs.get("worker_started")
+    zombie = bool(hs and ws and hs - ws > c["skew_s"] and not obs.get("health_ok") and now - hs > 45)
+    if not obs.get("health_ok") and started and now - started < c["start_grace_s"] and not zombie:
+        return "wait", s, f"starting ({now - started:.0f} s of {c['start_grace_s']} s grace)"
+    s["failures"] += 1
+    why = ("worker outlived a head restart (zombie rank)" if zombie else
+           "API answers /health but not a completion (wedged)" if obs.get("health_ok") else
+           "API not answering after the start grace")
+    s["last_failure"] = why
+    if s["failures"] < c["fail_threshold"] and not zombie:
+        return "wait", s, f"{why}; failure {s['failures']}/{c['fail_threshold']}"
+    if now < s.get("next_try", 0):
+        return "wait", s, f"{why}; backing off until {time.strftime('%H:%M:%S', time.localtime(s['next_try']))}"
+    if len(s["restarts"]) >= c["retry_cap"]:
+        s["gave_up"] = True
+        s["reason"] = f"{why}; {len(s['restarts'])} coupled restarts did not bring it back (retry cap {c['retry_cap']})"
+        s["gave_up_at"] = now
+        return "give_up", s, s["reason"]
+    s["restarts"].append(now)
+    k = len(s["restarts"])
+    s["last_restart"] = now
+    s["next_try"] = now + min(c["backoff_max_s"], c["backoff_base_s"] * 2 ** (k - 1))
+    s["failures"] = 0
+    return "restart", s, f"{why}; coupled restart {k}/{c['retry_cap']}"
+
+
+# ------------------------------------------------------------------------------------------------ effects
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(path: str, state: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _http(url: str, body: dict | None, timeout: float) -> bool:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            if r.status != 200:
+                return False
+            if body is not None:
+                return bool(json.loads(r.read()).get("choices"))
+            return True
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _started(text: str) -> float | None:
+    """docker's StartedAt (RFC 3339, nanoseconds) -> epoch seconds."""
+    text = text.strip()
+    if not text or text.startswith("0001-"):
+        return None
+    import datetime as dt
+
+    base = text.split(".")[0].rstrip("Z")
+    try:
+        return dt.datetime.strptime(base, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
+    except ValueError:
+        return None
+
+
+def _container_started(name: str) -> float | None:
+    r = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}} {{.State.StartedAt}}", name],
+                       capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout.startswith("true"):
+        return None
+    return _started(r.stdout.split()[1])
+
+
+def _worker(cfg: dict, w: dict, verb: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    argv = ["ssh", "-i", cfg["ssh_key"], "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={cfg['known_hosts']}", "-o", "ConnectTimeout=10",
+            "-p", str(w.get("port", 22)), f"{w.get('user', 'root')}@{w['host']}", verb]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", "timeout")
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)  # journald via the service's stdout
+
+
+def observe(cfg: dict) -> dict:
+    c = dict(DEFAULTS, **cfg)
+    api = cfg["api_url"]
+    obs = {"head_enabled": subprocess.run(["systemctl", "is-enabled", "--quiet", cfg["unit"]]).returncode == 0}
+    obs["health_ok"] = _http(f"{api}/health", None, 5)
+    obs["probe_ok"] = obs["health_ok"] and _http(
+        f"{api}/v1/completions", {"model": cfg["model"], "prompt": "ping", "max_tokens": 1, "temperature": 0},
+        c["probe_timeout_s"])
+    obs["head_started"] = _container_started(cfg["container"])
+    ws = []
+    for w in cfg.get("workers", []):
+        r = _worker(cfg, w, "status", 30)
+        parts = r.stdout.split()
+        ws.append(_started(parts[1]) if r.returncode == 0 and len(parts) == 2 and parts[0] == "true" else None)
+    obs["worker_started"] = min([t for t in ws if t] or [0]) or None
+    return obs
+
+
+def act(cfg: dict, action: str) -> None:
+    unit = cfg["unit"]
+    if action == "restart":
+        # Stop the head first (it holds the rendezvous), restart workers, then start the head.
+        subprocess.run(["systemctl", "stop", unit])
+        for w in cfg.get("workers", []):
+            r = _worker(cfg, w, "restart")
+            _log(f"worker {w['host']} restart: rc={r.returncode} {r.stdout.strip()} {r.stderr.strip()}")
+        subprocess.run(["systemctl", "start", "--no-block", unit])
+    elif action == "give_up":
+        subprocess.run(["systemctl", "stop", unit])
+        for w in cfg.get("workers", []):
+            _worker(cfg, w, "stop")
+
+
+def tick(cfg_path: str, state_path: str = STATE) -> str:
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    state = _load(state_path)
+    if state.get("release") != cfg.get("release"):
+        state = {"release": cfg.get("release")}  # a new release starts with a clean slate
+    obs = observe(cfg)
+    action, state, why = decide(state, obs, cfg, time.time())
+    state["last_tick"] = time.time()
+    state["last_action"] = action
+    state["last_why"] = why
+    _save(state_path, state)
+    if action != "none":
+        _log(f"{action}: {why}")
+    act(cfg, action)
+    return action
+
+
+if __name__ == "__main__":
+    tick(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else STATE)
