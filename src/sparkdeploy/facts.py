@@ -1,0 +1,280 @@
+"""What the planner needs to know about a node, as plain frozen data, plus pure parsers for raw node output.
+
+`NodeFacts` is filled three ways: `nominal(node)` (a built-in nominal GB10 or simulated node, the default so
+`plan` works with no node reachable), `load_facts_file(path)` (YAML, `plan --facts FILE`), or by the
+orchestration reading the node over SSH and feeding the raw text to the `parse_*` functions here
+(`/proc/meminfo`, `ip -j addr`, `/sys/class/infiniband/<dev>/ports/1/gids/*` + `gid_attrs/types/*`).
+Memory is kept in bytes (`mem_total_bytes`, `mem_available_bytes`); `*_gib` properties convert.
+
+Facts file shape:
+
+    nodes:
+      spark1:
+        mem_total_gib: 119.7          # or mem_total_bytes
+        mem_available_gib: 116.0      # or mem_available_bytes; null if unknown
+        gpu_name: NVIDIA GB10         # null for none
+        driver: "580.95.05"
+        docker_version: "28.3.3"
+        netdevs: {enp1s0f1np1: {ipv4: [192.168.177.11/24], mtu: 9000}}
+        roce: {rocep1s0f1: {netdev: enp1s0f1np1, gid_index: 3}}
+        units: [docker.service, sparkdeploy-engine.service]
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from sparkdeploy.errors import InventoryError
+
+GIB = 1 << 30
+
+# Nominal GB10 (DGX Spark): 128 GB LPDDR5x shared by CPU and GPU; the kernel reports about 119.7 GiB MemTotal
+# (`free -h` shows 119Gi) and a headless idle box with dropped caches about 116 GiB MemAvailable. Estimates,
+# used only when nothing was measured; `plan` labels them "nominal".
+NOMINAL_GB10_MEM_TOTAL_BYTES = int(119.7 * GIB)
+NOMINAL_GB10_MEM_AVAILABLE_BYTES = int(116.0 * GIB)
+NOMINAL_GB10_DRIVER = "580.95.05"
+# Simulated node: a container on a small VM; memory is the host's, shared by both nodes.
+NOMINAL_SIM_MEM_TOTAL_BYTES = 24 * GIB
+NOMINAL_SIM_MEM_AVAILABLE_BYTES = 20 * GIB
+
+
+@dataclass(frozen=True)
+class NetDev:
+    name: str
+    ipv4: tuple[str, ...] = ()  # "a.b.c.d/prefix"
+    mtu: int | None = None
+    up: bool | None = None
+
+    def addresses(self) -> tuple[str, ...]:
+        return tuple(a.split("/", 1)[0] for a in self.ipv4)
+
+
+@dataclass(frozen=True)
+class RoceDev:
+    name: str
+    netdev: str | None = None
+    port: int = 1
+    gid_index: int | None = None  # RoCE v2 GID whose value is IPv4-mapped (::ffff:a.b.c.d); None if none/unknown
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    node: str
+    mem_total_bytes: int
+    mem_available_bytes: int | None
+    has_gpu: bool
+    gpu_name: str | None = None
+    driver: str | None = None
+    docker_version: str | None = None
+    netdevs: tuple[NetDev, ...] = ()
+    roce: tuple[RoceDev, ...] = ()
+    units: tuple[str, ...] = ()
+    source: str = "nominal"  # nominal | file:<path> | ssh
+
+    @property
+    def mem_total_gib(self) -> float:
+        return self.mem_total_bytes / GIB
+
+    @property
+    def mem_available_gib(self) -> float | None:
+        return None if self.mem_available_bytes is None else self.mem_available_bytes / GIB
+
+    def netdev(self, name: str) -> NetDev | None:
+        return next((d for d in self.netdevs if d.name == name), None)
+
+    def roce_dev(self, name: str) -> RoceDev | None:
+        return next((d for d in self.roce if d.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------- nominal
+def nominal_gb10(node: Any) -> NodeFacts:
+    """Nominal facts for a GB10 node of the inventory: its netdev carries its data_ip, MTU 9000, GIDs unknown."""
+    return NodeFacts(
+        node=node.name,
+        mem_total_bytes=NOMINAL_GB10_MEM_TOTAL_BYTES,
+        mem_available_bytes=NOMINAL_GB10_MEM_AVAILABLE_BYTES,
+        has_gpu=True,
+        gpu_name="NVIDIA GB10",
+        driver=NOMINAL_GB10_DRIVER,
+        netdevs=(NetDev(node.netdev, (f"{node.data_ip}/24",), 9000, True),),
+        roce=tuple(RoceDev(dev, None, 1, None) for dev in node.hca),
+        source="nominal",
+    )
+
+
+def nominal_sim(node: Any) -> NodeFacts:
+    """Nominal facts for a simulated (gpu: none) node."""
+    return NodeFacts(
+        node=node.name,
+        mem_total_bytes=NOMINAL_SIM_MEM_TOTAL_BYTES,
+        mem_available_bytes=NOMINAL_SIM_MEM_AVAILABLE_BYTES,
+        has_gpu=False,
+        netdevs=(NetDev(node.netdev, (f"{node.data_ip}/24",), 1500, True),),
+        source="nominal",
+    )
+
+
+def nominal(node: Any) -> NodeFacts:
+    return nominal_gb10(node) if node.gpu != "none" else nominal_sim(node)
+
+
+# ---------------------------------------------------------------------------------------- pure parsers
+def parse_meminfo(text: str) -> dict[str, int]:
+    """`/proc/meminfo` -> {field: bytes} ("MemTotal: 125000000 kB" -> 128000000000)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s*([A-Za-z0-9_()]+):\s+(\d+)(?:\s+(kB))?\s*$", line)
+        if m:
+            out[m.group(1)] = int(m.group(2)) * (1024 if m.group(3) else 1)
+    return out
+
+
+def parse_ip_addr_json(text: str) -> tuple[NetDev, ...]:
+    """`ip -j addr` -> NetDevs with IPv4/prefix, MTU and operstate (loopback kept; callers pick by name)."""
+    out = []
+    for entry in json.loads(text or "[]"):
+        addrs = tuple(f"{a['local']}/{a.get('prefixlen', 32)}" for a in entry.get("addr_info", ())
+                      if a.get("family") == "inet" and "local" in a)
+        state = entry.get("operstate")
+        out.append(NetDev(entry["ifname"], addrs, entry.get("mtu"), None if state is None else state == "UP"))
+    return tuple(out)
+
+
+def parse_gid(text: str) -> ipaddress.IPv6Address | None:
+    """One `gids/<i>` file ("0000:0000:0000:0000:0000:ffff:c0a8:b10b") -> address, None if empty/invalid."""
+    try:
+        addr = ipaddress.IPv6Address(text.strip())
+    except ValueError:
+        return None
+    return None if addr == ipaddress.IPv6Address(0) else addr
+
+
+def roce_v2_ipv4_gid_index(gids: Mapping[int, str], types: Mapping[int, str], ipv4: str | None = None) -> int | None:
+    """The index of the RoCE v2 GID that is an IPv4-mapped address (of `ipv4` when given), else None.
+
+    `gids` and `types` map GID index -> the text of `ports/1/gids/<i>` and `ports/1/gid_attrs/types/<i>`
+    ("RoCE v2", "IB/RoCE v1"). The lowest matching index wins. Never guess: None means leave
+    NCCL_IB_GID_INDEX unset (an empty value would parse as 0, the link-local fe80 GID).
+    """
+    want = ipaddress.IPv4Address(ipv4) if ipv4 else None
+    for index in sorted(gids):
+        kind = types.get(index, "").strip().lower()
+        if kind != "roce v2":
+            continue
+        addr = parse_gid(gids[index])
+        if addr is None or addr.ipv4_mapped is None:
+            continue
+        if want is None or addr.ipv4_mapped == want:
+            return index
+    return None
+
+
+# ------------------------------------------------------------------------------------------ facts file
+_FACT_KEYS = ("mem_total_gib", "mem_total_bytes", "mem_available_gib", "mem_available_bytes", "gpu_name", "driver",
+              "docker_version", "netdevs", "roce", "units", "has_gpu")
+
+
+def _fail(file: str, field_path: str, message: str) -> None:
+    raise InventoryError(message, file=file, field=field_path)
+
+
+def _memory(raw: dict, key: str, file: str, where: str, required: bool) -> int | None:
+    gib, byte = raw.get(f"{key}_gib"), raw.get(f"{key}_bytes")
+    if gib is not None and byte is not None:
+        _fail(file, f"{where}.{key}_gib", f"give {key}_gib or {key}_bytes, not both")
+    if gib is None and byte is None:
+        if required:
+            _fail(file, f"{where}.{key}_gib", "missing; expected GiB of memory (a number)")
+        return None
+    value = gib if gib is not None else byte
+    name = f"{key}_gib" if gib is not None else f"{key}_bytes"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        _fail(file, f"{where}.{name}", f"expected a positive number, got {value!r}")
+    return int(value * GIB) if gib is not None else int(value)
+
+
+def _opt_str(raw: dict, key: str, file: str, where: str) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        _fail(file, f"{where}.{key}", f"expected a string, got {value!r}")
+    return str(value)
+
+
+def facts_from_dict(name: str, raw: Any, file: str = "<facts>") -> NodeFacts:
+    where = f"nodes.{name}"
+    if not isinstance(raw, dict):
+        _fail(file, where, "expected a mapping of facts")
+    for key in raw:
+        if key not in _FACT_KEYS:
+            _fail(file, f"{where}.{key}", f"unknown key; allowed: {', '.join(_FACT_KEYS)}")
+    total = _memory(raw, "mem_total", file, where, required=True)
+    available = _memory(raw, "mem_available", file, where, required=False)
+    if available is not None and total is not None and available > total:
+        _fail(file, f"{where}.mem_available_gib", "larger than mem_total")
+    netdevs = []
+    for dev, spec in (raw.get("netdevs") or {}).items():
+        spec = spec or {}
+        if not isinstance(spec, dict) or set(spec) - {"ipv4", "mtu", "up"}:
+            _fail(file, f"{where}.netdevs.{dev}", "expected {ipv4: [a.b.c.d/n], mtu: N, up: bool}")
+        ipv4 = spec.get("ipv4") or []
+        if isinstance(ipv4, str):
+            ipv4 = [ipv4]
+        for i, addr in enumerate(ipv4):
+            try:
+                ipaddress.IPv4Interface(addr)
+            except ValueError:
+                _fail(file, f"{where}.netdevs.{dev}.ipv4[{i}]", f"{addr!r} is not an IPv4 address")
+        netdevs.append(NetDev(str(dev), tuple(str(a) if "/" in str(a) else f"{a}/32" for a in ipv4),
+                              spec.get("mtu"), spec.get("up")))
+    roce = []
+    for dev, spec in (raw.get("roce") or {}).items():
+        spec = spec or {}
+        if not isinstance(spec, dict) or set(spec) - {"netdev", "gid_index", "port"}:
+            _fail(file, f"{where}.roce.{dev}", "expected {netdev: NAME, gid_index: N|null, port: 1}")
+        gid = spec.get("gid_index")
+        if gid is not None and (isinstance(gid, bool) or not isinstance(gid, int) or not 0 <= gid < 256):
+            _fail(file, f"{where}.roce.{dev}.gid_index", f"expected an integer 0..255 or null, got {gid!r}")
+        roce.append(RoceDev(str(dev), spec.get("netdev"), int(spec.get("port", 1)), gid))
+    units = raw.get("units") or []
+    if not isinstance(units, list):
+        _fail(file, f"{where}.units", "expected a list of unit names")
+    gpu_name = _opt_str(raw, "gpu_name", file, where)
+    has_gpu = raw.get("has_gpu", gpu_name is not None)
+    return NodeFacts(
+        node=name, mem_total_bytes=total, mem_available_bytes=available, has_gpu=bool(has_gpu), gpu_name=gpu_name,
+        driver=_opt_str(raw, "driver", file, where), docker_version=_opt_str(raw, "docker_version", file, where),
+        netdevs=tuple(netdevs), roce=tuple(roce), units=tuple(str(u) for u in units), source=f"file:{file}",
+    )
+
+
+def load_facts_file(path: str | Path) -> dict[str, NodeFacts]:
+    """Read a facts YAML (`nodes: {name: {...}}`) into {node name: NodeFacts}."""
+    file = str(path)
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InventoryError("facts file not found", file=file) from None
+    except yaml.YAMLError as err:
+        raise InventoryError(f"YAML syntax error: {str(err).splitlines()[0]}", file=file) from None
+    if not isinstance(raw, dict) or set(raw) != {"nodes"} or not isinstance(raw["nodes"], dict):
+        raise InventoryError("expected a mapping with one key, nodes: {name: facts}", file=file, field="nodes")
+    return {str(name): facts_from_dict(str(name), spec, file) for name, spec in raw["nodes"].items()}
+
+
+def facts_for(nodes: Iterable[Any], given: Mapping[str, NodeFacts] | None = None) -> dict[str, NodeFacts]:
+    """Facts for every inventory node: the given ones where present, nominal ones for the rest."""
+    given = given or {}
+    return {n.name: given.get(n.name) or nominal(n) for n in nodes}

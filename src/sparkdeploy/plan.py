@@ -1,0 +1,461 @@
+"""plan(Inventory, facts per node) -> Plan: every command, env var, file and memory figure, as data. Pure.
+
+Kamal's split: this module only *builds* argv lists and env maps; `render` turns them into files and the step
+layer runs them. Nothing here touches a node, the network or the clock, so a plan is fully unit-testable and
+`sparkdeploy plan` can show it before anything changes.
+
+Decisions made here (see DESIGN.md "Launch facts"):
+  * mp multi-node: every node runs the same `vllm serve ... --nnodes N --node-rank R --master-addr <head data
+    IP> --master-port P`; rank >= 1 adds `--headless`; only rank 0 serves the API; workers start first.
+  * Per-node env comes from *that node's* inventory entry and facts only (cross-wired pairs differ in netdev,
+    HCA names and GID index; nothing is copied from the head).
+  * Which patches are vLLM flags and which are overlays: `spark_overlays.compat` (the plugin's own table).
+  * The GPU memory fraction: `memory.budget` (the only place it is decided).
+
+The plan's fingerprint (`Plan.release_id`) is a hash of everything that reaches a node except provenance
+labels (git commit): same inventory + facts -> same id, any change -> a new release directory on the nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from sparkdeploy import __version__
+from sparkdeploy.errors import PlanError
+from sparkdeploy.facts import NodeFacts, facts_for
+from sparkdeploy.inventory import FEATURES, Inventory, Node, SshTarget
+from sparkdeploy.memory import MemoryBudget, budget
+
+# ------------------------------------------------------------------------------ on-node layout (see render.py)
+ETC_DIR = "/etc/sparkdeploy"
+RELEASES_DIR = f"{ETC_DIR}/releases"  # releases/NNNN/ (numbered by sparkdeploy.releases at apply time)
+CURRENT_LINK = f"{ETC_DIR}/current"  # -> releases/NNNN; the unit and launch.sh only ever name this
+STATE_DIR = "/var/lib/sparkdeploy"
+VOCAB_HOST_DIR = f"{STATE_DIR}/vocab"
+CACHE_HOST_DIR = f"{STATE_DIR}/cache"
+VOCAB_CONTAINER_DIR = "/opt/sparkdeploy/vocab"
+VOCAB_CONTAINER_FILE = f"{VOCAB_CONTAINER_DIR}/current.txt"
+CONTAINER_NAME = "sparkdeploy-engine"
+UNIT_NAME = "sparkdeploy-engine.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+ENV_FILE = "engine.env"
+LAUNCH_FILE = "launch.sh"
+STOP_TIMEOUT_S = 30
+_RELEASE_PLACEHOLDER = "@RELEASE@"
+
+CACHE_MOUNTS = (("huggingface", "/root/.cache/huggingface"), ("vllm", "/root/.cache/vllm"),
+                ("flashinfer", "/root/.cache/flashinfer"), ("triton", "/root/.triton"))
+
+
+# ----------------------------------------------------------------------------------------------- types
+@dataclass(frozen=True)
+class ImageSpec:
+    tag: str  # repository:<vllm>-<content hash>
+    repository: str
+    base: str
+    vllm_version: str
+    python: str
+    pip: str
+    local_base: bool
+    vocab_sha256: str | None
+    vocab_source: str | None  # host path of the list copied into the build context as vocab/current.txt
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    requested: bool  # patches.<name> in the inventory
+    enabled: bool  # in effect for this plan
+    mode: str  # "native" | "overlay"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    name: str
+    role: str  # "head" | "worker"
+    rank: int
+    start_order: int  # 0 starts first (workers), the head last
+    ssh: SshTarget
+    data_ip: str
+    netdev: str
+    hca: tuple[str, ...]
+    serve_argv: tuple[str, ...]
+    docker_argv: tuple[str, ...]
+    env: dict[str, str]
+    memory: MemoryBudget
+    files: dict[str, str]  # render output path (relative) -> on-node path ("{release}/x": inside the release dir)
+    container_name: str = CONTAINER_NAME
+    unit_name: str = UNIT_NAME
+
+    @property
+    def serve_command(self) -> str:
+        return shlex.join(self.serve_argv)
+
+    @property
+    def docker_command(self) -> str:
+        return shlex.join(self.docker_argv)
+
+
+@dataclass(frozen=True)
+class Plan:
+    cluster: str
+    release_id: str
+    kit_version: str
+    profile: str
+    nnodes: int
+    tp: int
+    pp: int
+    api_port: int
+    master_port: int
+    image: ImageSpec
+    nodes: tuple[NodePlan, ...]  # rank order
+    features: tuple[Feature, ...]
+    additional_config: dict[str, Any]
+    speculative_config: dict[str, Any] | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def head(self) -> NodePlan:
+        return self.nodes[0]
+
+    @property
+    def start_order(self) -> tuple[NodePlan, ...]:
+        return tuple(sorted(self.nodes, key=lambda n: n.start_order))
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.head.data_ip}:{self.api_port}"
+
+    def node(self, name: str) -> NodePlan:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["api_url"] = self.api_url
+        out["start_order"] = [n.name for n in self.start_order]
+        for node, raw in zip(self.nodes, out["nodes"]):
+            raw["serve_command"] = node.serve_command
+            raw["docker_command"] = node.docker_command
+        return out
+
+
+# ------------------------------------------------------------------------------------------ compat table
+def _compat_mode() -> tuple[Callable[[str, str], str], Callable[[str, str], list[str]]]:
+    """The overlays plugin's own table; the local fallback below is used only if the package is missing."""
+    try:
+        from spark_overlays import compat  # pure module: no vllm/torch import
+
+        return compat.mode, compat.native_flags
+    except ImportError:  # pragma: no cover - the overlays package is installed with the kit
+        return _local_mode, _local_flags
+
+
+# Fallback only (to be removed once spark_overlays is a hard dependency): same answers as
+# overlays/spark_overlays/compat.py for the two pins that matter.
+_FP8_FLAGS = ["--quantization", "online", "--quantization-config",
+              '{"targets": {"re:.*linear_attn\\\\.in_proj_qkvz": "fp8_per_channel", '
+              '"re:.*linear_attn\\\\.out_proj": "fp8_per_channel"}}']
+_LOCAL_TABLE = {
+    "0.32": {"shortlist": "overlay", "skinny_gemm": "overlay", "fp8_gdn": "native", "prefix_align": "overlay"},
+    "0.33": {"shortlist": "overlay", "skinny_gemm": "overlay", "fp8_gdn": "native", "prefix_align": "native"},
+}
+
+
+def _series(version: str) -> str:
+    major, minor = version.split(".")[:2]
+    key = f"{int(major)}.{int(minor)}"
+    if key not in _LOCAL_TABLE:
+        raise ValueError(f"vLLM {version} is not in the compat table")
+    return key
+
+
+def _local_mode(version: str, feature: str) -> str:
+    return _LOCAL_TABLE[_series(version)][feature]
+
+
+def _local_flags(version: str, feature: str) -> list[str]:
+    if _local_mode(version, feature) != "native":
+        return []
+    return list(_FP8_FLAGS) if feature == "fp8_gdn" else ["--enable-prefix-caching"]
+
+
+# ------------------------------------------------------------------------------------------------ plan
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _features(inv: Inventory, mode_of: Callable[[str, str], str]) -> tuple[Feature, ...]:
+    profile, version = inv.profile, inv.image.vllm_version
+    out = []
+    for name in FEATURES:
+        requested = getattr(inv.patches, name)
+        try:
+            mode = mode_of(version, name)
+        except Exception as err:  # CompatError and friends: an unsupported pin is an input problem
+            raise PlanError(f"image.vllm_version: {err}") from None
+        enabled, reason = requested, "" if requested else "off in inventory patches"
+        spec = profile.speculative
+        if requested and name == "shortlist" and (spec.method != "mtp" or spec.num_speculative_tokens == 0):
+            enabled, reason = False, f"needs MTP speculation (profile uses {spec.method} depth {spec.num_speculative_tokens})"
+        if requested and name == "prefix_align" and not profile.prefix_caching:
+            enabled, reason = False, "prefix caching is off in the profile"
+        out.append(Feature(name, requested, enabled, mode, reason))
+    return tuple(out)
+
+
+def _additional_config(inv: Inventory, features: tuple[Feature, ...]) -> dict[str, Any]:
+    cfg: dict[str, Any] = {}
+    for feat in features:
+        entry: dict[str, Any] = {"enabled": feat.enabled and feat.mode == "overlay"}
+        if feat.name == "shortlist" and entry["enabled"] and inv.vocab is not None:
+            entry.update(path=VOCAB_CONTAINER_FILE, sha256=inv.vocab.sha256)
+        cfg[feat.name] = entry
+    return {"spark_overlays": cfg}
+
+
+def _check_facts(node: Node, index: int, facts: NodeFacts) -> None:
+    where = f"nodes[{index}]"
+    if node.has_gpu and not facts.has_gpu:
+        raise PlanError(f"{where}.gpu: node {node.name} is declared {node.gpu} but its facts show no GPU")
+    if facts.netdevs:
+        dev = facts.netdev(node.netdev)
+        if dev is None:
+            have = ", ".join(d.name for d in facts.netdevs)
+            raise PlanError(f"{where}.netdev: node {node.name} has no interface {node.netdev!r} (has: {have})")
+        if dev.ipv4 and node.data_ip not in dev.addresses():
+            raise PlanError(f"{where}.data_ip: {node.data_ip} is not on {node.name}'s {node.netdev} "
+                            f"({', '.join(dev.ipv4)})")
+    if facts.roce:
+        for i, hca in enumerate(node.hca):
+            if facts.roce_dev(hca) is None:
+                have = ", ".join(d.name for d in facts.roce)
+                raise PlanError(f"{where}.hca[{i}]: node {node.name} has no RoCE device {hca!r} (has: {have})")
+
+
+def _gid_index(node: Node, facts: NodeFacts) -> tuple[int | None, str | None]:
+    found = {hca: (facts.roce_dev(hca).gid_index if facts.roce_dev(hca) else None) for hca in node.hca}
+    known = {v for v in found.values() if v is not None}
+    if not known:
+        return None, None
+    if len(known) > 1 or None in found.values():
+        detail = ", ".join(f"{k}={v}" for k, v in found.items())
+        return None, f"{node.name}: RoCE v2 IPv4 GID index differs across HCAs ({detail}); NCCL_IB_GID_INDEX left unset"
+    return known.pop(), None
+
+
+def _env(inv: Inventory, node: Node, facts: NodeFacts, nnodes: int, notes: list[str]) -> dict[str, str]:
+    env = dict(inv.profile.env)
+    if nnodes > 1:
+        env.update(
+            VLLM_HOST_IP=node.data_ip,
+            NCCL_SOCKET_IFNAME=node.netdev,
+            GLOO_SOCKET_IFNAME=node.netdev,
+            TP_SOCKET_IFNAME=node.netdev,
+        )
+        if node.has_gpu:
+            env.update(UCX_NET_DEVICES=node.netdev, NCCL_DEBUG="WARN", OMP_NUM_THREADS="4")
+            if inv.profile.rdma and node.hca:
+                env.update(NCCL_IB_HCA=",".join(node.hca), NCCL_IB_DISABLE="0")
+                gid, note = _gid_index(node, facts)
+                if gid is not None:
+                    env["NCCL_IB_GID_INDEX"] = str(gid)
+                if note:
+                    notes.append(note)
+            else:
+                env["NCCL_IB_DISABLE"] = "1"
+    return dict(sorted(env.items()))
+
+
+def _serve_argv(inv: Inventory, node: Node, rank: int, nnodes: int, tp: int, pp: int, mem: MemoryBudget,
+                head: Node, features: tuple[Feature, ...], flags_of: Callable[[str, str], list[str]],
+                spec: dict[str, Any] | None, additional: dict[str, Any]) -> tuple[str, ...]:
+    p = inv.profile
+    argv = ["vllm", "serve", p.model_path, "--served-model-name", p.served_name]
+    if rank == 0:
+        argv += ["--host", "0.0.0.0", "--port", str(inv.ports.api)]
+    if nnodes > 1:
+        argv += ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", head.data_ip,
+                 "--master-port", str(inv.ports.master)]
+        if rank >= 1:
+            argv.append("--headless")
+    argv += ["--tensor-parallel-size", str(tp)]
+    if pp > 1:
+        argv += ["--pipeline-parallel-size", str(pp)]
+    if p.expert_parallel and tp * pp > 1:
+        argv.append("--enable-expert-parallel")
+    argv += ["--max-model-len", str(p.max_model_len)]
+    if p.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(p.max_num_seqs)]
+    if p.max_num_batched_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(p.max_num_batched_tokens)]
+    if p.kv_cache_dtype is not None:
+        argv += ["--kv-cache-dtype", p.kv_cache_dtype]
+    if mem.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", f"{mem.gpu_memory_utilization:.2f}"]
+    if p.enforce_eager:
+        argv.append("--enforce-eager")
+    argv.append("--enable-prefix-caching" if p.prefix_caching else "--no-enable-prefix-caching")
+    if spec is not None:
+        argv += ["--speculative-config", _json(spec)]
+    for feat in features:
+        if feat.enabled and feat.mode == "native":
+            flags = flags_of(inv.image.vllm_version, feat.name)
+            i = 0
+            while i < len(flags):  # skip a flag (and its value) already rendered
+                flag = flags[i]
+                takes_value = i + 1 < len(flags) and not flags[i + 1].startswith("--")
+                chunk = flags[i:i + 2] if takes_value else flags[i:i + 1]
+                if flag not in argv:
+                    argv += chunk
+                i += len(chunk)
+    argv += ["--additional-config", _json(additional)]
+    return tuple(argv)
+
+
+def _docker_argv(inv: Inventory, node: Node, role: str, image_tag: str,
+                 serve_argv: tuple[str, ...]) -> tuple[str, ...]:
+    p = inv.profile
+    argv = ["docker", "run", "--name", CONTAINER_NAME, "--init", "--stop-timeout", str(STOP_TIMEOUT_S),
+            "--network", "host", "--ipc", "host"]
+    if node.has_gpu and p.gpus:
+        argv += ["--gpus", "all"]
+    if node.has_gpu and p.rdma and node.hca:
+        argv += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1"]
+    argv += ["--ulimit", "stack=67108864", "--shm-size", p.shm_size,
+             "--env-file", f"{CURRENT_LINK}/{ENV_FILE}",
+             "--label", f"io.sparkdeploy.release={_RELEASE_PLACEHOLDER}",
+             "--label", f"io.sparkdeploy.node={node.name}",
+             "--label", f"io.sparkdeploy.role={role}",
+             "-v", f"{VOCAB_HOST_DIR}:{VOCAB_CONTAINER_DIR}:ro"]
+    if p.caches:
+        for name, target in CACHE_MOUNTS:
+            argv += ["-v", f"{CACHE_HOST_DIR}/{name}:{target}"]
+    if p.host_dir:
+        argv += ["-v", f"{p.host_dir}:{p.model_path}:ro"]
+    argv.append(image_tag)
+    return tuple(argv) + serve_argv
+
+
+def _image(inv: Inventory, features: tuple[Feature, ...], git_commit: str, overlays_digest: str | None) -> ImageSpec:
+    im = inv.image
+    enabled = ",".join(f.name for f in features if f.requested)
+    identity = _json({"base": im.base, "vllm": im.vllm_version, "python": im.python, "pip": im.pip,
+                      "patches": enabled, "vocab": inv.vocab.sha256 if inv.vocab else None,
+                      "overlays": overlays_digest, "kit": __version__})
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    base_digest = im.base.split("@", 1)[1] if "@" in im.base else (im.base if im.base.startswith("sha256:") else "")
+    labels = {
+        "org.opencontainers.image.title": "sparkdeploy serving image",
+        "org.opencontainers.image.version": __version__,
+        "org.opencontainers.image.revision": git_commit,
+        "org.opencontainers.image.base.name": im.base,
+        "org.opencontainers.image.base.digest": base_digest,
+        "io.sparkdeploy.kit-version": __version__,
+        "io.sparkdeploy.vllm-version": im.vllm_version,
+        "io.sparkdeploy.patches": enabled,
+        "io.sparkdeploy.vocab-sha256": inv.vocab.sha256 if inv.vocab else "",
+        "io.sparkdeploy.overlays-digest": overlays_digest or "",
+    }
+    return ImageSpec(tag=f"{im.repository}:{im.vllm_version}-{digest}", repository=im.repository, base=im.base,
+                     vllm_version=im.vllm_version, python=im.python, pip=im.pip, local_base=im.local,
+                     vocab_sha256=inv.vocab.sha256 if inv.vocab else None,
+                     vocab_source=str(inv.vocab.path) if inv.vocab else None, labels=dict(sorted(labels.items())))
+
+
+def _layout(inv: Inventory, nodes: int | None) -> tuple[tuple[Node, ...], int, int]:
+    p, all_nodes = inv.profile, inv.nodes
+    asked = len(all_nodes) if nodes is None else nodes
+    if asked < 1:
+        raise PlanError(f"--nodes: {asked} is not a node count (1..{len(all_nodes)})")
+    if asked == p.world_size:
+        chosen, tp, pp = all_nodes, p.tp, p.pp
+    elif asked == 1:
+        chosen, tp, pp = (inv.head,), 1, 1
+    else:
+        raise PlanError(f"--nodes {asked}: profile {p.name!r} is laid out for tp x pp x dp = {p.world_size} "
+                        f"node(s); plan 1 (single box) or {p.world_size}, or use a profile for {asked}")
+    if p.dp > 1 and asked > 1:
+        raise PlanError(f"profile {p.name!r}: data parallel (dp={p.dp}) layouts are not planned yet")
+    head_first = (inv.head,) + tuple(n for n in chosen if n.role != "head")
+    return head_first, tp, pp
+
+
+def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = None, nodes: int | None = None,
+         *, git_commit: str = "unknown", overlays_digest: str | None = None,
+         compat: tuple[Callable[[str, str], str], Callable[[str, str], list[str]]] | None = None) -> Plan:
+    """Plan `nodes` nodes (default: all) of `inventory`; facts missing for a node default to nominal ones.
+
+    `git_commit` and `overlays_digest` only feed image provenance; `compat` replaces the overlays table (tests).
+    """
+    inv, p = inventory, inventory.profile
+    chosen, tp, pp = _layout(inv, nodes)
+    nnodes = len(chosen)
+    facts = facts_for(chosen, facts_by_node)
+    mode_of, flags_of = compat or _compat_mode()
+    features = _features(inv, mode_of)
+    additional = _additional_config(inv, features)
+    spec = p.speculative.config()
+    image = _image(inv, features, git_commit, overlays_digest)
+    head = chosen[0]
+    scale = tp * pp
+    weights = p.weights_gib / scale
+    kv_bytes = p.kv_bytes_per_token * p.tp * p.pp // scale if p.kv_bytes_per_token else 0
+    cpu_kv = dict(p.env).get("VLLM_CPU_KVCACHE_SPACE")
+    notes: list[str] = []
+
+    node_plans = []
+    for rank, node in enumerate(chosen):
+        index = inv.nodes.index(node)
+        nf = facts[node.name]
+        _check_facts(node, index, nf)
+        mem = budget(nf, reserve_gib=inv.memory.reserve_gib, weights_gib=weights, activation_gib=p.activation_gib,
+                     kv_bytes_per_token=kv_bytes, explicit_gmu=inv.memory.gpu_memory_utilization,
+                     cpu_kv_space_gib=float(cpu_kv) if cpu_kv and cpu_kv.replace(".", "", 1).isdigit() else None)
+        if nf.source == "nominal":
+            notes.append(f"{node.name}: nominal {'GB10' if node.has_gpu else 'simulated'} facts (nothing measured)")
+        netdev = nf.netdev(node.netdev)
+        if node.has_gpu and nnodes > 1 and netdev is not None and netdev.mtu is not None and netdev.mtu < 9000:
+            notes.append(f"{node.name}: {node.netdev} MTU {netdev.mtu} (CX-7 links want 9000)")
+        role = "head" if rank == 0 else "worker"
+        env = _env(inv, node, nf, nnodes, notes)
+        serve = _serve_argv(inv, node, rank, nnodes, tp, pp, mem, head, features, flags_of, spec, additional)
+        docker = _docker_argv(inv, node, role, image.tag, serve)
+        files = {f"{node.name}/release/{name}": f"{{release}}/{name}" for name in (ENV_FILE, LAUNCH_FILE, "node-plan.json")}
+        files[f"{node.name}/unit/{UNIT_NAME}"] = UNIT_PATH
+        start_order = nnodes - 1 if rank == 0 else rank - 1
+        node_plans.append(NodePlan(node.name, role, rank, start_order, node.ssh, node.data_ip, node.netdev, node.hca,
+                                   serve, docker, env, mem, files))
+    for feat in features:
+        if feat.requested and not feat.enabled:
+            notes.append(f"patch {feat.name} off: {feat.reason}")
+
+    draft = Plan(cluster=inv.cluster, release_id=_RELEASE_PLACEHOLDER, kit_version=__version__, profile=p.name,
+                 nnodes=nnodes, tp=tp, pp=pp, api_port=inv.ports.api, master_port=inv.ports.master, image=image,
+                 nodes=tuple(node_plans), features=features, additional_config=additional,
+                 speculative_config=spec, notes=tuple(notes))
+    identity = draft.to_dict()
+    identity["image"] = {k: v for k, v in identity["image"].items() if k != "labels"}
+    release_id = hashlib.sha256(_json(identity).encode()).hexdigest()[:12]
+    return _substitute(draft, release_id)
+
+
+def _substitute(draft: Plan, release_id: str) -> Plan:
+    def fix(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace(_RELEASE_PLACEHOLDER, release_id)
+        if isinstance(value, tuple):
+            return tuple(fix(v) for v in value)
+        return value
+
+    nodes = tuple(dataclasses.replace(n, docker_argv=fix(n.docker_argv)) for n in draft.nodes)
+    return dataclasses.replace(draft, release_id=release_id, nodes=nodes)
