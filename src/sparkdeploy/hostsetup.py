@@ -1,0 +1,289 @@
+"""`host setup`: the host guard rails, as idempotent items (read, diff, change only the difference).
+
+Items, in order, per node:
+  earlyoom-package   installed (apt)
+  earlyoom-config    /etc/default/earlyoom = deploy/host/earlyoom.default.j2 (prefer vllm/python/ray,
+                     avoid sshd/dockerd/containerd/systemd)
+  earlyoom-service   enabled, active, and running with the configured arguments (restarted when they differ)
+  sshd-oom           drop-in OOMScoreAdjust=-1000 for ssh.service, and the running sshd set to -1000 now
+                     (no sshd restart: the connection we are using survives)
+  netplan            /etc/netplan/40-cx7.yaml (mode 600, one /24 per CX-7 twin, MTU 9000), written and applied
+                     only with --apply-network; otherwise its diff is shown and the item is skipped
+
+`plan_items()` is pure (state + desired -> items with their diff and the commands that close it), so
+idempotence is unit-tested: the state after applying yields no item to change.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import shlex
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import jinja2
+
+from sparkdeploy import doctor, paths
+from sparkdeploy.errors import RemoteError
+
+EARLYOOM_DEFAULT = "/etc/default/earlyoom"
+NETPLAN_FILE = "/etc/netplan/40-cx7.yaml"
+SSHD_DROPIN_NAME = "50-sparkdeploy-oom.conf"
+
+# Thresholds: see the template. 4% of a GB10's 119.7 GiB is about 4.8 GiB, 2% about 2.4 GiB.
+EARLYOOM_MEM_TERM, EARLYOOM_MEM_KILL = 4, 2
+EARLYOOM_SWAP, EARLYOOM_REPORT_S = 100, 3600
+
+OK, CHANGE, SKIPPED = "ok", "change", "skipped"
+
+
+@dataclass(frozen=True)
+class Twin:
+    netdev: str
+    address: str  # a.b.c.d/24
+
+
+@dataclass
+class HostState:
+    """What `read_state` saw on a node."""
+
+    earlyoom_installed: bool = False
+    earlyoom_enabled: str = ""
+    earlyoom_active: str = ""
+    earlyoom_cmdline: str = ""
+    ssh_unit: str = "ssh"
+    sshd_pid: str = ""
+    sshd_live_adj: str = ""
+    netplan_available: bool = False
+    apt_available: bool = False
+    files: dict[str, str | None] = field(default_factory=dict)  # path -> content (None: missing)
+    twin_netdevs: tuple[str, ...] = ()  # netdevs of the node's RoCE devices, in inventory order
+
+
+@dataclass
+class Item:
+    name: str
+    status: str  # ok | change | skipped
+    what: list[str] = field(default_factory=list)  # one line per action (dry-run shows these)
+    diff: str = ""
+    writes: list[tuple[str, str, int]] = field(default_factory=list)  # (path, content, mode)
+    commands: list[list[str]] = field(default_factory=list)  # run as root after the writes
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return {"item": self.name, "status": self.status, "actions": self.what, "diff": self.diff, "note": self.note}
+
+
+# ----------------------------------------------------------------------------------------------- render
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.templates_root())),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+
+
+def render_earlyoom(mem_term: int = EARLYOOM_MEM_TERM, mem_kill: int = EARLYOOM_MEM_KILL) -> str:
+    return _env().get_template("deploy/host/earlyoom.default.j2").render(
+        mem_term=mem_term, mem_kill=mem_kill, swap=EARLYOOM_SWAP, report=EARLYOOM_REPORT_S,
+        prefer=doctor.EARLYOOM_PREFER, avoid=doctor.EARLYOOM_AVOID)
+
+
+def earlyoom_args(mem_term: int = EARLYOOM_MEM_TERM, mem_kill: int = EARLYOOM_MEM_KILL) -> list[str]:
+    """The arguments earlyoom should be running with (what the rendered file gives it)."""
+    for line in render_earlyoom(mem_term, mem_kill).splitlines():
+        if line.startswith("EARLYOOM_ARGS="):
+            return line.split("=", 1)[1].strip('"').split()
+    raise AssertionError("template has no EARLYOOM_ARGS")
+
+
+def render_sshd_dropin() -> str:
+    return _env().get_template("deploy/host/sshd-oom.conf.j2").render()
+
+
+def twins_for(netdev: str, data_ip: str, twin_netdevs: Sequence[str]) -> list[Twin]:
+    """The data_ip's netdev first, then each other twin on the next /24 (192.168.177.x -> 192.168.178.x)."""
+    ip = ipaddress.IPv4Address(data_ip)
+    out = [Twin(netdev, f"{ip}/24")]
+    k = 0
+    for nd in twin_netdevs:
+        if nd and nd != netdev and nd not in {t.netdev for t in out}:
+            k += 1
+            out.append(Twin(nd, f"{ipaddress.IPv4Address(int(ip) + (k << 8))}/24"))
+    return out
+
+
+def render_netplan(node: str, twins: Sequence[Twin], mtu: int = doctor.DATA_PLANE_MTU) -> str:
+    return _env().get_template("deploy/host/netplan-cx7.yaml.j2").render(node=node, twins=twins, mtu=mtu) + "\n"
+
+
+def unified(path: str, old: str | None, new: str, node: str = "") -> str:
+    where = f"{node}:{path}" if node else path
+    return "".join(difflib.unified_diff((old or "").splitlines(True), new.splitlines(True),
+                                        fromfile=f"{where} (now{', missing' if old is None else ''})",
+                                        tofile=f"{where} (sparkdeploy)"))
+
+
+# ------------------------------------------------------------------------------------------------ plan
+def dropin_path(unit: str) -> str:
+    return f"/etc/systemd/system/{unit}.service.d/{SSHD_DROPIN_NAME}"
+
+
+def plan_items(node: str, state: HostState, *, netdev: str, data_ip: str, apply_network: bool = False,
+               mem_term: int = EARLYOOM_MEM_TERM, mem_kill: int = EARLYOOM_MEM_KILL) -> list[Item]:
+    """Pure: what to change on `node` so it matches the kit's host setup."""
+    items: list[Item] = []
+
+    pkg = Item("earlyoom-package", OK)
+    if not state.earlyoom_installed:
+        pkg.status = CHANGE
+        pkg.what = ["apt-get install earlyoom"]
+        pkg.commands = [["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q",
+                         "-o", "Dpkg::Options::=--force-confold", "earlyoom"]]
+        if not state.apt_available:
+            pkg.note = "apt-get not found: install earlyoom with the system's package manager"
+    items.append(pkg)
+
+    want = render_earlyoom(mem_term, mem_kill)
+    have = state.files.get(EARLYOOM_DEFAULT)
+    cfg = Item("earlyoom-config", OK)
+    if have != want:
+        cfg.status = CHANGE
+        cfg.diff = unified(EARLYOOM_DEFAULT, have, want, node)
+        cfg.what = [f"write {EARLYOOM_DEFAULT}"]
+        cfg.writes = [(EARLYOOM_DEFAULT, want, 0o644)]
+    items.append(cfg)
+
+    svc = Item("earlyoom-service", OK)
+    args = earlyoom_args(mem_term, mem_kill)
+    running_args = state.earlyoom_cmdline.split()[1:]
+    if state.earlyoom_enabled != "enabled":
+        svc.what.append("systemctl enable earlyoom")
+        svc.commands.append(["systemctl", "enable", "earlyoom"])
+    if cfg.status == CHANGE or pkg.status == CHANGE or state.earlyoom_active != "active" or running_args != args:
+        why = ("config changed" if cfg.status == CHANGE else "just installed" if pkg.status == CHANGE
+               else "not active" if state.earlyoom_active != "active" else "running with other arguments")
+        svc.what.append(f"systemctl restart earlyoom ({why})")
+        svc.commands.append(["systemctl", "restart", "earlyoom"])
+    if svc.commands:
+        svc.status = CHANGE
+    items.append(svc)
+
+    ssh = Item("sshd-oom", OK)
+    path = dropin_path(state.ssh_unit)
+    want = render_sshd_dropin()
+    have = state.files.get(path)
+    if have != want:
+        ssh.status = CHANGE
+        ssh.diff = unified(path, have, want, node)
+        ssh.what += [f"write {path}", "systemctl daemon-reload"]
+        ssh.writes = [(path, want, 0o644)]
+        ssh.commands.append(["systemctl", "daemon-reload"])
+    if state.sshd_pid and state.sshd_pid != "0" and state.sshd_live_adj != "-1000":
+        ssh.status = CHANGE
+        ssh.what.append(f"set running sshd (pid {state.sshd_pid}) oom_score_adj -1000 (no restart)")
+        ssh.commands.append(["sh", "-c", 'echo -1000 > "/proc/$1/oom_score_adj"', "set-adj", state.sshd_pid])
+    items.append(ssh)
+
+    net = Item("netplan", OK)
+    want = render_netplan(node, twins_for(netdev, data_ip, state.twin_netdevs))
+    have = state.files.get(NETPLAN_FILE)
+    if have != want:
+        net.diff = unified(NETPLAN_FILE, have, want, node)
+        if not apply_network:
+            net.status = SKIPPED
+            net.note = "network left alone: re-run with --apply-network to write and apply it"
+        elif not state.netplan_available:
+            net.status = SKIPPED
+            net.note = "netplan is not installed on this node (not DGX OS/Ubuntu?): configure the CX-7 twins by hand"
+        else:
+            net.status = CHANGE
+            net.what = [f"write {NETPLAN_FILE} (mode 600)", "netplan apply"]
+            net.writes = [(NETPLAN_FILE, want, 0o600)]
+            net.commands = [["netplan", "apply"]]
+    items.append(net)
+    return items
+
+
+# ----------------------------------------------------------------------------------------- read / apply
+_STATE_SCRIPT = r"""
+echo "@@@ pkg"; command -v earlyoom >/dev/null 2>&1 && echo installed=yes || echo installed=no
+command -v apt-get >/dev/null 2>&1 && echo apt=yes || echo apt=no
+command -v netplan >/dev/null 2>&1 && echo netplan=yes || echo netplan=no
+echo "@@@ rc=0"
+echo "@@@ earlyoom"
+echo "enabled=$(systemctl is-enabled earlyoom 2>/dev/null)"; echo "active=$(systemctl is-active earlyoom 2>/dev/null)"
+pid=$(systemctl show -p MainPID --value earlyoom 2>/dev/null)
+if [ -n "$pid" ] && [ "$pid" != 0 ]; then echo "cmdline=$(tr '\0' ' ' < /proc/$pid/cmdline)"; fi
+echo "@@@ rc=0"
+echo "@@@ sshd"
+u=ssh; systemctl cat ssh.service >/dev/null 2>&1 || u=sshd; echo unit=$u
+pid=$(systemctl show -p MainPID --value $u 2>/dev/null); echo pid=$pid
+echo "live_adj=$(cat /proc/$pid/oom_score_adj 2>/dev/null)"
+echo "@@@ rc=0"
+echo "@@@ rdma"
+""" + doctor.SECTIONS["rdma"] + "\necho \"@@@ rc=0\"\n"
+
+
+def sudo_prefix(user: str) -> list[str]:
+    return [] if user == "root" else ["sudo", "-n"]
+
+
+def read_state(conn, hca: Sequence[str] = (), *, sudo: Sequence[str] = ()) -> HostState:
+    out = conn.run(["sh", "-c", _STATE_SCRIPT], timeout=60).stdout
+    sec = doctor.split_sections(out)
+    pkg, eo, ssh = (doctor.parse_kv(sec.get(k, doctor.Section(0, "")).text) for k in ("pkg", "earlyoom", "sshd"))
+    ports = doctor.parse_rdma(sec.get("rdma", doctor.Section(0, "")).text)
+    st = HostState(
+        earlyoom_installed=pkg.get("installed") == "yes", apt_available=pkg.get("apt") == "yes",
+        netplan_available=pkg.get("netplan") == "yes",
+        earlyoom_enabled=eo.get("enabled", ""), earlyoom_active=eo.get("active", ""),
+        earlyoom_cmdline=eo.get("cmdline", ""),
+        ssh_unit=ssh.get("unit", "ssh"), sshd_pid=ssh.get("pid", ""), sshd_live_adj=ssh.get("live_adj", ""),
+        twin_netdevs=tuple(ports[d].netdev for d in hca if d in ports and ports[d].netdev),
+    )
+    for path in (EARLYOOM_DEFAULT, dropin_path(st.ssh_unit), NETPLAN_FILE):
+        res = conn.run([*sudo, "cat", path], check=False, timeout=30)
+        st.files[path] = res.stdout if res.rc == 0 else None
+    return st
+
+
+def write_file(conn, path: str, content: str, mode: int, *, sudo: Sequence[str] = ()) -> None:
+    """Atomic write as root: directly when logged in as root, else via a temp file and `sudo install`."""
+    import posixpath
+
+    parent = posixpath.dirname(path)
+    conn.run([*sudo, "mkdir", "-p", parent], timeout=30)
+    if not sudo:
+        conn.put(path, content.encode(), mode=mode)
+        return
+    tmp = f"/tmp/.sparkdeploy-host-{posixpath.basename(path)}"
+    conn.put(tmp, content.encode(), mode=0o600)
+    try:
+        conn.run([*sudo, "install", "-m", format(mode, "o"), "-o", "root", "-g", "root", tmp, path], timeout=30)
+    finally:
+        conn.run(["rm", "-f", tmp], check=False, timeout=30)
+
+
+def apply_items(conn, items: Sequence[Item], *, sudo: Sequence[str] = ()) -> list[str]:
+    """Run each changing item's writes then commands; returns the action lines done. Raises RemoteError."""
+    done = []
+    for item in items:
+        if item.status != CHANGE:
+            continue
+        for path, content, mode in item.writes:
+            write_file(conn, path, content, mode, sudo=sudo)
+        for argv in item.commands:
+            res = conn.run([*sudo, *argv], check=False, timeout=600)
+            if not res.ok:
+                tail = (res.stderr or res.stdout).strip().splitlines()[-2:]
+                raise RemoteError(f"{item.name}: `{shlex.join(argv)}` exited {res.rc}: {' | '.join(tail)}",
+                                  node=conn.name)
+        done += [f"{item.name}: {w}" for w in item.what]
+    return done
+
+
+def summary(items: Mapping[str, Sequence[Item]]) -> dict[str, int]:
+    out = {OK: 0, CHANGE: 0, SKIPPED: 0}
+    for its in items.values():
+        for it in its:
+            out[it.status] += 1
+    return out

@@ -1,0 +1,102 @@
+"""host setup: rendering, the pure diff, and idempotence (the state after applying plans nothing)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import yaml
+
+from sparkdeploy import doctor, hostsetup as hs
+
+
+def fresh() -> hs.HostState:
+    return hs.HostState(apt_available=True, netplan_available=True, ssh_unit="ssh", sshd_pid="77",
+                        sshd_live_adj="0", files={hs.EARLYOOM_DEFAULT: 'EARLYOOM_ARGS="-r 3600"\n'},
+                        twin_netdevs=("enp1s0f1np1", "enP2p1s0f1np1"))
+
+
+def after(state: hs.HostState, items) -> hs.HostState:
+    """What the node looks like once `items` ran (files written, services (re)started)."""
+    s = dataclasses.replace(state, files=dict(state.files))
+    for it in items:
+        if it.status != hs.CHANGE:
+            continue
+        for path, content, _ in it.writes:
+            s.files[path] = content
+        if it.name == "earlyoom-package":
+            s.earlyoom_installed = True
+        if it.name == "earlyoom-service":
+            s.earlyoom_enabled, s.earlyoom_active = "enabled", "active"
+            s.earlyoom_cmdline = "/usr/bin/earlyoom " + " ".join(hs.earlyoom_args())
+        if it.name == "sshd-oom":
+            s.sshd_live_adj = "-1000"
+    return s
+
+
+def statuses(items):
+    return {i.name: i.status for i in items}
+
+
+def test_fresh_node_changes_everything_but_network_then_nothing():
+    kw = dict(netdev="enp1s0f1np1", data_ip="192.168.177.11")
+    first = hs.plan_items("spark1", fresh(), **kw)
+    assert statuses(first) == {"earlyoom-package": "change", "earlyoom-config": "change",
+                               "earlyoom-service": "change", "sshd-oom": "change", "netplan": "skipped"}
+    assert "--apply-network" in first[-1].note and "+      mtu: 9000" in first[-1].diff
+    cfg = first[1]
+    assert cfg.diff.startswith("--- spark1:/etc/default/earlyoom (now)") and '-EARLYOOM_ARGS="-r 3600"' in cfg.diff
+    second = hs.plan_items("spark1", after(fresh(), first), **kw)
+    assert statuses(second) == {"earlyoom-package": "ok", "earlyoom-config": "ok", "earlyoom-service": "ok",
+                                "sshd-oom": "ok", "netplan": "skipped"}
+    assert not any(i.commands or i.writes for i in second)
+
+
+def test_apply_network_writes_netplan_once():
+    kw = dict(netdev="enp1s0f1np1", data_ip="192.168.177.11", apply_network=True)
+    first = hs.plan_items("spark1", fresh(), **kw)
+    net = first[-1]
+    assert net.status == "change" and net.commands == [["netplan", "apply"]]
+    (path, content, mode), = net.writes
+    assert (path, mode) == ("/etc/netplan/40-cx7.yaml", 0o600)
+    eth = yaml.safe_load(content)["network"]["ethernets"]
+    assert eth["enp1s0f1np1"]["addresses"] == ["192.168.177.11/24"]
+    assert eth["enP2p1s0f1np1"]["addresses"] == ["192.168.178.11/24"]  # a different /24 per twin
+    assert all(v["mtu"] == 9000 and v["dhcp4"] is False and v["link-local"] == [] for v in eth.values())
+    assert statuses(hs.plan_items("spark1", after(fresh(), first), **kw))["netplan"] == "ok"
+
+
+def test_no_netplan_binary_is_skipped_with_reason():
+    st = dataclasses.replace(fresh(), netplan_available=False)
+    net = hs.plan_items("node1", st, netdev="eth0", data_ip="172.30.99.11", apply_network=True)[-1]
+    assert net.status == "skipped" and "netplan is not installed" in net.note
+
+
+def test_drift_is_repaired():
+    kw = dict(netdev="eth0", data_ip="172.30.99.11")
+    done = after(fresh(), hs.plan_items("n", fresh(), **kw))
+    # someone edits the thresholds by hand and restarts earlyoom with them
+    drift = dataclasses.replace(done, files={**done.files, hs.EARLYOOM_DEFAULT: 'EARLYOOM_ARGS="-m 50"\n'},
+                                earlyoom_cmdline="/usr/bin/earlyoom -m 50")
+    items = {i.name: i for i in hs.plan_items("n", drift, **kw)}
+    assert items["earlyoom-config"].status == "change"
+    assert ["systemctl", "restart", "earlyoom"] in items["earlyoom-service"].commands
+    # file right but the daemon still runs old arguments: restart only
+    stale = dataclasses.replace(done, earlyoom_cmdline="/usr/bin/earlyoom -m 50")
+    items = {i.name: i for i in hs.plan_items("n", stale, **kw)}
+    assert items["earlyoom-config"].status == "ok" and items["earlyoom-service"].status == "change"
+
+
+def test_rendered_earlyoom_matches_doctor_and_has_no_spaces_in_regexes():
+    args = hs.earlyoom_args()
+    assert args[args.index("--prefer") + 1] == doctor.EARLYOOM_PREFER
+    assert args[args.index("--avoid") + 1] == doctor.EARLYOOM_AVOID
+    assert "-p" in args and args[args.index("-m") + 1] == "4,2"
+    cmdline = "/usr/bin/earlyoom " + " ".join(args)
+    assert doctor._earlyoom_args_ok(cmdline) == []
+    assert hs.render_sshd_dropin().splitlines()[-1] == "OOMScoreAdjust=-1000"
+
+
+def test_twins_addressing():
+    assert hs.twins_for("eth0", "10.1.2.3", ()) == [hs.Twin("eth0", "10.1.2.3/24")]
+    t = hs.twins_for("enP2p1s0f1np1", "192.168.177.12", ("enP2p1s0f1np1", "enp1s0f1np1"))
+    assert t == [hs.Twin("enP2p1s0f1np1", "192.168.177.12/24"), hs.Twin("enp1s0f1np1", "192.168.178.12/24")]
