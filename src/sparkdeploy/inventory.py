@@ -59,6 +59,7 @@ _REF = r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)
 DIGEST_REF_RE = re.compile(rf"^{_REF}@sha256:[0-9a-f]{{64}}$")
 IMAGE_ID_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 TAG_REF_RE = re.compile(rf"^{_REF}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?$")
+COMMAND_RE = re.compile(r"^[A-Za-z0-9_./][A-Za-z0-9_./ =-]*$")
 SIZE_RE = re.compile(r"^[0-9]+[bkmg]?$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -390,7 +391,7 @@ def _image_part(raw: Any, path: str, file: str) -> dict[str, Any]:
         out["repository"] = f.text("repository", REPO_RE, what="an image repository name (lowercase)")
     for key in ("python", "pip"):
         if f.has(key):
-            out[key] = f.text(key, None, what="a command")
+            out[key] = f.text(key, COMMAND_RE, what="a command (letters, digits, '_./=-' and spaces)")
     return out
 
 

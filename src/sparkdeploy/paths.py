@@ -75,3 +75,22 @@ def git_commit(root: Path | None = None) -> str:
     except (OSError, IndexError):
         pass
     return "unknown"
+
+
+def tree_digest(root: Path, patterns: tuple[str, ...] = ("**/*.py", "**/*.toml", "**/*.txt", "**/*.json")) -> str | None:
+    """sha256 over the (relative path, content) of files under root matching patterns; None if root is missing.
+
+    Used as the overlays package identity in the serving image tag (caches and egg-info are skipped).
+    """
+    if not root.is_dir():
+        return None
+    import hashlib
+
+    digest = hashlib.sha256()
+    files = sorted({p for pattern in patterns for p in root.glob(pattern) if p.is_file()})
+    for path in files:
+        rel = path.relative_to(root).as_posix()
+        if "__pycache__" in rel or ".egg-info" in rel or rel.startswith(("tests/", ".")):
+            continue
+        digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]

@@ -119,7 +119,11 @@ class Plan:
     features: tuple[Feature, ...]
     additional_config: dict[str, Any]
     speculative_config: dict[str, Any] | None
+    model_host_dir: str | None = None  # host checkpoint dir (page cache evicted before launch)
     notes: tuple[str, ...] = ()
+
+    def feature_enabled(self, name: str) -> bool:
+        return any(f.name == name and f.enabled for f in self.features)
 
     @property
     def head(self) -> NodePlan:
@@ -442,9 +446,12 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     draft = Plan(cluster=inv.cluster, release_id=_RELEASE_PLACEHOLDER, kit_version=__version__, profile=p.name,
                  nnodes=nnodes, tp=tp, pp=pp, api_port=inv.ports.api, master_port=inv.ports.master, image=image,
                  nodes=tuple(node_plans), features=features, additional_config=additional,
-                 speculative_config=spec, notes=tuple(notes))
-    identity = draft.to_dict()
-    identity["image"] = {k: v for k, v in identity["image"].items() if k != "labels"}
+                 speculative_config=spec, model_host_dir=p.host_dir, notes=tuple(notes))
+    identity = draft.to_dict()  # what reaches the nodes; not provenance, host paths or how we log in
+    identity["image"] = {k: v for k, v in identity["image"].items() if k not in ("labels", "vocab_source")}
+    identity.pop("notes")
+    for raw in identity["nodes"]:
+        raw.pop("ssh")
     release_id = hashlib.sha256(_json(identity).encode()).hexdigest()[:12]
     return _substitute(draft, release_id)
 

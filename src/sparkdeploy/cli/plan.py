@@ -1,0 +1,94 @@
+"""`sparkdeploy plan` (show every command, env var, file and memory figure) and `sparkdeploy render --out DIR`."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import textwrap
+from pathlib import Path
+
+import click
+
+from sparkdeploy import facts as facts_mod
+from sparkdeploy import inventory as inventory_mod
+from sparkdeploy import paths
+from sparkdeploy import plan as plan_mod
+from sparkdeploy import render as render_mod
+
+_inventory_option = click.option("--inventory", "inventory_file", type=click.Path(dir_okay=False, path_type=Path),
+                                 default=None, help="inventory file [default: inventory.yaml of the checkout]")
+_facts_option = click.option("--facts", "facts_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                             help="node facts YAML (default: nominal GB10 / simulated-node facts; nothing is read)")
+_nodes_option = click.option("--nodes", type=click.IntRange(min=1), default=None,
+                             help="plan this many nodes: 1 = single box, or the profile's tp x pp x dp")
+
+
+def build_plan(inventory_file: Path | None, facts_file: Path | None, nodes: int | None) -> plan_mod.Plan:
+    """Load inventory (+ facts file) and plan; shared by commands that need a plan without touching nodes."""
+    inv = inventory_mod.load(inventory_file or paths.default_inventory())
+    given = facts_mod.load_facts_file(facts_file) if facts_file else None
+    if given:
+        unknown = sorted(set(given) - {n.name for n in inv.nodes})
+        if unknown:
+            raise inventory_mod.InventoryError(f"node(s) {', '.join(unknown)} are not in the inventory",
+                                               file=str(facts_file), field="nodes")
+    return plan_mod.plan(inv, given, nodes, git_commit=paths.git_commit(),
+                         overlays_digest=paths.tree_digest(paths.overlays_dir()))
+
+
+def _wrap(command: str, indent: str = "    ") -> str:
+    return textwrap.fill(command, width=110, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def format_plan(p: plan_mod.Plan) -> str:
+    lines = [
+        f"cluster {p.cluster}  profile {p.profile}  nodes {p.nnodes}  tp {p.tp}  pp {p.pp}  release {p.release_id}",
+        f"image   {p.image.tag}  (FROM {p.image.base}; vLLM {p.image.vllm_version})",
+        f"api     {p.api_url}   master port {p.master_port}",
+        "start   " + " -> ".join(f"{n.name} ({n.role})" for n in p.start_order),
+        "patches " + "  ".join(f"{f.name}={'on' if f.enabled else 'off'}({f.mode})" for f in p.features),
+    ]
+    for n in p.nodes:
+        lines += ["", f"== {n.name}: {n.role}, rank {n.rank}, starts #{n.start_order + 1}, "
+                      f"ssh {n.ssh.user}@{n.ssh.host}:{n.ssh.port}, data {n.data_ip} on {n.netdev}"
+                      + (f", hca {','.join(n.hca)}" if n.hca else "")]
+        docker_only = shlex.join(n.docker_argv[: len(n.docker_argv) - len(n.serve_argv)]) + " <vllm serve above>"
+        lines += ["  vllm serve:", _wrap(n.serve_command), "  docker run:", _wrap(docker_only), "  env:"]
+        lines += [f"    {k}={v}" for k, v in n.env.items()] or ["    (none)"]
+        lines += ["  files:"] + [f"    {rel}  ->  {dest}" for rel, dest in n.files.items()]
+        lines += ["  memory:"] + [f"    {label:<24} {value}" for label, value in n.memory.rows()]
+    if p.notes:
+        lines += ["", "notes:"] + [f"  - {note}" for note in p.notes]
+    return "\n".join(lines)
+
+
+@click.command("plan")
+@_nodes_option
+@_inventory_option
+@_facts_option
+@click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
+def plan_command(nodes: int | None, inventory_file: Path | None, facts_file: Path | None, as_json: bool) -> None:
+    """Show what each node will run: role, rank, commands, env, files, memory budget. Touches nothing."""
+    p = build_plan(inventory_file, facts_file, nodes)
+    if as_json:
+        click.echo(json.dumps(p.to_dict(), indent=2, sort_keys=True))
+    else:
+        click.echo(format_plan(p))
+
+
+@click.command("render")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="directory to write the artifacts to (DIR/<node>/..., DIR/image/Dockerfile)")
+@_nodes_option
+@_inventory_option
+@_facts_option
+def render_command(out_dir: Path, nodes: int | None, inventory_file: Path | None, facts_file: Path | None) -> None:
+    """Write every artifact (Dockerfile, env files, launch scripts, units, plan.json) under DIR."""
+    p = build_plan(inventory_file, facts_file, nodes)
+    for path in render_mod.write(p, out_dir):
+        click.echo(str(path))
+    click.echo(f"release {p.release_id}: {p.nnodes} node(s) rendered to {out_dir}", err=True)
+
+
+COMMANDS = [plan_command, render_command]

@@ -1,0 +1,127 @@
+"""render(Plan) -> {relative path: bytes}: every file a deployment writes, from templates kept as data.
+
+Templates (jinja2, StrictUndefined): `images/serving.Dockerfile.j2`, `deploy/templates/engine.env.j2`,
+`deploy/templates/launch.sh.j2`, `systemd/sparkdeploy-engine.service.j2`. Same plan -> same bytes.
+
+Output layout (what `sparkdeploy render --out DIR` writes):
+
+    plan.json                                   the whole plan (sparkdeploy plan --json)
+    image/Dockerfile                            serving image; context = image/ + overlays/ + vocab/current.txt
+    <node>/release/engine.env                   docker --env-file (KEY=VALUE, literal, this node's values only)
+    <node>/release/launch.sh                    foreground `exec docker run ...` (mode 0755)
+    <node>/release/node-plan.json               this node's part of the plan (argv, env, memory budget)
+    <node>/unit/sparkdeploy-engine.service      systemd unit
+
+On-node layout (the steps layer installs it; `sparkdeploy.releases` numbers the releases):
+
+    /etc/sparkdeploy/releases/NNNN/{engine.env,launch.sh,node-plan.json,release.json}
+    /etc/sparkdeploy/current -> releases/NNNN   switched atomically once every node holds NNNN
+    /etc/systemd/system/sparkdeploy-engine.service   runs /etc/sparkdeploy/current/launch.sh; the same
+                                                bytes for every release, so switching needs no daemon-reload
+    /var/lib/sparkdeploy/vocab/current.txt      draft vocab (relative symlink to <sha256>.txt), mounted
+                                                read-only at /opt/sparkdeploy/vocab: a vocab rollout is a
+                                                file switch + restart
+    /var/lib/sparkdeploy/cache/{huggingface,vllm,flashinfer,triton}   warm-start caches (GB10 profiles)
+
+Rollback = point `current` at the previous release and restart the units (workers first). Nothing in a
+release directory names the release directory itself: launch.sh reads `current/engine.env`, so a release is
+valid under any number.
+
+Quoting: every value that reaches shell text goes through `shlex.quote` (filter `sh`/`shargs`); unit text
+goes through systemd escaping (`sd`); Dockerfile label values are JSON strings (`dq`). The inventory also
+rejects control characters, so no value can start a new line, command or directive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from sparkdeploy import paths
+from sparkdeploy.plan import (CURRENT_LINK, ENV_FILE, LAUNCH_FILE, STOP_TIMEOUT_S, UNIT_NAME, VOCAB_CONTAINER_DIR,
+                              VOCAB_HOST_DIR, Plan)
+
+DOCKERFILE_TEMPLATE = "images/serving.Dockerfile.j2"
+ENV_TEMPLATE = "deploy/templates/engine.env.j2"
+LAUNCH_TEMPLATE = "deploy/templates/launch.sh.j2"
+UNIT_TEMPLATE = "systemd/sparkdeploy-engine.service.j2"
+EXECUTABLE = (LAUNCH_FILE,)
+
+
+def systemd_escape(value: Any) -> str:
+    """Escape free text for a unit file value: no line breaks, `%` specifiers and backslashes doubled."""
+    text = str(value)
+    if any(ch in text for ch in "\n\r\x00"):
+        raise ValueError(f"line break in unit text: {text!r}")
+    return text.replace("\\", "\\\\").replace("%", "%%")
+
+
+def _shargs(argv: Any, *breaks: int) -> str:
+    """Shell words of argv, one option (with its value) per continued line; also a break at `breaks`."""
+    lines: list[list[str]] = [[]]
+    for i, arg in enumerate(argv):
+        text = str(arg)
+        if lines[-1] and (text.startswith("-") or i in breaks):
+            lines.append([])
+        lines[-1].append(shlex.quote(text))
+    return " \\\n  ".join(" ".join(words) for words in lines)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.templates_root())),
+                             undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+                             trim_blocks=False, lstrip_blocks=False)
+    env.filters.update(sh=lambda v: shlex.quote(str(v)), shargs=_shargs, sd=systemd_escape,
+                       dq=lambda v: json.dumps(str(v), ensure_ascii=False))
+    return env
+
+
+def _json_bytes(value: Any) -> bytes:
+    return (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def render(plan: Plan) -> dict[str, bytes]:
+    """Every artifact of `plan` as {relative path: content}; deterministic."""
+    env = _environment()
+    common = dict(plan=plan, kit_version=plan.kit_version, current_link=CURRENT_LINK, unit_name=UNIT_NAME,
+                  stop_timeout=STOP_TIMEOUT_S, vocab_host_dir=VOCAB_HOST_DIR, vocab_container_dir=VOCAB_CONTAINER_DIR,
+                  vocab_host_file=f"{VOCAB_HOST_DIR}/current.txt")
+    shortlist = plan.feature_enabled("shortlist")
+    host_dir = plan.model_host_dir
+    out: dict[str, bytes] = {
+        "plan.json": _json_bytes(plan.to_dict()),
+        "image/Dockerfile": env.get_template(DOCKERFILE_TEMPLATE).render(image=plan.image, **common).encode(),
+    }
+    for node in plan.nodes:
+        description = (f"sparkdeploy vLLM engine: {plan.cluster} node {node.name}, rank {node.rank} of "
+                       f"{plan.nnodes} ({node.role})")
+        ctx = dict(node=node, shortlist=shortlist, host_dir=host_dir, description=description, **common)
+        node_dict = next(raw for raw in plan.to_dict()["nodes"] if raw["name"] == node.name)
+        out[f"{node.name}/release/{ENV_FILE}"] = env.get_template(ENV_TEMPLATE).render(**ctx).encode()
+        out[f"{node.name}/release/{LAUNCH_FILE}"] = env.get_template(LAUNCH_TEMPLATE).render(**ctx).encode()
+        out[f"{node.name}/release/node-plan.json"] = _json_bytes(
+            {"release_id": plan.release_id, "cluster": plan.cluster, "image": plan.image.tag, "node": node_dict})
+        out[f"{node.name}/unit/{UNIT_NAME}"] = env.get_template(UNIT_TEMPLATE).render(**ctx).encode()
+    return dict(sorted(out.items()))
+
+
+def file_mode(relative: str) -> int:
+    return 0o755 if relative.rsplit("/", 1)[-1] in EXECUTABLE else 0o644
+
+
+def write(plan: Plan, out_dir: str | Path) -> list[Path]:
+    """Write `render(plan)` under out_dir (created if missing); return the written paths."""
+    root = Path(out_dir)
+    written = []
+    for rel, data in render(plan).items():
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        os.chmod(target, file_mode(rel))
+        written.append(target)
+    return written
