@@ -341,7 +341,9 @@ class SSHConn(Conn):
     def _chan(self, argv) -> paramiko.Channel:
         try:
             chan = self.client.get_transport().open_session(timeout=CONNECT_TIMEOUT)
-            chan.exec_command(shlex.join(str(a) for a in argv))
+            # A non-root login runs every command through passwordless sudo (DGX OS: user nvidia).
+            prefix = ["sudo", "-n", "--"] if self.target.user != "root" else []
+            chan.exec_command(shlex.join([*prefix, *(str(a) for a in argv)]))
         except (OSError, paramiko.SSHException, AttributeError, EOFError) as err:
             raise RemoteError(f"ssh session lost: {err or type(err).__name__}", node=self.name) from None
         return chan

@@ -1,0 +1,198 @@
+"""Deploy commands: up, down, status, health, logs, rollback (the orchestration lives in sparkdeploy.steps)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import click
+from rich.console import Console
+
+from sparkdeploy import paths
+from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD
+from sparkdeploy.steps.deploy import Cluster, Options, load_cluster
+
+err = Console(stderr=True, highlight=False)
+
+_STYLE = {OK: "green", CHANGED: "yellow", WOULD: "yellow", FAILED: "red bold", "skipped": "dim"}
+
+
+def _inventory_option(f):
+    return click.option("--inventory", "-i", "inventory", default=None, metavar="FILE",
+                        help="inventory file (default: inventory.yaml of the checkout)")(f)
+
+
+def _trust_option(f):
+    return click.option("--trust-new-hosts", is_flag=True,
+                        help="accept and record SSH host keys not seen before (changed keys are always refused)")(f)
+
+
+def _inv(path: str | None) -> str:
+    return path or str(paths.default_inventory())
+
+
+def _log(msg: str) -> None:
+    err.print(f"[dim]·[/dim] {msg}")
+
+
+def _print_outcomes(outcomes) -> None:
+    for o in outcomes:
+        style = _STYLE.get(o.status, "")
+        line = f"  [{style}]{o.status:<12}[/{style}] {o.step:<13} {o.node or '-':<10}"
+        if o.detail:
+            line += f" {o.detail}"
+        err.print(line)
+        for a in o.actions:
+            err.print(f"{'':>39}[dim]- {a}[/dim]")
+
+
+@click.command()
+@_inventory_option
+@click.option("--nodes", type=int, default=None, help="how many nodes to deploy on (default: all of the inventory)")
+@click.option("--dry-run", is_flag=True, help="read the nodes and show every change; change nothing")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON on stdout")
+@_trust_option
+@click.option("--ready-timeout", type=float, default=900, show_default=True,
+              help="seconds to wait for the engine to answer a real completion (also the watchdog's start grace)")
+@click.option("--watchdog-backoff", type=float, default=30, show_default=True, help="first coupled-restart backoff (s)")
+@click.option("--watchdog-cap", type=int, default=4, show_default=True, help="coupled restarts before the watchdog stops")
+def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watchdog_backoff, watchdog_cap):
+    """Converge the nodes on the plan: image, files, units, then start workers-first and gate on health."""
+    opts = Options(nodes=nodes, dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout,
+                   watchdog_backoff_s=watchdog_backoff, watchdog_cap=watchdog_cap, log=_log)
+    cluster = load_cluster(_inv(inventory), opts)
+    try:
+        res = cluster.up()
+    finally:
+        cluster.close()
+    _print_outcomes(res.outcomes)
+    style = "green" if res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes)) else "red bold"
+    err.print(f"[{style}]{res.message}[/{style}]  ({res.changes} change(s), {res.seconds:.1f} s)")
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), indent=2))
+    ok = res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes))
+    raise click.exceptions.Exit(0 if ok else 1)
+
+
+@click.command()
+@_inventory_option
+@click.option("--keep-enabled", is_flag=True, help="stop the engine but leave the units enabled (back at next boot)")
+@_trust_option
+def down(inventory, keep_enabled, trust_new_hosts):
+    """Stop the service (watchdog, head, then workers); units are disabled unless --keep-enabled."""
+    cluster = load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, log=_log))
+    try:
+        out = cluster.down(keep_enabled=keep_enabled)
+    finally:
+        cluster.close()
+    _print_outcomes(out)
+
+
+def _health(inventory, trust_new_hosts, probe_timeout=60.0):
+    cluster = load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, probe_timeout=probe_timeout))
+    try:
+        return cluster.health()
+    finally:
+        cluster.close()
+
+
+@click.command()
+@_inventory_option
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON on stdout")
+@click.option("--probe-timeout", type=float, default=60, show_default=True, help="seconds for the generation probe")
+@_trust_option
+def health(inventory, as_json, probe_timeout, trust_new_hosts):
+    """Every check with its verdict and reason, per node and overall; exit 0 healthy, 1 unhealthy."""
+    rep = _health(inventory, trust_new_hosts, probe_timeout)
+    if as_json:
+        click.echo(rep.to_json())
+    else:
+        for c in rep.checks:
+            mark = "[green]ok  [/green]" if c.ok else "[red bold]FAIL[/red bold]"
+            err.print(f"  {mark} {c.node or 'service':<10} {c.name:<17} {c.reason}")
+        err.print("[green]healthy[/green]" if rep.healthy else
+                  f"[red bold]UNHEALTHY[/red bold]: " + "; ".join(f"{c.node or 'service'} {c.name}" for c in rep.failed()))
+    raise click.exceptions.Exit(0 if rep.healthy else 1)
+
+
+@click.command()
+@_inventory_option
+@click.option("--json", "as_json", is_flag=True)
+@_trust_option
+def status(inventory, as_json, trust_new_hosts):
+    """The short form of health: one line per node and one overall."""
+    rep = _health(inventory, trust_new_hosts, 30.0)
+    nodes: dict[str, list] = {}
+    for c in rep.checks:
+        nodes.setdefault(c.node or "service", []).append(c)
+    if as_json:
+        click.echo(json.dumps({"healthy": rep.healthy, "nodes": {n: all(c.ok for c in cs) for n, cs in nodes.items()}}))
+    else:
+        for n, cs in nodes.items():
+            bad = [c.name for c in cs if not c.ok]
+            click.echo(f"{n:<10} {'ok' if not bad else 'FAIL: ' + ', '.join(bad)}")
+        click.echo("healthy" if rep.healthy else "unhealthy")
+    raise click.exceptions.Exit(0 if rep.healthy else 1)
+
+
+@click.command()
+@_inventory_option
+@click.argument("number", type=int, required=False)
+@click.option("--ready-timeout", type=float, default=900, show_default=True)
+@_trust_option
+def rollback(inventory, number, ready_timeout, trust_new_hosts):
+    """Switch every node back to release NUMBER (default: the last healthy one before the current) and restart."""
+    cluster = load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log))
+    try:
+        res = cluster.rollback(number)
+    finally:
+        cluster.close()
+    err.print(("[green]" if res.healthy else "[red bold]") + res.message)
+    raise click.exceptions.Exit(0 if res.healthy else 1)
+
+
+@click.command()
+@_inventory_option
+@click.argument("node", required=False)
+@click.option("-f", "--follow", is_flag=True, help="keep printing new lines")
+@click.option("-n", "--lines", type=int, default=100, show_default=True)
+@click.option("--journal", is_flag=True, help="the unit's journal instead of the container's log")
+@_trust_option
+def logs(inventory, node, follow, lines, journal, trust_new_hosts):
+    """The engine's log on NODE (default: the head): docker logs, or the unit's journal with --journal."""
+    from sparkdeploy import plan as P
+    from sparkdeploy.remote import LocalConn
+
+    cluster = load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts))
+    try:
+        name = node or cluster.inv.head.name
+        try:
+            cluster.inv.node(name)
+        except KeyError:
+            raise click.BadParameter(f"no node {name!r} in the inventory", param_hint="NODE") from None
+        cluster.connect([], [name])
+        c = cluster.conn(name)
+        argv = (["journalctl", "-u", P.UNIT_NAME, "-n", str(lines), "--no-pager"] + (["-f"] if follow else [])
+                if journal else ["docker", "logs", "--tail", str(lines)] + (["-f"] if follow else []) + [P.CONTAINER_NAME])
+        if isinstance(c, LocalConn):
+            subprocess.run(argv)
+            return
+        p = c.popen(argv + (["2>&1"] if False else []))
+        p.close_stdin()
+        try:
+            while True:
+                chunk = p.read()
+                if not chunk:
+                    break
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            p.kill()
+        rc, stderr = p.wait(30)
+        sys.stdout.write(stderr)  # docker logs writes the container's stderr there
+    finally:
+        cluster.close()
+
+
+COMMANDS = [up, down, status, health, logs, rollback]

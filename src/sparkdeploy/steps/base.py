@@ -1,0 +1,85 @@
+"""The step framework, pyinfra style: a step reads a node's actual state, compares it with the plan, and
+returns only the actions that close the difference. Dry-run prints the actions; apply runs them.
+
+Each step reports per node: ok (nothing to do), changed (actions ran), failed (with the reason), skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from sparkdeploy.errors import SparkdeployError
+from sparkdeploy.remote import parallel
+
+OK, CHANGED, FAILED, SKIPPED, WOULD = "ok", "changed", "failed", "skipped", "would change"
+
+
+@dataclass
+class Action:
+    what: str  # one line, shown by --dry-run and in the report
+    do: Callable[[], object]
+
+
+@dataclass
+class Outcome:
+    step: str
+    node: str
+    status: str
+    detail: str = ""
+    actions: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "node": self.node, "status": self.status, "detail": self.detail,
+                "actions": self.actions, "seconds": round(self.seconds, 3)}
+
+
+class StepFailed(SparkdeployError):
+    """A step failed on at least one node; carries the outcomes."""
+
+    def __init__(self, step: str, outcomes: list[Outcome]):
+        self.outcomes = outcomes
+        bad = [o for o in outcomes if o.status == FAILED]
+        super().__init__(f"step {step} failed: " + "; ".join(f"{o.node}: {o.detail}" for o in bad))
+
+
+def run_one(step: str, node: str, diff: Callable[[], list[Action]], dry_run: bool,
+            log: Callable[[str], None] | None = None) -> Outcome:
+    t0 = time.monotonic()
+    done: list[str] = []
+    try:
+        actions = diff()
+        if not actions:
+            return Outcome(step, node, OK, "", [], time.monotonic() - t0)
+        if dry_run:
+            return Outcome(step, node, WOULD, "", [a.what for a in actions], time.monotonic() - t0)
+        for a in actions:
+            if log:
+                log(f"{node}: {step}: {a.what}")
+            a.do()
+            done.append(a.what)
+        return Outcome(step, node, CHANGED, "", done, time.monotonic() - t0)
+    except Exception as err:  # noqa: BLE001 - every failure becomes a per-node outcome with its reason
+        msg = str(err) if isinstance(err, SparkdeployError) else f"{type(err).__name__}: {err}"
+        return Outcome(step, node, FAILED, msg, done, time.monotonic() - t0)
+
+
+def run_step(step: str, nodes: Iterable[str], diff_for: Callable[[str], list[Action]], *, dry_run: bool = False,
+             ordered: bool = False, log: Callable[[str], None] | None = None, fail_fast: bool = True) -> list[Outcome]:
+    """Run a step on nodes (in parallel unless `ordered`); raise StepFailed if any node failed."""
+    names = list(nodes)
+    if ordered:
+        outs = []
+        for n in names:
+            o = run_one(step, n, lambda n=n: diff_for(n), dry_run, log)
+            outs.append(o)
+            if o.status == FAILED and fail_fast:
+                break
+    else:
+        res = parallel(names, lambda n: run_one(step, n, lambda: diff_for(n), dry_run, log))
+        outs = [res[i] for i in range(len(names))]
+    if any(o.status == FAILED for o in outs):
+        raise StepFailed(step, outs)
+    return outs

@@ -1,0 +1,43 @@
+"""Stale units: any other enabled unit that runs a vLLM container or binds our ports.
+
+The seed's reboot bug: the old stack's unit stayed enabled while the running one was disabled, so a reboot
+brought back the wrong engine. `up` finds such units, stops and disables them, and says which.
+"""
+
+from __future__ import annotations
+
+from sparkdeploy.remote import Conn
+from sparkdeploy.steps.base import Action
+
+# $1 = the units that are ours (space separated), $2.. = our ports. Prints one unit per line.
+_FIND = r"""
+ours=" $1 "; shift
+ports="$*"
+pat='vllm'
+for p in $ports; do pat="$pat|:$p([^0-9]|\$)|--port[= ]$p([^0-9]|\$)"; done
+systemctl list-unit-files --type=service --state=enabled --no-legend --no-pager 2>/dev/null | awk '{print $1}' |
+while read -r u; do
+  case "$ours" in *" $u "*) continue ;; esac
+  case "$u" in *@.service) continue ;; esac
+  if systemctl cat "$u" 2>/dev/null | grep -E '^[[:space:]]*Exec' | grep -qiE "$pat"; then echo "$u"; fi
+done
+for p in $ports; do
+  for pid in $(ss -ltnpH "sport = :$p" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+    u=$(ps -o unit= -p "$pid" 2>/dev/null | tr -d ' ')
+    case "$u" in ""|docker-*.scope|docker.service|containerd.service|*.scope) continue ;; esac
+    case "$ours" in *" $u "*) continue ;; esac
+    [ "$(systemctl is-enabled "$u" 2>/dev/null)" = enabled ] && echo "$u"
+  done
+done
+"""
+
+
+def find(conn: Conn, ours: list[str], ports: list[int]) -> list[str]:
+    out = conn.run(["sh", "-c", _FIND, "stale", " ".join(ours), *map(str, ports)], timeout=60, check=False).stdout
+    return sorted({line.strip() for line in out.splitlines() if line.strip()})
+
+
+def diff(conn: Conn, ours: list[str], ports: list[int]) -> list[Action]:
+    return [Action(f"stop and disable stale unit {u} (runs vLLM or binds port {'/'.join(map(str, ports))})",
+                   lambda u=u: conn.run(["systemctl", "disable", "--now", u], timeout=120))
+            for u in find(conn, ours, ports)]

@@ -1,0 +1,117 @@
+"""Wiring of the coupled-rank watchdog (docs/supervision.md): files, units and the head->worker control key.
+
+Head: /usr/local/lib/sparkdeploy/watchdog.py (kit code), <release>/watchdog.json (config, part of the
+release), sparkdeploy-watchdog.{service,timer}, /etc/sparkdeploy/watchdog/{id_ed25519,known_hosts}.
+Workers: /usr/local/lib/sparkdeploy/rank-ctl and one line in root's authorized_keys that lets the head's
+watchdog key run only rank-ctl (restrict,command=...): status | restart | stop | start of the engine unit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+
+from sparkdeploy import paths
+from sparkdeploy.remote import Conn, SSHConn
+from sparkdeploy.steps.base import Action
+
+LIB = "/usr/local/lib/sparkdeploy"
+WATCHDOG_PY = f"{LIB}/watchdog.py"
+RANK_CTL = f"{LIB}/rank-ctl"
+KEY_DIR = "/etc/sparkdeploy/watchdog"
+KEY = f"{KEY_DIR}/id_ed25519"
+KNOWN = f"{KEY_DIR}/known_hosts"
+SERVICE = "sparkdeploy-watchdog.service"
+TIMER = "sparkdeploy-watchdog.timer"
+CONFIG = "watchdog.json"
+KEY_COMMENT = "sparkdeploy-watchdog"
+
+_FILES = Path(__file__).parent / "node_files"
+
+
+def node_file(name: str) -> bytes:
+    return (_FILES / name).read_bytes()
+
+
+def unit_files() -> dict[str, bytes]:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.templates_root())),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    ctx = {"watchdog": WATCHDOG_PY, "config": f"/etc/sparkdeploy/current/{CONFIG}"}
+    return {f"/etc/systemd/system/{SERVICE}": env.get_template(f"systemd/{SERVICE}.j2").render(**ctx).encode(),
+            f"/etc/systemd/system/{TIMER}": env.get_template(f"systemd/{TIMER}.j2").render(**ctx).encode()}
+
+
+def config(plan, release: str, *, start_grace_s: float, backoff_base_s: float, retry_cap: int) -> bytes:
+    head = plan.head
+    workers = [{"name": n.name, "host": n.ssh.host, "port": n.ssh.port, "user": "root"} for n in plan.nodes[1:]]
+    cfg = {"api_url": f"http://127.0.0.1:{plan.api_port}", "model": _served(plan), "unit": head.unit_name,
+           "container": head.container_name, "workers": workers, "ssh_key": KEY, "known_hosts": KNOWN,
+           "release": release, "start_grace_s": start_grace_s, "backoff_base_s": backoff_base_s,
+           "retry_cap": retry_cap}
+    return (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode()
+
+
+def _served(plan) -> str:
+    argv = list(plan.head.serve_argv)
+    return argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else argv[2]
+
+
+def ensure_key(head: Conn) -> str:
+    """The head's watchdog key pair (made on the head, never leaves it); returns the public line."""
+    if not head.exists(KEY):
+        head.run(["mkdir", "-p", "-m", "0700", KEY_DIR])
+        head.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", KEY_COMMENT, "-f", KEY])
+    return head.run(["cat", f"{KEY}.pub"]).stdout.strip()
+
+
+def host_key_line(worker: Conn, host: str, port: int) -> str:
+    """The worker's host key, read over our own verified connection (no trust-on-first-use from the head)."""
+    if isinstance(worker, SSHConn):
+        key = worker.client.get_transport().get_remote_server_key()
+        kt, kb = key.get_name(), key.get_base64()
+    else:
+        kt, kb = worker.run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout.split()[:2]
+    name = host if port == 22 else f"[{host}]:{port}"
+    return f"{name} {kt} {kb}"
+
+
+def worker_actions(worker: Conn, pubkey: str) -> list[Action]:
+    acts = []
+    want = node_file("rank-ctl.sh")
+    if worker.get(RANK_CTL) != want:
+        acts.append(Action(f"install {RANK_CTL}", lambda: (worker.run(["mkdir", "-p", LIB]),
+                                                            worker.put(RANK_CTL, want, mode=0o755))))
+    line = f'restrict,command="{RANK_CTL}" {" ".join(pubkey.split()[:2])} {KEY_COMMENT}'
+    ak_path = "/root/.ssh/authorized_keys"
+    cur = (worker.get(ak_path) or b"").decode()
+    lines = [l for l in cur.splitlines() if KEY_COMMENT not in l]
+    if line not in cur.splitlines():
+        new = "\n".join([*lines, line]) + "\n"
+        acts.append(Action("authorize the head watchdog's key for rank-ctl only",
+                           lambda: (worker.run(["mkdir", "-p", "-m", "0700", "/root/.ssh"]),
+                                    worker.put(ak_path, new.encode(), mode=0o600))))
+    return acts
+
+
+def head_actions(head: Conn, known_lines: list[str], units: dict[str, bytes]) -> list[Action]:
+    acts = []
+    want_py = node_file("watchdog.py")
+    if head.get(WATCHDOG_PY) != want_py:
+        acts.append(Action(f"install {WATCHDOG_PY}", lambda: (head.run(["mkdir", "-p", LIB]),
+                                                               head.put(WATCHDOG_PY, want_py, mode=0o755))))
+    known = ("\n".join(known_lines) + "\n").encode() if known_lines else b""
+    if head.get(KNOWN) != known:
+        acts.append(Action("record the workers' host keys for the watchdog",
+                           lambda: (head.run(["mkdir", "-p", "-m", "0700", KEY_DIR]), head.put(KNOWN, known))))
+    changed = [p for p, data in units.items() if head.get(p) != data]
+    if changed:
+        def install():
+            for p in changed:
+                head.put(p, units[p])
+            head.run(["systemctl", "daemon-reload"])
+        acts.append(Action(f"install {', '.join(Path(p).name for p in changed)}", install))
+    if head.run(["systemctl", "is-enabled", TIMER], check=False).stdout.strip() != "enabled":
+        acts.append(Action(f"enable {TIMER}", lambda: head.run(["systemctl", "enable", TIMER])))
+    return acts

@@ -1,0 +1,106 @@
+"""The step framework and the pure parts of `up`: diff -> actions, dry run, idempotence decision, build context."""
+
+from __future__ import annotations
+
+import tarfile
+import io
+
+import pytest
+
+from sparkdeploy import inventory as I
+from sparkdeploy import paths, releases, render
+from sparkdeploy import plan as P
+from sparkdeploy.errors import RemoteError
+from sparkdeploy.steps import base, image, supervise
+from sparkdeploy.steps.deploy import Cluster, Options
+
+FIXTURE = paths.repo_root() / "tests/unit/fixtures/inventory.sim.yaml"
+
+
+def test_step_reports_ok_changed_failed_and_dry_run():
+    ran = []
+    diffs = {"a": [], "b": [base.Action("fix b", lambda: ran.append("b"))]}
+    out = base.run_step("s", ["a", "b"], lambda n: diffs[n])
+    assert [(o.node, o.status, o.actions) for o in out] == [("a", "ok", []), ("b", "changed", ["fix b"])]
+    assert ran == ["b"]
+    out = base.run_step("s", ["a", "b"], lambda n: diffs[n], dry_run=True)
+    assert [o.status for o in out] == ["ok", "would change"] and ran == ["b"]
+
+    def boom():
+        raise RemoteError("disk full", node="b")
+
+    with pytest.raises(base.StepFailed, match="step s failed: b: b: disk full") as err:
+        base.run_step("s", ["a", "b"], lambda n: [base.Action("x", boom)] if n == "b" else [])
+    assert [o.status for o in err.value.outcomes] == ["ok", "failed"]
+
+
+def test_ordered_step_stops_at_first_failure():
+    seen = []
+
+    def diff(n):
+        seen.append(n)
+        if n == "w":
+            raise RemoteError("down", node=n)
+        return []
+
+    with pytest.raises(base.StepFailed):
+        base.run_step("start", ["w", "h"], diff, ordered=True)
+    assert seen == ["w"]
+
+
+def test_context_tar_is_deterministic():
+    files = {"Dockerfile": b"FROM x\n", "overlays/a.py": b"print(1)\n"}
+    t1, t2 = image.context_tar(files), image.context_tar(dict(reversed(list(files.items()))))
+    assert t1 == t2
+    names = tarfile.open(fileobj=io.BytesIO(t1)).getnames()
+    assert names == ["Dockerfile", "overlays/a.py"]
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster(I.load(FIXTURE), Options(nodes=2))
+    c.plan = P.plan(c.inv, None, 2)
+    c.files = render.render(c.plan)
+    c.image_id = "sha256:" + "1" * 64
+    return c
+
+
+def _rel_from(c, num=3, image_id=None, healthy=True):
+    out = {}
+    for n in c.names:
+        files = {k: releases.sha(v) for k, (v, _) in c.release_files(n, num).items()}
+        out[n] = releases.NodeReleases(complete={num: {"files": files, "image_id": image_id or c.image_id}},
+                                       current=num, healthy={num} if healthy else set())
+    return out
+
+
+def test_nothing_differs_means_no_new_release(cluster):
+    cluster.rel = _rel_from(cluster)
+    assert cluster.current_matches() == (True, {})
+    out = []
+    assert cluster.step_release(out) == 3
+    assert all(o.status == "ok" for o in out)
+
+
+def test_changed_file_or_image_means_new_release(cluster):
+    cluster.rel = _rel_from(cluster)
+    cluster.rel["node2"].complete[3]["files"]["engine.env"] = "0" * 64
+    same, why = cluster.current_matches()
+    assert not same and "engine.env" in why["node2"] and "node1" not in why
+    cluster.rel = _rel_from(cluster, image_id="sha256:" + "2" * 64)
+    same, why = cluster.current_matches()
+    assert not same and "image" in why["node1"]
+
+
+def test_release_files_head_carries_watchdog_config(cluster):
+    head = cluster.release_files("node1", 1)
+    assert set(head) == {"engine.env", "launch.sh", "node-plan.json", supervise.CONFIG}
+    assert head["launch.sh"][1] == 0o755
+    assert set(cluster.release_files("node2", 1)) == {"engine.env", "launch.sh", "node-plan.json"}
+    assert list(cluster.unit_files("node2")) == [P.UNIT_PATH]
+
+
+def test_image_context_has_dockerfile_overlays_vocab(cluster):
+    ctx = cluster.image_context()
+    assert ctx["Dockerfile"].startswith(b"# Rendered") and "vocab/current.txt" in ctx
+    assert all(not k.startswith("overlays/tests/") and "__pycache__" not in k for k in ctx)
