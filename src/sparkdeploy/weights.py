@@ -1,0 +1,251 @@
+"""Weights: copy the checkpoint head -> other nodes over the data plane, evict its page cache, guard memory.
+
+sync    Manifests first (size + sha256 per file, hashed on each node by `weights_node.py` and cached by
+        size/mtime/inode, so an unchanged checkpoint is listed without reading it). Identical manifests: skip.
+        Otherwise rsync runs *on the head* and pushes only the differing files to the other node's data_ip
+        (the CX-7 link, not the management NIC), whole-file, temp-then-rename per file, resumable
+        (`--partial-dir`). The head reaches the node with a one-time key: generated on the head, authorized on
+        the node with `from="<head data_ip>",restrict` and removed afterwards; the node's host key is read
+        over the kit's own (verified) connection and pinned, so host-key checking stays on. After the copy the
+        node's hash cache is seeded with the head's hashes (rsync verified every file it wrote) and the node's
+        manifest is compared with the head's once more.
+evict   posix_fadvise(DONTNEED) on every file of the checkpoint (after fdatasync), on every node; no root.
+        On GB10 the page cache of a just-read checkpoint counts as used GPU memory (cudaMemGetInfo = MemFree).
+guard   Refuse to start when MemAvailable after eviction is below weights + activations + KV + the reserve:
+        the same figures `memory.budget` put in the plan (imported, never recomputed here).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import secrets
+import shlex
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Sequence
+
+from sparkdeploy import doctor
+from sparkdeploy.errors import PlanError, RemoteError
+
+HELPER_SOURCE = (Path(__file__).with_name("weights_node.py")).read_text()
+GIB = 1 << 30
+SSH_CIPHER = "aes128-gcm@openssh.com"  # AES-GCM: hardware-accelerated on x86 and on the GB10's Arm cores
+
+
+@dataclass(frozen=True)
+class Manifest:
+    files: dict[str, tuple[int, str]]
+    bytes: int = 0
+    hashed: int = 0  # bytes read to hash now (0 when the cache covered everything)
+    exists: bool = True
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "Manifest":
+        files = {k: (int(v[0]), str(v[1])) for k, v in data.get("files", {}).items()}
+        return cls(files, int(data.get("bytes", 0)), int(data.get("hashed", 0)), bool(data.get("exists", True)))
+
+
+def diff_manifests(src: Manifest, dst: Manifest) -> tuple[list[str], list[str]]:
+    """(files to send: missing or different size/hash on dst, files only on dst). Pure; sorted."""
+    send = sorted(rel for rel, sig in src.files.items() if dst.files.get(rel) != sig)
+    extra = sorted(rel for rel in dst.files if rel not in src.files)
+    return send, extra
+
+
+def helper(conn, *args: str, input: bytes | None = None, timeout: float = 3600) -> dict:
+    """Run the node-side helper with the node's python3; returns its JSON answer."""
+    res = conn.run(["python3", "-c", HELPER_SOURCE, *args], input=input, check=False, timeout=timeout)
+    if not res.ok:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-2:]
+        raise RemoteError(f"weights helper `{args[0]}` exited {res.rc}: {' | '.join(tail)}", node=conn.name)
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RemoteError(f"weights helper `{args[0]}` printed no JSON: {res.stdout[-200:]!r}", node=conn.name) from None
+
+
+def manifest(conn, directory: str) -> Manifest:
+    return Manifest.from_json(helper(conn, "manifest", directory))
+
+
+def evict(conn, directory: str) -> dict:
+    return helper(conn, "evict", directory, timeout=1800)
+
+
+# ----------------------------------------------------------------------------------------------- rsync
+def ssh_command(key: str, known_hosts: str) -> list[str]:
+    return ["ssh", "-i", key, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={known_hosts}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "GlobalKnownHostsFile=/dev/null", "-o", "Compression=no",
+            "-o", "ControlMaster=no", "-o", "ConnectTimeout=10", "-c", SSH_CIPHER]
+
+
+def rsync_argv(src_dir: str, user: str, ip: str, dst_dir: str, ssh: Sequence[str]) -> list[str]:
+    """rsync on the head pushing a NUL-separated file list (stdin) from src_dir to user@ip:dst_dir."""
+    src = src_dir.rstrip("/") + "/"
+    dst = dst_dir.rstrip("/") + "/"
+    return ["rsync", "-a", "--whole-file", "--partial-dir=.rsync-partial", "--info=progress2", "--no-inc-recursive",
+            "--from0", "--files-from=-", "-e", shlex.join(ssh), src, f"{user}@{ip}:{dst}"]
+
+
+_PROGRESS = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+/s)")
+
+
+def parse_progress(text: str) -> tuple[int, int, str] | None:
+    """The last `--info=progress2` record in `text`: (bytes done, percent, rate)."""
+    last = None
+    for rec in re.split(r"[\r\n]", text):
+        m = _PROGRESS.match(rec)
+        if m:
+            last = (int(m.group(1).replace(",", "")), int(m.group(2)), m.group(3))
+    return last
+
+
+@dataclass
+class Channel:
+    """What the head needs to reach one node over the data plane: key, pinned host key, ssh argv."""
+
+    tmpdir: str
+    ssh: list[str]
+    marker: str
+
+
+@contextmanager
+def data_plane_channel(head, head_ip: str, node, node_ip: str) -> Iterator[Channel]:
+    """A one-time key on the head authorized on `node` only from `head_ip`; removed on exit (even on failure)."""
+    marker = f"sparkdeploy-weights-{secrets.token_hex(6)}"
+    out = head.run(["sh", "-c", 'd=$(mktemp -d /tmp/sparkdeploy-sync-XXXXXX) && '
+                   'ssh-keygen -q -t ed25519 -N "" -C "$1" -f "$d/key" && echo "$d" && cat "$d/key.pub"',
+                    "keygen", marker], timeout=60).stdout.split("\n")
+    tmpdir, pub = out[0].strip(), out[1].strip()
+    try:
+        hostkeys = node.run(["sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub"], timeout=30).stdout
+        kh = "".join(f"{node_ip} {' '.join(line.split()[:2])}\n" for line in hostkeys.splitlines() if line.strip())
+        if not kh:
+            raise RemoteError("no SSH host keys readable in /etc/ssh", node=node.name)
+        head.put(f"{tmpdir}/known_hosts", kh.encode(), mode=0o600)
+        line = f'from="{head_ip}",restrict {pub}\n'
+        node.run(["sh", "-c", 'umask 077; mkdir -p "$HOME/.ssh"; cat >> "$HOME/.ssh/authorized_keys"'],
+                 input=line.encode(), timeout=30)
+        yield Channel(tmpdir, ssh_command(f"{tmpdir}/key", f"{tmpdir}/known_hosts"), marker)
+    finally:
+        try:
+            helper(node, "unauthorize", marker, timeout=30)
+        finally:
+            head.run(["rm", "-rf", tmpdir], check=False, timeout=30)
+
+
+def run_rsync(head, argv: Sequence[str], files: Sequence[str], total: int,
+              progress: Callable[[int, int], None] | None = None, timeout: float = 24 * 3600) -> None:
+    proc = head.popen(argv)
+    buf = ""
+    try:
+        proc.write(b"".join(f.encode() + b"\0" for f in files))
+        proc.close_stdin()
+        deadline = time.monotonic() + timeout
+        while True:
+            chunk = proc.read(65536)
+            if not chunk:
+                break
+            buf = (buf + chunk.decode(errors="replace"))[-4096:]
+            got = parse_progress(buf)
+            if got and progress:
+                progress(min(got[0], total), total)
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RemoteError(f"rsync did not finish within {timeout:.0f} s", node=head.name)
+        rc, err = proc.wait(60)
+    except (OSError, EOFError) as e:
+        proc.kill()
+        raise RemoteError(f"rsync broke: {e}", node=head.name) from None
+    if rc != 0:
+        raise RemoteError(f"rsync exited {rc}: {err.strip()[-400:]}", node=head.name)
+    if progress:
+        progress(total, total)
+
+
+# ------------------------------------------------------------------------------------------------ sync
+@dataclass
+class SyncResult:
+    node: str
+    status: str  # skipped | synced | would sync
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    extra: list[str] = field(default_factory=list)
+    detail: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"node": self.node, "status": self.status, "files": self.files, "bytes": self.bytes,
+                "seconds": round(self.seconds, 3), "extra": self.extra, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    conn: object  # remote.Conn
+    name: str
+    data_ip: str
+    user: str = "root"
+
+
+def sync(head: Endpoint, targets: Sequence[Endpoint], directory: str, *, dry_run: bool = False,
+         head_manifest: Manifest | None = None,
+         progress: Callable[[str, int, int], None] | None = None) -> list[SyncResult]:
+    """Make `directory` on every target identical (for the head's files) to the head's; see the module doc."""
+    src = head_manifest or manifest(head.conn, directory)
+    if not src.exists:
+        raise PlanError(f"checkpoint directory {directory} does not exist on the head {head.name}")
+    if not src.files:
+        raise PlanError(f"checkpoint directory {directory} on the head {head.name} holds no files")
+    results = []
+    for t in targets:
+        t0 = time.monotonic()
+        dst = manifest(t.conn, directory)
+        send, extra = diff_manifests(src, dst)
+        nbytes = sum(src.files[f][0] for f in send)
+        if not send:
+            results.append(SyncResult(t.name, "skipped", 0, 0, time.monotonic() - t0, extra,
+                                      f"identical: {len(src.files)} files, {src.bytes / GIB:.2f} GiB"))
+            continue
+        if dry_run:
+            results.append(SyncResult(t.name, "would sync", len(send), nbytes, 0.0, extra,
+                                      f"{len(send)} of {len(src.files)} files differ or are missing"))
+            continue
+        t.conn.run(["mkdir", "-p", directory], timeout=30)
+        with data_plane_channel(head.conn, head.data_ip, t.conn, t.data_ip) as ch:
+            argv = rsync_argv(directory, t.user, t.data_ip, directory, ch.ssh)
+            cb = (lambda done, total, n=t.name: progress(n, done, total)) if progress else None
+            run_rsync(head.conn, argv, send, nbytes, cb)
+        helper(t.conn, "seed", directory, input=json.dumps({f: list(src.files[f]) for f in send}).encode())
+        after = manifest(t.conn, directory)
+        still, _ = diff_manifests(src, after)
+        if still:
+            raise RemoteError(f"after rsync {len(still)} files still differ from the head's: {', '.join(still[:3])}",
+                              node=t.name)
+        results.append(SyncResult(t.name, "synced", len(send), nbytes, time.monotonic() - t0, extra,
+                                  f"{len(send)} files"))
+    return results
+
+
+# ----------------------------------------------------------------------------------------------- guard
+def guard(node: str, mem_available: int, budget) -> doctor.CheckResult:
+    """The start-time memory guard on one node. `budget` is the plan's `memory.MemoryBudget` for that node:
+    need = its engine budget (weights + activations + KV), reserve = its reserve."""
+    need = int(round(budget.engine_gib * GIB))
+    reserve = int(round(budget.reserve_gib * GIB))
+    return doctor.memory_margin("memory-guard", node, mem_available, need, reserve)
+
+
+def enforce(results: Sequence[doctor.CheckResult]) -> None:
+    """Raise (refuse to start) when any node's guard failed."""
+    bad = [r for r in results if r.verdict is doctor.Verdict.FAIL]
+    if bad:
+        raise PlanError("refusing to start: " + "; ".join(f"{r.node}: {r.reason}" for r in bad) +
+                        f" -- {bad[0].fix}")

@@ -1,0 +1,96 @@
+"""weights: manifest diff, rsync argv, progress parsing, the node helper run locally, the memory guard."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+import pytest
+
+from sparkdeploy import doctor, memory, weights as w
+from sparkdeploy.errors import PlanError
+from sparkdeploy.facts import NodeFacts
+from sparkdeploy.remote import LocalConn, Target
+
+GIB = 1 << 30
+
+
+def test_diff_manifests():
+    src = w.Manifest({"a": (1, "x"), "b": (2, "y"), "c": (3, "z")})
+    dst = w.Manifest({"a": (1, "x"), "b": (2, "DIFFERENT"), "old": (9, "q")})
+    assert w.diff_manifests(src, dst) == (["b", "c"], ["old"])
+    assert w.diff_manifests(src, src) == ([], [])
+
+
+def test_rsync_argv_is_quoted_and_pushes_to_the_data_ip():
+    ssh = w.ssh_command("/tmp/sparkdeploy-sync-x/key", "/tmp/sparkdeploy-sync-x/known_hosts")
+    argv = w.rsync_argv("/srv/models/q wen", "nvidia", "192.168.177.12", "/srv/models/q wen", ssh)
+    assert argv[-1] == "nvidia@192.168.177.12:/srv/models/q wen/" and argv[-2] == "/srv/models/q wen/"
+    e = shlex.split(argv[argv.index("-e") + 1])
+    assert "StrictHostKeyChecking=yes" in e and w.SSH_CIPHER in e and "--whole-file" in argv
+    assert "--files-from=-" in argv and "--from0" in argv
+
+
+def test_parse_progress():
+    text = "\r     32,768   0%    0.00kB/s    0:00:00\r 104,857,600  35%  210.00MB/s    0:00:01\r"
+    assert w.parse_progress(text) == (104857600, 35, "210.00MB/s")
+    assert w.parse_progress("sending incremental file list\n") is None
+
+
+@pytest.fixture
+def local():
+    return LocalConn(Target("here", "localhost", local=True))
+
+
+def test_helper_manifest_cache_seed_and_evict(tmp_path, local, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    d = tmp_path / "ckpt"
+    (d / "sub").mkdir(parents=True)
+    (d / "model-00001.safetensors").write_bytes(os.urandom(3 << 20))
+    (d / "sub" / "config.json").write_text("{}")
+    (d / ".model-00002.safetensors.a1B2c3").write_bytes(b"in flight")  # rsync temp: not part of the checkpoint
+    m1 = w.manifest(local, str(d))
+    assert set(m1.files) == {"model-00001.safetensors", "sub/config.json"} and m1.hashed == m1.bytes
+    m2 = w.manifest(local, str(d))
+    assert m2.hashed == 0 and m2.files == m1.files  # cached by size/mtime/inode
+    # a file changed in place (same size, new mtime) is hashed again
+    (d / "sub" / "config.json").write_text("[]")
+    m3 = w.manifest(local, str(d))
+    assert m3.hashed == 2 and m3.files["sub/config.json"] != m1.files["sub/config.json"]
+    ev = w.evict(local, str(d))
+    assert ev["files"] == 2 and ev["bytes"] == m3.bytes and ev["mem_available_after"] > 0
+    if ev["cached_after"] is not None:
+        assert ev["cached_after"] <= 8192
+    # seed: record given hashes for files whose size matches; next manifest reads nothing
+    other = tmp_path / "copy"
+    other.mkdir()
+    (other / "f").write_bytes(b"12345")
+    assert w.helper(local, "seed", str(other), input=json.dumps({"f": [5, "feed"], "g": [1, "x"]}).encode()) == {"seeded": 1}
+    m4 = w.manifest(local, str(other))
+    assert m4.files == {"f": (5, "feed")} and m4.hashed == 0
+    assert w.manifest(local, str(tmp_path / "nope")).exists is False
+
+
+def test_helper_unauthorize(tmp_path, local, monkeypatch):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    ak = home / ".ssh" / "authorized_keys"
+    ak.write_text("ssh-ed25519 AAAA user@laptop\nfrom=\"10.0.0.1\",restrict ssh-ed25519 BBBB sparkdeploy-weights-abc\n")
+    ak.chmod(0o600)
+    monkeypatch.setenv("HOME", str(home))
+    assert w.helper(local, "unauthorize", "sparkdeploy-weights-abc") == {"removed": 1}
+    assert ak.read_text() == "ssh-ed25519 AAAA user@laptop\n" and (ak.stat().st_mode & 0o777) == 0o600
+
+
+def test_guard_uses_the_plan_budget():
+    facts = NodeFacts("spark1", int(119.7 * GIB), int(116 * GIB), True, "NVIDIA GB10", "580.95.05")
+    b = memory.budget(facts, reserve_gib=28, weights_gib=30, activation_gib=4, kv_bytes_per_token=50000)
+    ok = w.guard("spark1", 116 * GIB, b)
+    assert ok.verdict in (doctor.Verdict.OK, doctor.Verdict.WARN)
+    # 40 GiB of page cache from the rsync still resident: MemAvailable did not drop, but if other memory is held...
+    low = w.guard("spark1", int((b.engine_gib + b.reserve_gib - 1) * GIB), b)
+    assert low.verdict is doctor.Verdict.FAIL and "reserve 28.0" in low.reason
+    with pytest.raises(PlanError, match="refusing to start: spark1"):
+        w.enforce([ok, low])
+    w.enforce([ok])
