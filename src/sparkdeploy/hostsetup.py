@@ -1,7 +1,7 @@
 """`host setup`: the host guard rails, as idempotent items (read, diff, change only the difference).
 
 Items, in order, per node:
-  earlyoom-package   installed (apt)
+  packages           earlyoom and rsync installed (apt; `apt-get update` once if the lists are missing)
   earlyoom-config    /etc/default/earlyoom = deploy/host/earlyoom.default.j2 (prefer vllm/python/ray,
                      avoid sshd/dockerd/containerd/systemd)
   earlyoom-service   enabled, active, and running with the configured arguments (restarted when they differ)
@@ -49,6 +49,7 @@ class HostState:
     """What `read_state` saw on a node."""
 
     earlyoom_installed: bool = False
+    rsync_installed: bool = False
     earlyoom_enabled: str = ""
     earlyoom_active: str = ""
     earlyoom_cmdline: str = ""
@@ -132,14 +133,15 @@ def plan_items(node: str, state: HostState, *, netdev: str, data_ip: str, apply_
     """Pure: what to change on `node` so it matches the kit's host setup."""
     items: list[Item] = []
 
-    pkg = Item("earlyoom-package", OK)
-    if not state.earlyoom_installed:
+    pkg = Item("packages", OK)
+    missing = [p for p, have in (("earlyoom", state.earlyoom_installed), ("rsync", state.rsync_installed)) if not have]
+    if missing:
         pkg.status = CHANGE
-        pkg.what = ["apt-get install earlyoom"]
-        pkg.commands = [["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q",
-                         "-o", "Dpkg::Options::=--force-confold", "earlyoom"]]
+        pkg.what = [f"apt-get install {' '.join(missing)}"]
+        install = "DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o Dpkg::Options::=--force-confold \"$@\""
+        pkg.commands = [["sh", "-c", f"{install} || {{ apt-get update -q && {install}; }}", "install", *missing]]
         if not state.apt_available:
-            pkg.note = "apt-get not found: install earlyoom with the system's package manager"
+            pkg.note = f"apt-get not found: install {' '.join(missing)} with the system's package manager"
     items.append(pkg)
 
     want = render_earlyoom(mem_term, mem_kill)
@@ -158,8 +160,9 @@ def plan_items(node: str, state: HostState, *, netdev: str, data_ip: str, apply_
     if state.earlyoom_enabled != "enabled":
         svc.what.append("systemctl enable earlyoom")
         svc.commands.append(["systemctl", "enable", "earlyoom"])
-    if cfg.status == CHANGE or pkg.status == CHANGE or state.earlyoom_active != "active" or running_args != args:
-        why = ("config changed" if cfg.status == CHANGE else "just installed" if pkg.status == CHANGE
+    if cfg.status == CHANGE or not state.earlyoom_installed or state.earlyoom_active != "active" or running_args != args:
+        just_installed = not state.earlyoom_installed
+        why = ("config changed" if cfg.status == CHANGE else "just installed" if just_installed
                else "not active" if state.earlyoom_active != "active" else "running with other arguments")
         svc.what.append(f"systemctl restart earlyoom ({why})")
         svc.commands.append(["systemctl", "restart", "earlyoom"])
@@ -206,6 +209,7 @@ def plan_items(node: str, state: HostState, *, netdev: str, data_ip: str, apply_
 # ----------------------------------------------------------------------------------------- read / apply
 _STATE_SCRIPT = r"""
 echo "@@@ pkg"; command -v earlyoom >/dev/null 2>&1 && echo installed=yes || echo installed=no
+command -v rsync >/dev/null 2>&1 && echo rsync=yes || echo rsync=no
 command -v apt-get >/dev/null 2>&1 && echo apt=yes || echo apt=no
 command -v netplan >/dev/null 2>&1 && echo netplan=yes || echo netplan=no
 echo "@@@ rc=0"
@@ -233,7 +237,8 @@ def read_state(conn, hca: Sequence[str] = (), *, sudo: Sequence[str] = ()) -> Ho
     pkg, eo, ssh = (doctor.parse_kv(sec.get(k, doctor.Section(0, "")).text) for k in ("pkg", "earlyoom", "sshd"))
     ports = doctor.parse_rdma(sec.get("rdma", doctor.Section(0, "")).text)
     st = HostState(
-        earlyoom_installed=pkg.get("installed") == "yes", apt_available=pkg.get("apt") == "yes",
+        earlyoom_installed=pkg.get("installed") == "yes", rsync_installed=pkg.get("rsync") == "yes",
+        apt_available=pkg.get("apt") == "yes",
         netplan_available=pkg.get("netplan") == "yes",
         earlyoom_enabled=eo.get("enabled", ""), earlyoom_active=eo.get("active", ""),
         earlyoom_cmdline=eo.get("cmdline", ""),

@@ -23,8 +23,8 @@ def after(state: hs.HostState, items) -> hs.HostState:
             continue
         for path, content, _ in it.writes:
             s.files[path] = content
-        if it.name == "earlyoom-package":
-            s.earlyoom_installed = True
+        if it.name == "packages":
+            s.earlyoom_installed = s.rsync_installed = True
         if it.name == "earlyoom-service":
             s.earlyoom_enabled, s.earlyoom_active = "enabled", "active"
             s.earlyoom_cmdline = "/usr/bin/earlyoom " + " ".join(hs.earlyoom_args())
@@ -40,13 +40,13 @@ def statuses(items):
 def test_fresh_node_changes_everything_but_network_then_nothing():
     kw = dict(netdev="enp1s0f1np1", data_ip="192.168.177.11")
     first = hs.plan_items("spark1", fresh(), **kw)
-    assert statuses(first) == {"earlyoom-package": "change", "earlyoom-config": "change",
+    assert statuses(first) == {"packages": "change", "earlyoom-config": "change",
                                "earlyoom-service": "change", "sshd-oom": "change", "netplan": "skipped"}
     assert "--apply-network" in first[-1].note and "+      mtu: 9000" in first[-1].diff
     cfg = first[1]
     assert cfg.diff.startswith("--- spark1:/etc/default/earlyoom (now)") and '-EARLYOOM_ARGS="-r 3600"' in cfg.diff
     second = hs.plan_items("spark1", after(fresh(), first), **kw)
-    assert statuses(second) == {"earlyoom-package": "ok", "earlyoom-config": "ok", "earlyoom-service": "ok",
+    assert statuses(second) == {"packages": "ok", "earlyoom-config": "ok", "earlyoom-service": "ok",
                                 "sshd-oom": "ok", "netplan": "skipped"}
     assert not any(i.commands or i.writes for i in second)
 
