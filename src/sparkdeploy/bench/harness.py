@@ -1,0 +1,45 @@
+"""`bench harness`: every category of a prompt set (one stream sending the category's prompts in turn, per
+run) and a concurrency sweep (K streams at once) with the peak running-requests check."""
+
+from __future__ import annotations
+
+from sparkdeploy.bench import results
+from sparkdeploy.bench.client import Service, stream_chat
+from sparkdeploy.bench.probe import Hook, Progress, repeat
+from sparkdeploy.bench.prompts import Category
+
+
+def harness(service: Service, categories: list[Category], *, tokens: int = 128, runs: int = 3, warmup: int = 1,
+            concurrency: list[int] = (1, 2, 4, 8), ignore_eos: bool = True, context: dict | None = None,
+            prompt_set: str | None = None, on_run_start: Hook | None = None, watch_interval: float = 0.1,
+            progress: Progress | None = None) -> dict:
+    settings = {"tokens": tokens, "runs": runs, "warmup": warmup, "concurrency": list(concurrency),
+                "ignore_eos": ignore_eos, "temperature": 0, "prompt_set": prompt_set,
+                "watch_interval_s": watch_interval,
+                "categories": {c.name: len(c.prompts) for c in categories}}
+    result = results.new("harness", service.to_dict(), context or {}, settings)
+    for cat in categories:
+        def make_send(_attempt: int, cat=cat):
+            def stream():
+                return [stream_chat(service, cat.messages(i), tokens, ignore_eos=ignore_eos)
+                        for i in range(len(cat.prompts))]
+            return [stream]
+
+        repeat(result, cat.name, runs, warmup, make_send, on_run_start=on_run_start, progress=progress)
+
+    everything = [(c, i) for c in categories for i in range(len(c.prompts))]
+    for k in concurrency:
+        def make_send(_attempt: int, k=k):
+            picks = [everything[j % len(everything)] for j in range(k)]
+            return [lambda c=c, i=i: stream_chat(service, c.messages(i), tokens, ignore_eos=ignore_eos)
+                    for c, i in picks]
+
+        repeat(result, f"c{k}", runs, warmup, make_send, on_run_start=on_run_start, progress=progress,
+               watch_interval=watch_interval)
+    results.summarize_runs(result, overall_groups={c.name for c in categories})
+    result["peak_check"] = {
+        f"c{k}": {"concurrency": k, "peak_running": result["metrics"].get(f"c{k}/peak_running", {}).get("max"),
+                  "reached": (result["metrics"].get(f"c{k}/peak_running", {}).get("max") or 0) >= k}
+        for k in concurrency
+    }
+    return result

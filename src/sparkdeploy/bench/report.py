@@ -1,0 +1,221 @@
+"""`bench report`: markdown + PNG plots from one or more results files (and a comparison when two are given
+with `compare=True`). Plots: decode tok/s per category, acceptance per draft position, TTFT, turn two, and
+throughput over concurrency. Bars are medians; whiskers span the kept repeats (min..max)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from sparkdeploy.bench import compare as compare_mod  # noqa: E402
+
+
+def _label(result: dict, path: str) -> str:
+    return Path(path).stem
+
+
+def _groups(result: dict, name: str, exclude_prefix: tuple[str, ...] = ()) -> list[str]:
+    return [m["group"] for m in result["metrics"].values()
+            if m["name"] == name and not m["group"].startswith(exclude_prefix) and m["group"] != "overall"]
+
+
+def _bars(ax, results: list[tuple[str, dict]], name: str, groups: list[str]) -> None:
+    results = [(label, res) for label, res in results
+               if any(f"{g}/{name}" in res["metrics"] for g in groups)]
+    width = 0.8 / max(1, len(results))
+    for j, (label, res) in enumerate(results):
+        xs, ys, lo, hi = [], [], [], []
+        for i, g in enumerate(groups):
+            m = res["metrics"].get(f"{g}/{name}")
+            if not m or m["median"] is None:
+                continue
+            xs.append(i + j * width - 0.4 + width / 2)
+            ys.append(m["median"])
+            lo.append(m["median"] - m["min"])
+            hi.append(m["max"] - m["median"])
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=label)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=20, ha="right")
+    if len(results) > 1:
+        ax.legend()
+
+
+def _save(fig, out: Path, name: str, written: list[str]) -> None:
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=100)
+    plt.close(fig)
+    written.append(name)
+
+
+def plots(results: list[tuple[str, dict]], out: Path) -> list[str]:
+    written: list[str] = []
+    union = lambda name, excl=(): list(dict.fromkeys(g for _, r in results for g in _groups(r, name, excl)))  # noqa: E731
+
+    cats = union("decode_tok_s") + union("server_decode_tok_s")
+    cats = [g for g in dict.fromkeys(cats) if not re.fullmatch(r"c\d+", g)]
+    if cats:
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+        _bars(axes[0], results, "decode_tok_s", cats)
+        axes[0].set_ylabel("decode tok/s (single stream)")
+        axes[0].set_title("client: streamed token timestamps")
+        _bars(axes[1], results, "server_decode_tok_s", cats)
+        axes[1].set_title("server: vllm:request_decode_time_seconds")
+        fig.suptitle("Decode speed per category (median; whiskers min..max of kept runs)")
+        _save(fig, out, "tok_s_per_category.png", written)
+
+    pos_names = sorted({m["name"] for _, r in results for m in r["metrics"].values()
+                        if m["name"].startswith("accept_pos")}, key=lambda n: int(n[len("accept_pos"):]))
+    if pos_names:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for label, res in results:
+            for g in [g for g in union(pos_names[0]) if not re.fullmatch(r"c\d+", g)]:
+                ys = [res["metrics"].get(f"{g}/{n}", {}).get("median") for n in pos_names]
+                if any(y is not None for y in ys):
+                    ax.plot(range(len(pos_names)), [y if y is not None else float("nan") for y in ys],
+                            marker="o", label=f"{label}: {g}" if len(results) > 1 else g)
+        ax.set_xticks(range(len(pos_names)))
+        ax.set_xticklabels([f"position {n[len('accept_pos'):]}" for n in pos_names])
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("accepted / drafts")
+        ax.set_title("Draft acceptance per position")
+        ax.legend(fontsize=7)
+        _save(fig, out, "acceptance_per_position.png", written)
+
+    ttft_groups = [g for g in union("ttft_s") if not re.fullmatch(r"c\d+", g)]
+    if ttft_groups:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        _bars(ax, results, "ttft_s", ttft_groups)
+        ax.set_ylabel("TTFT (s)")
+        ax.set_title("Time to first token per category")
+        _save(fig, out, "ttft.png", written)
+
+    t2 = union("ttft_turn2_s")
+    t2_results = [(label, res) for label, res in results if res.get("kind") == "turn2"]
+    if t2 and t2_results:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        width = 0.4 / max(1, len(t2_results))
+        for j, (label, res) in enumerate(t2_results):
+            for k, (name, what) in enumerate((("ttft_turn1_s", "turn 1"), ("ttft_turn2_s", "turn 2"))):
+                xs, ys = [], []
+                for i, g in enumerate(t2):
+                    m = res["metrics"].get(f"{g}/{name}")
+                    if m and m["median"] is not None:
+                        xs.append(i + (2 * j + k) * width - 0.4 + width / 2)
+                        ys.append(m["median"])
+                bars = ax.bar(xs, ys, width, label=f"{label} {what}" if len(t2_results) > 1 else what)
+                if name == "ttft_turn2_s":
+                    for bar, g in zip(bars, [g for g in t2 if f"{g}/{name}" in res["metrics"]]):
+                        hits = res["metrics"].get(f"{g}/prefix_hits_turn2", {}).get("median")
+                        if hits is not None:
+                            ax.annotate(f"{hits:,.0f} hits", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                                        ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(t2)))
+        ax.set_xticklabels(t2)
+        ax.set_ylabel("TTFT (s)")
+        ax.set_title("Turn two: TTFT and prefix-cache hits")
+        ax.legend()
+        _save(fig, out, "turn2_ttft.png", written)
+
+    conc = sorted({int(g[1:]) for _, r in results for g in _groups(r, "throughput_tok_s") + _groups(r, "decode_tok_s")
+                   if re.fullmatch(r"c\d+", g)})
+    if conc:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for label, res in results:
+            ys = []
+            for k in conc:
+                m = res["metrics"].get(f"c{k}/throughput_tok_s") or res["metrics"].get(f"c{k}/decode_tok_s")
+                ys.append(m["median"] if m else float("nan"))
+            ax.plot(conc, ys, marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(conc)
+        ax.set_xticklabels([str(k) for k in conc])
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel("total tok/s")
+        ax.set_title("Throughput over concurrency")
+        if len(results) > 1:
+            ax.legend()
+        _save(fig, out, "concurrency.png", written)
+    return written
+
+
+def _fmt(v, unit: str = "") -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        if unit in ("tokens", "requests") or abs(v) >= 100:
+            return f"{v:,.0f}"
+        return f"{v:.3g}" if abs(v) < 1 else f"{v:.2f}"
+    return str(v)
+
+
+def markdown(results: list[tuple[str, dict]], images: list[str], *, title: str, note: str | None,
+             comparison: dict | None) -> str:
+    lines = [f"# {title}", ""]
+    if note:
+        lines += [f"> {note}", ""]
+    for label, res in results:
+        svc, ctx, st = res["service"], res.get("context") or {}, res["settings"]
+        lines += [f"## {label} ({res['kind']}, {res['created']})", "",
+                  f"- service: `{svc.get('url')}`, model `{svc.get('model')}`, vLLM {svc.get('vllm_version') or 'unknown'}"
+                  + (f", max_model_len {svc['max_model_len']}" if svc.get("max_model_len") else "")]
+        for key in ("release", "image", "vocab_hash", "patches", "release_source"):
+            if key in ctx:
+                lines.append(f"- {key}: `{ctx[key]}`")
+        lines.append("- settings: " + ", ".join(f"{k}={v}" for k, v in st.items()))
+        kept = sum(1 for r in res["runs"] if r["kept"] and not r["warmup"])
+        lines += [f"- runs: {kept} kept, {len(res['discarded'])} discarded "
+                  f"(warm-ups excluded from every figure)", ""]
+        lines += ["| group | metric | median | min | max | n | unit |", "|---|---|---|---|---|---|---|"]
+        for m in res["metrics"].values():
+            if m["name"] == "peak_running" and not re.fullmatch(r"c\d+", m["group"]):
+                continue
+            lines.append(f"| {m['group']} | {m['name']} | {_fmt(m['median'], m['unit'])} | {_fmt(m['min'], m['unit'])} | "
+                         f"{_fmt(m['max'], m['unit'])} | {m['n']} | {m['unit']} |")
+        if res.get("peak_check"):
+            lines += ["", "Peak running requests during the concurrency sweep:", ""]
+            for g, pc in res["peak_check"].items():
+                lines.append(f"- {g}: peak {_fmt(pc['peak_running'])} of {pc['concurrency']}"
+                             + ("" if pc["reached"] else " (the server never ran them all at once)"))
+        if res["discarded"]:
+            lines += ["", "Discarded runs (not averaged in):", ""]
+            for d in res["discarded"]:
+                lines.append(f"- {d['group']} #{d['index']}{' (warm-up)' if d.get('warmup') else ''}: {d['reason']}")
+        lines.append("")
+    if comparison:
+        lines += ["## Comparison", "",
+                  f"B against A; noise = pooled standard deviation of the repeats"
+                  + (f" (plus {comparison['extra_baselines']} extra baseline files)" if comparison["extra_baselines"] else "")
+                  + "; a difference counts only beyond the 99% t bound on that noise.", ""]
+        for n in comparison["comparability"]:
+            lines.append(f"- not like for like: {n}")
+        lines += ["", "| metric | A | B | B−A | noise (sd) | threshold | verdict |", "|---|---|---|---|---|---|---|"]
+        for r in comparison["rows"]:
+            lines.append(f"| {r['metric']} | {_fmt(r['a'])} | {_fmt(r['b'])} | {_fmt(r['difference'])} | "
+                         f"{_fmt(r['noise'])} | {_fmt(r['threshold'])} | {r['verdict']} |")
+        lines.append("")
+    for img in images:
+        lines += [f"![{img[:-4]}]({img})", ""]
+    return "\n".join(lines)
+
+
+def write(paths: list[str], out: str | Path, *, title: str = "sparkdeploy bench report", note: str | None = None,
+          with_comparison: bool = False, loaded: list[dict] | None = None) -> Path:
+    from sparkdeploy.bench import results as results_mod
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    loaded = loaded or [results_mod.load(p) for p in paths]
+    pairs = [(_label(r, p), r) for r, p in zip(loaded, paths)]
+    # plots of one kind at a time share axes; figures come from every file
+    images = plots(pairs, out)
+    comparison = None
+    if with_comparison and len(pairs) == 2:
+        comparison = compare_mod.compare(pairs[0][1], pairs[1][1])
+    md = out / "README.md"
+    md.write_text(markdown(pairs, images, title=title, note=note, comparison=comparison))
+    return md

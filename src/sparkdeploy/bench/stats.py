@@ -1,0 +1,115 @@
+"""Medians, spread, noise and verdicts.
+
+The gate the seeds needed: a difference between two medians counts only if it is larger than what
+repeating the *same* configuration produces. The noise is measured, per metric, from the repeats of each
+side (plus any extra baseline repeats) as a pooled standard deviation; the difference of medians is
+compared with a two-sided 99% Student-t bound on that noise. There is no fixed percentage anywhere: a
+metric that swings 50% on its own needs a large shift to count, a steady one counts a small shift.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+
+BETTER, WORSE, WITHIN_NOISE, UNKNOWN = "better", "worse", "within noise", "unknown noise"
+
+# two-sided 99% Student-t quantiles t(0.995, dof); beyond the table the normal value is close enough
+_T995 = {1: 63.657, 2: 9.925, 3: 5.841, 4: 4.604, 5: 4.032, 6: 3.707, 7: 3.499, 8: 3.355, 9: 3.250,
+         10: 3.169, 12: 3.055, 15: 2.947, 20: 2.845, 30: 2.750, 60: 2.660}
+# standard error of a median relative to that of a mean, for normal data (sqrt(pi/2))
+_MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)
+
+
+def t_quantile(dof: int) -> float:
+    if dof <= 0:
+        return math.inf
+    keys = sorted(_T995)
+    for k in keys:
+        if dof <= k:
+            return _T995[k]
+    return 2.576
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One metric over the kept runs of one side."""
+
+    n: int
+    median: float | None
+    min: float | None
+    max: float | None
+    stdev: float | None  # sample standard deviation of the repeats (None with fewer than 2)
+
+    @property
+    def spread(self) -> float | None:
+        return None if self.min is None else self.max - self.min
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(values: list[float]) -> Summary:
+    vals = [float(v) for v in values if v is not None and not math.isnan(v)]
+    if not vals:
+        return Summary(0, None, None, None, None)
+    sd = statistics.stdev(vals) if len(vals) >= 2 else None
+    return Summary(len(vals), statistics.median(vals), min(vals), max(vals), sd)
+
+
+def pooled_stdev(groups: list[list[float]]) -> tuple[float | None, int]:
+    """Pooled standard deviation of several groups of repeats (each around its own mean), and its dof."""
+    ss, dof = 0.0, 0
+    for g in groups:
+        if len(g) >= 2:
+            m = statistics.fmean(g)
+            ss += sum((x - m) ** 2 for x in g)
+            dof += len(g) - 1
+    if dof == 0:
+        return None, 0
+    return math.sqrt(ss / dof), dof
+
+
+@dataclass(frozen=True)
+class Verdict:
+    metric: str
+    a: float | None
+    b: float | None
+    difference: float | None  # b - a, in the metric's unit
+    noise: float | None  # pooled stdev of the repeats
+    threshold: float | None  # smallest |difference| that counts
+    verdict: str
+    n_a: int
+    n_b: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def verdict(metric: str, a: list[float], b: list[float], *, higher_is_better: bool = True,
+            extra_a: list[list[float]] = ()) -> Verdict:
+    """Compare repeats `b` against baseline repeats `a` (plus optional extra baseline groups).
+
+    Difference of medians against t(0.995, dof) * pooled_sd * sqrt(1/n_a + 1/n_b) * sqrt(pi/2).
+    With fewer than two repeats anywhere the noise is unknown and no verdict is given.
+    """
+    a = [float(x) for x in a if x is not None]
+    b = [float(x) for x in b if x is not None]
+    groups = [a, b, *[[float(x) for x in g] for g in extra_a]]
+    ma = statistics.median(a) if a else None
+    mb = statistics.median(b) if b else None
+    if ma is None or mb is None:
+        return Verdict(metric, ma, mb, None, None, None, UNKNOWN, len(a), len(b))
+    diff = mb - ma
+    sd, dof = pooled_stdev(groups)
+    if sd is None:
+        return Verdict(metric, ma, mb, diff, None, None, UNKNOWN, len(a), len(b))
+    # a floor for deterministic metrics (sd == 0): float rounding is not a difference
+    floor = 1e-9 * max(abs(ma), abs(mb), 1e-12)
+    threshold = max(t_quantile(dof) * sd * math.sqrt(1 / len(a) + 1 / len(b)) * _MEDIAN_EFFICIENCY, floor)
+    if abs(diff) <= threshold:
+        word = WITHIN_NOISE
+    else:
+        word = BETTER if (diff > 0) == higher_is_better else WORSE
+    return Verdict(metric, ma, mb, diff, sd, threshold, word, len(a), len(b))

@@ -1,0 +1,191 @@
+"""`sparkdeploy bench`: probe, harness, turn2, compare, report (see sparkdeploy.bench)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from sparkdeploy.bench import client, context, prompts, results
+from sparkdeploy.errors import InputError
+
+_err = Console(stderr=True, highlight=False)
+
+
+def _out() -> Console:
+    """stdout console: wide when piped, so tables stay one row per metric in logs and files."""
+    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+
+
+def _ints(value: str, option: str) -> list[int]:
+    try:
+        out = [int(v) for v in value.replace(" ", "").split(",") if v]
+    except ValueError as err:
+        raise InputError(f"{option} {value}: expected comma-separated integers") from err
+    if not out or any(v <= 0 for v in out):
+        raise InputError(f"{option} {value}: expected positive integers")
+    return out
+
+
+def _service(url: str | None, inventory: str | None, model: str | None) -> tuple[client.Service, dict]:
+    if url:
+        svc = client.discover(url, model=model)
+        return svc, context.from_url(svc.url)
+    path = inventory or "inventory.yaml"
+    if not Path(path).exists():
+        raise InputError(f"{path}: no inventory; pass --url http://host:port or --inventory FILE")
+    inv = context.load_inventory(path)
+    svc = client.discover(context.api_url(inv), model=model)
+    return svc, context.from_inventory(inv, path)
+
+
+def _service_options(fn):
+    fn = click.option("--model", help="Served model name (default: the first one /v1/models lists).")(fn)
+    fn = click.option("--inventory", type=click.Path(dir_okay=False),
+                      help="Inventory: the head node's API address; its release facts are recorded.")(fn)
+    fn = click.option("--url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000.")(fn)
+    return fn
+
+
+def _run_options(fn):
+    fn = click.option("--json", "as_json", is_flag=True, help="Print the results JSON on stdout.")(fn)
+    fn = click.option("--out", type=click.Path(dir_okay=False),
+                      help="Results file (default bench-results/<kind>-<time>.json).")(fn)
+    fn = click.option("--warmup", default=1, show_default=True, type=click.IntRange(0), help="Warm-up runs.")(fn)
+    fn = click.option("--runs", default=3, show_default=True, type=click.IntRange(1),
+                      help="Kept runs per group; the median is reported.")(fn)
+    return fn
+
+
+def _progress(msg: str) -> None:
+    _err.print(f"[dim]bench[/dim] {msg}", soft_wrap=True)
+
+
+def _finish(result: dict, out: str | None, as_json: bool) -> None:
+    path = Path(out) if out else Path("bench-results") / (
+        f"{result['kind']}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+    results.save(result, path)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        table = Table(title=f"{result['kind']}: {result['service']['model']} at {result['service']['url']}")
+        for col in ("group", "metric", "median", "min", "max", "n", "unit"):
+            table.add_column(col)
+        for m in result["metrics"].values():
+            f = (lambda v: "–" if v is None else f"{v:.4g}")
+            table.add_row(m["group"], m["name"], f(m["median"]), f(m["min"]), f(m["max"]), str(m["n"]), m["unit"])
+        _out().print(table)
+        for d in result["discarded"]:
+            click.echo(f"discarded {d['group']} #{d['index']}: {d['reason']}")
+    _err.print(f"results written to {path}")
+
+
+@click.group("bench")
+def bench() -> None:
+    """Measure the running service: medians of repeats, counter-checked runs, noise-aware A/B."""
+
+
+@bench.command("probe")
+@_service_options
+@click.option("--category", "categories", multiple=True,
+              help="Category (or prefix, e.g. prose_zh) from the prompt set; repeatable. Default: code.")
+@click.option("--prompts", "prompt_file", type=click.Path(dir_okay=False), help="Prompt set YAML.")
+@click.option("--prompt-index", default=0, show_default=True, type=click.IntRange(0))
+@click.option("--tokens", default=256, show_default=True, type=click.IntRange(2), help="Output tokens per request.")
+@_run_options
+def probe_cmd(url, inventory, model, categories, prompt_file, prompt_index, tokens, runs, warmup, out, as_json):
+    """One stream at temperature 0: decode tok/s, TTFT, acceptance per position."""
+    from sparkdeploy.bench.probe import probe
+
+    cats = prompts.select(prompts.load(prompt_file), list(categories) or ["code"])
+    svc, ctx = _service(url, inventory, model)
+    result = probe(svc, cats, tokens=tokens, runs=runs, warmup=warmup, prompt_index=prompt_index, context=ctx,
+                   progress=_progress)
+    _finish(result, out, as_json)
+
+
+@bench.command("harness")
+@click.argument("prompt_file", required=False, type=click.Path(dir_okay=False))
+@_service_options
+@click.option("--category", "categories", multiple=True, help="Only these categories (or prefixes).")
+@click.option("--concurrency", default="1,2,4,8", show_default=True, help="Concurrency sweep, comma-separated.")
+@click.option("--tokens", default=128, show_default=True, type=click.IntRange(2))
+@_run_options
+def harness_cmd(prompt_file, url, inventory, model, categories, concurrency, tokens, runs, warmup, out, as_json):
+    """Every category of PROMPT_FILE (default: the shipped set), then a concurrency sweep."""
+    from sparkdeploy.bench.harness import harness
+
+    cats = prompts.select(prompts.load(prompt_file), list(categories))
+    levels = _ints(concurrency, "--concurrency")
+    svc, ctx = _service(url, inventory, model)
+    result = harness(svc, cats, tokens=tokens, runs=runs, warmup=warmup, concurrency=levels, context=ctx,
+                     prompt_set=str(prompt_file or prompts.DEFAULT.name), progress=_progress)
+    _finish(result, out, as_json)
+
+
+@bench.command("turn2")
+@_service_options
+@click.option("--prefix-tokens", default="9500,30000", show_default=True,
+              help="Prefix sizes in tokens, comma-separated.")
+@click.option("--tokens", default=32, show_default=True, type=click.IntRange(2), help="Output tokens per turn.")
+@_run_options
+def turn2_cmd(url, inventory, model, prefix_tokens, tokens, runs, warmup, out, as_json):
+    """Turn one, then turn two on the same prefix: both TTFTs and turn two's prefix-cache hits."""
+    from sparkdeploy.bench.turn2 import turn2
+
+    sizes = _ints(prefix_tokens, "--prefix-tokens")
+    svc, ctx = _service(url, inventory, model)
+    result = turn2(svc, sizes, tokens=tokens, runs=runs, warmup=warmup, context=ctx, progress=_progress)
+    _finish(result, out, as_json)
+
+
+@bench.command("compare")
+@click.argument("a", type=click.Path(exists=True, dir_okay=False))
+@click.argument("b", type=click.Path(exists=True, dir_okay=False))
+@click.option("--baseline", "baselines", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="More results of A's configuration: their repeats join A's noise estimate. Repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+def compare_cmd(a, b, baselines, as_json):
+    """B against A: per metric "better", "worse" or "within noise" (noise measured, never a fixed %)."""
+    from sparkdeploy.bench.compare import compare
+
+    ra, rb = results.load(a), results.load(b)
+    extra = [results.load(p) for p in baselines]
+    cmp = compare(ra, rb, extra_baselines=extra)
+    if as_json:
+        click.echo(json.dumps(cmp, indent=2))
+        return
+    for note in cmp["comparability"]:
+        click.secho(f"not like for like: {note}", fg="yellow", err=True)
+    table = Table(title=f"{Path(b).name} against {Path(a).name}")
+    for col in ("metric", "A", "B", "B-A", "noise sd", "threshold", "verdict"):
+        table.add_column(col)
+    f = (lambda v: "–" if v is None else f"{v:.4g}")
+    colour = {"better": "green", "worse": "red"}
+    for r in cmp["rows"]:
+        word = r["verdict"]
+        table.add_row(r["metric"], f(r["a"]), f(r["b"]), f(r["difference"]), f(r["noise"]), f(r["threshold"]),
+                      f"[{colour[word]}]{word}[/]" if word in colour else word)
+    _out().print(table)
+
+
+@bench.command("report")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for README.md + PNGs.")
+@click.option("--title", default="sparkdeploy bench report", show_default=True)
+@click.option("--note", help="A line under the title, e.g. what the numbers were measured on.")
+@click.option("--compare", "with_comparison", is_flag=True, help="With two files: add the B-vs-A verdicts.")
+def report_cmd(files, out, title, note, with_comparison):
+    """Markdown + PNG plots (tok/s per category, acceptance per position, TTFT, turn two, concurrency)."""
+    from sparkdeploy.bench import report
+
+    md = report.write(list(files), out, title=title, note=note, with_comparison=with_comparison)
+    click.echo(str(md))
+
+
+COMMANDS = [bench]

@@ -1,0 +1,88 @@
+"""Statistics on synthetic series where the truth is known: medians, noise, verdicts (never a fixed %)."""
+
+import numpy as np
+import pytest
+
+from sparkdeploy.bench import stats
+
+
+def test_summarize_median_spread_stdev():
+    s = stats.summarize([3.0, 1.0, 2.0, None])
+    assert (s.n, s.median, s.min, s.max) == (3, 2.0, 1.0, 3.0)
+    assert s.spread == 2.0
+    assert s.stdev == pytest.approx(1.0)
+    assert stats.summarize([]).median is None
+    assert stats.summarize([5.0]).stdev is None
+
+
+def test_pooled_stdev_ignores_group_means():
+    sd, dof = stats.pooled_stdev([[1.0, 2.0, 3.0], [101.0, 102.0, 103.0]])
+    assert sd == pytest.approx(1.0)
+    assert dof == 4
+
+
+def _series(rng, mean, sd, n):
+    return list(rng.normal(mean, sd, n))
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_shift_smaller_than_noise_is_within_noise(n):
+    """Shift of 0.3 sd: essentially never called a change."""
+    rng = np.random.default_rng(1)
+    calls = [stats.verdict("x", _series(rng, 100, 5, n), _series(rng, 101.5, 5, n)).verdict for _ in range(400)]
+    assert calls.count(stats.WITHIN_NOISE) / len(calls) > 0.95
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_shift_much_larger_than_noise_is_detected(n):
+    """Shift of 10 sd: detected, with the right sign, and in the right direction for lower-is-better."""
+    rng = np.random.default_rng(2)
+    up = [stats.verdict("tok_s", _series(rng, 100, 1, n), _series(rng, 110, 1, n)).verdict for _ in range(200)]
+    assert up.count(stats.BETTER) / len(up) > 0.95
+    assert stats.WORSE not in up
+    ttft = [stats.verdict("ttft", _series(rng, 1.0, 0.01, n), _series(rng, 1.1, 0.01, n),
+                          higher_is_better=False).verdict for _ in range(200)]
+    assert ttft.count(stats.WORSE) / len(ttft) > 0.95
+
+
+def test_no_true_shift_gives_few_false_alarms():
+    rng = np.random.default_rng(3)
+    calls = [stats.verdict("x", _series(rng, 50, 3, 3), _series(rng, 50, 3, 3)).verdict for _ in range(1000)]
+    assert 1 - calls.count(stats.WITHIN_NOISE) / len(calls) < 0.03
+
+
+def test_the_same_relative_shift_depends_on_the_metrics_own_noise():
+    """The seed's lesson: a metric that swings 50% on its own must not trip a gate that a steady one trips."""
+    rng = np.random.default_rng(4)
+    noisy_a, noisy_b = _series(rng, 100, 25, 3), _series(rng, 110, 25, 3)
+    steady_a, steady_b = _series(rng, 100, 0.5, 3), _series(rng, 110, 0.5, 3)
+    assert stats.verdict("noisy", noisy_a, noisy_b).verdict == stats.WITHIN_NOISE
+    assert stats.verdict("steady", steady_a, steady_b).verdict == stats.BETTER
+
+
+def test_extra_baseline_repeats_sharpen_the_noise_estimate():
+    a, b = [100.0, 103.0, 97.0], [104.0, 107.0, 101.0]  # sd 3 on both sides, shift 4 (about 1.3 sd)
+    alone = stats.verdict("x", a, b)
+    rng = np.random.default_rng(5)
+    extra = [_series(rng, 100, 0.2, 10) for _ in range(5)]
+    sharper = stats.verdict("x", a, b, extra_a=extra)
+    assert sharper.threshold < alone.threshold
+    assert sharper.noise < alone.noise
+
+
+def test_deterministic_metric_any_real_difference_counts_rounding_does_not():
+    assert stats.verdict("acc", [2.5, 2.5, 2.5], [2.5, 2.5, 2.5 + 1e-15]).verdict == stats.WITHIN_NOISE
+    assert stats.verdict("acc", [2.5, 2.5, 2.5], [2.6, 2.6, 2.6]).verdict == stats.BETTER
+
+
+def test_single_repeats_give_no_verdict():
+    v = stats.verdict("x", [1.0], [2.0])
+    assert v.verdict == stats.UNKNOWN and v.difference == 1.0
+    assert stats.verdict("x", [], [2.0]).verdict == stats.UNKNOWN
+
+
+def test_t_quantile_table():
+    assert stats.t_quantile(4) == pytest.approx(4.604)
+    assert stats.t_quantile(11) == stats.t_quantile(12)
+    assert stats.t_quantile(1000) == pytest.approx(2.576)
+    assert stats.t_quantile(0) == float("inf")
