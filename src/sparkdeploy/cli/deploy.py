@@ -55,12 +55,16 @@ def _print_outcomes(outcomes) -> None:
 @_trust_option
 @click.option("--ready-timeout", type=float, default=900, show_default=True,
               help="seconds to wait for the engine to answer a real completion (also the watchdog's start grace)")
+@click.option("--watchdog-grace", type=float, default=None,
+              help="seconds the watchdog lets a (re)started pair get ready (default: --ready-timeout)")
 @click.option("--watchdog-backoff", type=float, default=30, show_default=True, help="first coupled-restart backoff (s)")
 @click.option("--watchdog-cap", type=int, default=4, show_default=True, help="coupled restarts before the watchdog stops")
-def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watchdog_backoff, watchdog_cap):
+def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watchdog_grace, watchdog_backoff,
+       watchdog_cap):
     """Converge the nodes on the plan: image, files, units, then start workers-first and gate on health."""
     opts = Options(nodes=nodes, dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout,
-                   watchdog_backoff_s=watchdog_backoff, watchdog_cap=watchdog_cap, log=_log)
+                   watchdog_grace=watchdog_grace, watchdog_backoff_s=watchdog_backoff, watchdog_cap=watchdog_cap,
+                   log=_log)
     cluster = load_cluster(_inv(inventory), opts)
     try:
         res = cluster.up()

@@ -45,6 +45,8 @@ class Options:
     trust_new_hosts: bool = False
     ready_timeout: float = 900.0  # model load + JIT can take many minutes on a Spark
     probe_timeout: float = 60.0
+    rollback_timeout: float = 900.0
+    watchdog_grace: float | None = None  # default: ready_timeout
     watchdog_backoff_s: float = 30.0
     watchdog_cap: int = 4
     log: Log = lambda msg: None
@@ -182,9 +184,7 @@ class Cluster:
         pre = f"{name}/release/"
         out = {k[len(pre):]: (v, render.file_mode(k)) for k, v in self.files.items() if k.startswith(pre)}
         if name == self.head:
-            out[supervise.CONFIG] = (supervise.config(
-                self.plan, self.plan.release_id, start_grace_s=self.opts.ready_timeout, backoff_base_s=self.opts.watchdog_backoff_s,
-                retry_cap=self.opts.watchdog_cap), 0o644)
+            out[supervise.CONFIG] = (supervise.config(self.plan, self.plan.release_id), 0o644)
         return out
 
     def unit_files(self, name: str) -> dict[str, bytes]:
@@ -350,13 +350,18 @@ class Cluster:
                         dry_run=self.opts.dry_run, log=self.log) if workers else []
         known = [supervise.host_key_line(self.conn(n), self.plan.node(n).ssh.host, self.plan.node(n).ssh.port)
                  for n in workers]
-        out += run_step("supervision", [self.head], lambda n: supervise.head_actions(head, known, supervise.unit_files()),
+        knobs = supervise.settings(start_grace_s=self.opts.watchdog_grace or self.opts.ready_timeout,
+                                   backoff_base_s=self.opts.watchdog_backoff_s, retry_cap=self.opts.watchdog_cap)
+        out += run_step("supervision", [self.head],
+                        lambda n: supervise.head_actions(head, known, supervise.unit_files(), knobs),
                         dry_run=self.opts.dry_run, log=self.log)
 
     # ------------------------------------------------------------------------------------ engine control
     def watchdog(self, on: bool) -> None:
+        """Stop the timer while we stop/start ranks ourselves; on start, the watchdog begins with a clean slate."""
         c = self.conn(self.head)
         if on:
+            c.run(["rm", "-f", health.WATCHDOG_STATE], check=False)
             c.run(["systemctl", "start", supervise.TIMER], check=False)
         else:
             c.run(["systemctl", "stop", supervise.TIMER, supervise.SERVICE], check=False, timeout=330)
@@ -524,7 +529,7 @@ class Cluster:
         res.rolled_back_to = good
         try:
             rec = releases.read_healthy(self.conn(self.head), good) or {}
-            text = self.wait_ready(self.opts.ready_timeout)
+            text = self.wait_ready(self.opts.rollback_timeout)
             ok = text == rec.get("probe", text)
             self.watchdog(True)
             res.message = (f"release {failed} failed its health gate ({reason}); ROLLED BACK to release {good}"

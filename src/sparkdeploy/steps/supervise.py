@@ -26,6 +26,7 @@ KNOWN = f"{KEY_DIR}/known_hosts"
 SERVICE = "sparkdeploy-watchdog.service"
 TIMER = "sparkdeploy-watchdog.timer"
 CONFIG = "watchdog.json"
+SETTINGS = f"{KEY_DIR}/settings.json"  # knobs (grace, backoff, cap): not part of a release
 KEY_COMMENT = "sparkdeploy-watchdog"
 
 _FILES = Path(__file__).parent / "node_files"
@@ -43,14 +44,19 @@ def unit_files() -> dict[str, bytes]:
             f"/etc/systemd/system/{TIMER}": env.get_template(f"systemd/{TIMER}.j2").render(**ctx).encode()}
 
 
-def config(plan, release: str, *, start_grace_s: float, backoff_base_s: float, retry_cap: int) -> bytes:
+def config(plan, release: str) -> bytes:
+    """The release's part of the watchdog configuration (what to probe and whom to restart)."""
     head = plan.head
     workers = [{"name": n.name, "host": n.ssh.host, "port": n.ssh.port, "user": "root"} for n in plan.nodes[1:]]
     cfg = {"api_url": f"http://127.0.0.1:{plan.api_port}", "model": _served(plan), "unit": head.unit_name,
            "container": head.container_name, "workers": workers, "ssh_key": KEY, "known_hosts": KNOWN,
-           "release": release, "start_grace_s": start_grace_s, "backoff_base_s": backoff_base_s,
-           "retry_cap": retry_cap}
+           "release": release, "settings": SETTINGS}
     return (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode()
+
+
+def settings(*, start_grace_s: float, backoff_base_s: float, retry_cap: int) -> bytes:
+    return (json.dumps({"start_grace_s": start_grace_s, "backoff_base_s": backoff_base_s, "retry_cap": retry_cap},
+                       sort_keys=True) + "\n").encode()
 
 
 def _served(plan) -> str:
@@ -95,8 +101,11 @@ def worker_actions(worker: Conn, pubkey: str) -> list[Action]:
     return acts
 
 
-def head_actions(head: Conn, known_lines: list[str], units: dict[str, bytes]) -> list[Action]:
+def head_actions(head: Conn, known_lines: list[str], units: dict[str, bytes], knobs: bytes) -> list[Action]:
     acts = []
+    if head.get(SETTINGS) != knobs:
+        acts.append(Action(f"write watchdog settings {knobs.decode().strip()}",
+                           lambda: (head.run(["mkdir", "-p", "-m", "0700", KEY_DIR]), head.put(SETTINGS, knobs))))
     want_py = node_file("watchdog.py")
     if head.get(WATCHDOG_PY) != want_py:
         acts.append(Action(f"install {WATCHDOG_PY}", lambda: (head.run(["mkdir", "-p", LIB]),

@@ -184,6 +184,8 @@ def act(cfg: dict, action: str) -> None:
 def tick(cfg_path: str, state_path: str = STATE) -> str:
     with open(cfg_path) as f:
         cfg = json.load(f)
+    if cfg.get("settings"):
+        cfg = {**_load(cfg["settings"]), **cfg}
     state = _load(state_path)
     if state.get("release") != cfg.get("release"):
         state = {"release": cfg.get("release")}  # a new release starts with a clean slate
