@@ -57,7 +57,7 @@ class Support:
 _MTP = "vllm.model_executor.models"
 _SHORTLIST_COMMON = (
     Target("vllm.model_executor.models.registry", "ModelRegistry"),
-    Target("vllm.model_executor.models.registry", "_VllmModelRegistry.register_model",
+    Target("vllm.model_executor.models.registry", "_ModelRegistry.register_model",
            ("self", "model_arch", "model_cls")),
     Target("vllm.model_executor.layers.vocab_parallel_embedding", "ParallelLMHead.__init__",
            ("self", "num_embeddings", "embedding_dim")),

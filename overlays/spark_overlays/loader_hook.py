@@ -1,0 +1,45 @@
+"""Run the after-load overlays (skinny GEMM, FP8 GDN) on every model vLLM loads: target and draft.
+
+Wraps ``BaseModelLoader.load_model`` at class level once per process; ``get_model`` goes through it for
+the target model and for the MTP draft (both runners). Any error in an overlay is logged and the
+loaded model is returned unchanged (fail closed).
+"""
+
+from __future__ import annotations
+
+from ._util import fail_closed
+
+_state = {"installed": False}
+
+
+def install(vllm_version: str) -> None:
+    if _state["installed"]:
+        return
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    original = BaseModelLoader.load_model
+    if getattr(original, "_spark_overlay", False):
+        _state["installed"] = True
+        return
+
+    def load_model(self, vllm_config, model_config, *args, **kwargs):
+        model = original(self, vllm_config, model_config, *args, **kwargs)
+        after_load(model, vllm_config, vllm_version)
+        return model
+
+    load_model._spark_overlay = True  # type: ignore[attr-defined]
+    load_model.__wrapped__ = original  # type: ignore[attr-defined]
+    BaseModelLoader.load_model = load_model
+    _state["installed"] = True
+
+
+def after_load(model, vllm_config, vllm_version: str) -> None:
+    from . import fp8_gdn, skinny_gemm
+
+    # FP8 first: converted layers are no longer UnquantizedLinearMethod, so skinny leaves them alone.
+    for feature, fn in (("fp8_gdn", lambda: fp8_gdn.enable(model, vllm_config, vllm_version)),
+                        ("skinny_gemm", lambda: skinny_gemm.enable(model, vllm_config))):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - fail closed, keep the loaded model
+            fail_closed(feature, f"{type(e).__name__}: {e}")

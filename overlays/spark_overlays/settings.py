@@ -1,0 +1,119 @@
+"""Parse ``additional_config["spark_overlays"]`` (pure: no vllm/torch import).
+
+Schema (every key optional; a feature without ``enabled: true`` is off)::
+
+    {"spark_overlays": {
+        "shortlist":    {"enabled": true, "path": "/opt/sparkdeploy/vocab/current.txt",
+                         "sha256": "<hex of the file bytes>", "require_ids": [0, 1, 2]},
+        "skinny_gemm":  {"enabled": true},
+        "fp8_gdn":      {"enabled": true},
+        "prefix_align": {"enabled": true, "lookahead": null}
+    }}
+
+Unknown features or keys are errors: the feature they belong to fails closed (stays stock) with the
+reason logged, so a typo never silently changes behaviour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ROOT_KEY = "spark_overlays"
+
+
+class SettingsError(ValueError):
+    """A malformed spark_overlays setting; the message names the key path."""
+
+
+@dataclass(frozen=True)
+class Shortlist:
+    enabled: bool = False
+    path: str = ""
+    sha256: str | None = None
+    require_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SkinnyGemm:
+    enabled: bool = False
+
+
+@dataclass(frozen=True)
+class Fp8Gdn:
+    enabled: bool = False
+
+
+@dataclass(frozen=True)
+class PrefixAlign:
+    enabled: bool = False
+    lookahead: int | None = None  # None: derive from the speculative config
+
+
+@dataclass(frozen=True)
+class Settings:
+    shortlist: Shortlist = field(default_factory=Shortlist)
+    skinny_gemm: SkinnyGemm = field(default_factory=SkinnyGemm)
+    fp8_gdn: Fp8Gdn = field(default_factory=Fp8Gdn)
+    prefix_align: PrefixAlign = field(default_factory=PrefixAlign)
+
+
+_KEYS = {
+    "shortlist": {"enabled": bool, "path": str, "sha256": (str, type(None)), "require_ids": list},
+    "skinny_gemm": {"enabled": bool},
+    "fp8_gdn": {"enabled": bool},
+    "prefix_align": {"enabled": bool, "lookahead": (int, type(None))},
+}
+_CLASSES = {"shortlist": Shortlist, "skinny_gemm": SkinnyGemm, "fp8_gdn": Fp8Gdn, "prefix_align": PrefixAlign}
+
+
+def _feature(name: str, raw: Any) -> Any:
+    where = f"additional_config.{ROOT_KEY}.{name}"
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{where} must be an object, got {type(raw).__name__}")
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in _KEYS[name]:
+            raise SettingsError(f"{where}.{key} is not a known key (known: {', '.join(_KEYS[name])})")
+        want = _KEYS[name][key]
+        if isinstance(value, bool) and want is int:
+            raise SettingsError(f"{where}.{key} must be an integer, got a boolean")
+        if not isinstance(value, want):
+            raise SettingsError(f"{where}.{key} has the wrong type ({type(value).__name__})")
+        kwargs[key] = value
+    if "require_ids" in kwargs:
+        ids = kwargs["require_ids"]
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise SettingsError(f"{where}.require_ids must be non-negative integers")
+        kwargs["require_ids"] = tuple(ids)
+    out = _CLASSES[name](**kwargs)
+    if name == "shortlist" and out.enabled and not out.path:
+        raise SettingsError(f"{where}.path is required when enabled")
+    return out
+
+
+def parse_feature(additional_config: Any, name: str) -> Any:
+    """The settings object for one feature; raises :class:`SettingsError` naming the bad key."""
+    if name not in _KEYS:
+        raise SettingsError(f"unknown spark_overlays feature {name!r}")
+    root = (additional_config or {}).get(ROOT_KEY) if isinstance(additional_config, dict) else None
+    if root is None:
+        return _CLASSES[name]()
+    if not isinstance(root, dict):
+        raise SettingsError(f"additional_config.{ROOT_KEY} must be an object")
+    unknown = sorted(set(root) - set(_KEYS))
+    if unknown:
+        raise SettingsError(f"additional_config.{ROOT_KEY}.{unknown[0]} is not a known feature")
+    return _feature(name, root.get(name, {}))
+
+
+def parse(additional_config: Any) -> Settings:
+    """All four features at once (raises on the first bad key)."""
+    return Settings(**{name: parse_feature(additional_config, name) for name in _KEYS})
+
+
+def additional_config(**features: dict) -> dict:
+    """Build the ``--additional-config`` dict the planner renders, validating it on the way."""
+    cfg = {ROOT_KEY: features}
+    parse(cfg)
+    return cfg
