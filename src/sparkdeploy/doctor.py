@@ -800,3 +800,129 @@ def run_checks(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts], *,
 def worst(results: Iterable[CheckResult]) -> Verdict:
     order = [Verdict.OK, Verdict.NOT_PRESENT, Verdict.WARN, Verdict.FAIL]
     return max((r.verdict for r in results), key=order.index, default=Verdict.OK)
+
+
+def serving_margin(node: str, avail: int, reserve_bytes: int, *, low_factor: float = 1.25) -> CheckResult:
+    """While serving (for health): MemAvailable below the reserve fails; below `low_factor` x reserve warns."""
+    seen = f"MemAvailable {avail / GIB:.1f} GiB, reserve {reserve_bytes / GIB:.1f} GiB, margin {(avail - reserve_bytes) / GIB:+.1f} GiB"
+    if avail < reserve_bytes:
+        return _r("memory-margin", node, Verdict.FAIL, seen,
+                  "the host is eating its reserve: lower gpu_memory_utilization or max_num_seqs, stop other processes")
+    if avail < reserve_bytes * low_factor:
+        return _r("memory-margin", node, Verdict.WARN, seen, "watch it: a spike may trigger earlyoom")
+    return _r("memory-margin", node, Verdict.OK, seen)
+
+
+# ------------------------------------------------------------------------------------- reading the nodes
+# The only I/O in this module: connect, run the probe and the clock samples, read the planner's facts.
+def spec_of(node, checkpoint_dir: str | None) -> NodeSpec:
+    return NodeSpec(node.name, node.data_ip, node.netdev, tuple(node.hca), node.has_gpu, checkpoint_dir, node.role)
+
+
+def clock_offset(conn, samples: int = 3) -> tuple[float, float]:
+    """(offset of the node's clock vs this machine, half the round trip) from the sample with the least RTT."""
+    import time
+
+    best = None
+    for _ in range(samples):
+        t0 = time.time()
+        out = conn.run(["date", "+%s.%N"], timeout=30).stdout.strip()
+        t1 = time.time()
+        try:
+            remote = float(out)
+        except ValueError:
+            continue
+        cand = (remote - (t0 + t1) / 2, (t1 - t0) / 2)
+        if best is None or cand[1] < best[1]:
+            best = cand
+    if best is None:
+        raise ValueError("date printed no number")
+    return best
+
+
+@dataclass
+class Examination:
+    results: list[CheckResult]
+    facts: dict[str, HostFacts]
+    seconds: float = 0.0
+
+    @property
+    def verdict(self) -> Verdict:
+        return worst(self.results)
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict.value, "seconds": round(self.seconds, 2),
+                "results": [r.as_dict() for r in self.results]}
+
+
+def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = None,
+            trust_new_hosts: bool = False, pool=None) -> Examination:
+    """Probe every node of the inventory (in parallel) and run every check."""
+    import time
+
+    from sparkdeploy import facts as facts_mod
+    from sparkdeploy import gather
+    from sparkdeploy import plan as plan_mod
+    from sparkdeploy.errors import SparkdeployError
+    from sparkdeploy.remote import Pool
+    from sparkdeploy.steps.deploy import target_of
+
+    t0 = time.monotonic()
+    ckpt = checkpoint_dir or inv.profile.host_dir
+    specs = [spec_of(n, ckpt) for n in inv.nodes]
+    given = facts_mod.load_facts_file(facts_file) if facts_file else {}
+    own = pool is None
+    pool = pool or Pool([target_of(n.name, n.ssh) for n in inv.nodes], trust_new_hosts=trust_new_hosts)
+    try:
+        errors = pool.open()
+        up = [n.name for n in inv.nodes if n.name in pool.conns]
+        peers = {n.name: [m.data_ip for m in inv.nodes if m.name != n.name] for n in inv.nodes}
+        outs = pool.map(lambda c: c.run(probe_argv(ckpt, peers[c.name]), check=False, timeout=180), up)
+        clocks = pool.map(clock_offset, up)
+        gathered = pool.map(lambda c: gather.gather(c, inv.node(c.name)), up)
+    finally:
+        if own:
+            pool.close()
+    facts: dict[str, HostFacts] = {}
+    for n in inv.nodes:
+        over = {}
+        if n.name in given:
+            g = given[n.name]
+            over = {k: v for k, v in (("gpu_name", g.gpu_name), ("driver", g.driver)) if v is not None}
+        if n.name in errors:
+            facts[n.name] = HostFacts(n.name, overrides=over, error=str(errors[n.name]))
+        elif isinstance(outs.get(n.name), Exception):
+            facts[n.name] = HostFacts(n.name, overrides=over, error=f"probe failed: {outs[n.name]}")
+        else:
+            facts[n.name] = HostFacts.from_output(n.name, outs[n.name].stdout, over)
+
+    # memory: the planner's own budget on the measured facts (never recomputed here)
+    measured = {k: v for k, v in gathered.items() if not isinstance(v, Exception)}
+    need = reserve = 0
+    budget_error = None
+    budgets = {}
+    if measured:
+        try:
+            pl = plan_mod.plan(inv, measured)
+            budgets = {np.name: np.memory for np in pl.nodes}
+        except SparkdeployError as err:
+            budget_error = str(err)
+    head_present = int(facts[inv.head.name].kv("disk").get("ckpt_present") or 0) if not facts[inv.head.name].error else 0
+    checkpoint_bytes = max(head_present, int(inv.profile.weights_gib * GIB)) if ckpt else 0
+    ports = (inv.ports.api, inv.ports.master)
+    results: list[CheckResult] = []
+    per_node = run_checks(specs, facts, checkpoint_bytes=checkpoint_bytes, ports=ports,
+                          clock={k: v for k, v in clocks.items() if not isinstance(v, Exception)})
+    for r in per_node:
+        if r.check == "memory" and not facts[r.node].error:
+            mem = parse_meminfo(facts[r.node].text("meminfo"))
+            b = budgets.get(r.node)
+            if budget_error:
+                r = _r("memory", r.node, Verdict.FAIL, budget_error,
+                       "lower memory.reserve_gib or gpu_memory_utilization only if the host really has the room; "
+                       "free memory on the node")
+            elif b is not None and "MemAvailable" in mem:
+                r = memory_margin("memory", r.node, mem["MemAvailable"], int(b.engine_gib * GIB),
+                                  int(b.reserve_gib * GIB), total=mem.get("MemTotal"))
+        results.append(r)
+    return Examination(results, facts, time.monotonic() - t0)

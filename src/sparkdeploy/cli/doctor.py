@@ -1,0 +1,50 @@
+"""`sparkdeploy doctor [--json]`: preflight every node; each check with verdict, reason and the fix."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+
+from sparkdeploy import doctor as doctor_mod
+from sparkdeploy import inventory as inventory_mod
+from sparkdeploy import paths
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+_STYLE = {"ok": "green", "warn": "yellow", "fail": "red bold", "not-present": "dim"}
+
+
+@click.command()
+@click.option("--inventory", "-i", "inventory_file", default=None, metavar="FILE",
+              help="inventory file (default: inventory.yaml of the checkout)")
+@click.option("--json", "as_json", is_flag=True, help="print every result as JSON on stdout")
+@click.option("--facts", "facts_file", default=None, metavar="FILE",
+              help="facts YAML (as for `plan --facts`): its gpu_name/driver per node replace what nvidia-smi says "
+                   "(simulated nodes have none; also rehearses a driver mismatch)")
+@click.option("--dir", "checkpoint_dir", default=None, metavar="PATH",
+              help="checkpoint directory on the nodes (default: the profile's model.host_dir)")
+@click.option("--trust-new-hosts", is_flag=True, help="accept and record SSH host keys not seen before")
+def doctor(inventory_file, as_json, facts_file, checkpoint_dir, trust_new_hosts):
+    """Check every node before a deployment: SSH, GPU/driver, kernel modules, RoCE twins, MTU 9000, GID index,
+    earlyoom, sshd OOM protection, disk, Docker + NVIDIA runtime, other GPU processes, stale units, memory,
+    data-plane reachability and clock skew. Exit 0 when nothing fails (warnings allowed), 1 otherwise."""
+    inv = inventory_mod.load(inventory_file or paths.default_inventory())
+    exam = doctor_mod.examine(inv, facts_file=facts_file, checkpoint_dir=checkpoint_dir,
+                              trust_new_hosts=trust_new_hosts)
+    if as_json:
+        click.echo(json.dumps(exam.to_dict(), indent=2))
+    else:
+        for r in exam.results:
+            style = _STYLE[r.verdict.value]
+            err.print(f"  [{style}]{r.verdict.value:<11}[/{style}] {r.node:<9} {r.check:<17} {r.reason}")
+            if r.fix and r.verdict in (doctor_mod.Verdict.FAIL, doctor_mod.Verdict.WARN):
+                err.print(f"{'':>41}[dim]fix: {r.fix}[/dim]")
+        counts = {v: sum(r.verdict is v for r in exam.results) for v in doctor_mod.Verdict}
+        summary = ", ".join(f"{n} {v.value}" for v, n in counts.items() if n)
+        style = _STYLE[exam.verdict.value]
+        err.print(f"[{style}]doctor: {exam.verdict.value}[/{style}] ({summary}; {exam.seconds:.1f} s)")
+    raise click.exceptions.Exit(1 if exam.verdict is doctor_mod.Verdict.FAIL else 0)
+
+
+COMMANDS = [doctor]

@@ -1,0 +1,96 @@
+"""`sparkdeploy host setup [--dry-run] [--apply-network]`: earlyoom, sshd OOM protection, optional netplan."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+
+from sparkdeploy import hostsetup as hs
+from sparkdeploy import inventory as inventory_mod
+from sparkdeploy import paths
+from sparkdeploy.errors import RemoteError
+from sparkdeploy.remote import Pool
+from sparkdeploy.steps.deploy import target_of
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+_STYLE = {hs.OK: "green", hs.CHANGE: "yellow", hs.SKIPPED: "dim", "changed": "yellow", "failed": "red bold"}
+
+
+@click.group()
+def host() -> None:
+    """Host guard rails on every node (earlyoom, sshd OOM protection, CX-7 netplan)."""
+
+
+@host.command()
+@click.option("--inventory", "-i", "inventory_file", default=None, metavar="FILE",
+              help="inventory file (default: inventory.yaml of the checkout)")
+@click.option("--dry-run", is_flag=True, help="show the diff and the actions; change nothing")
+@click.option("--apply-network", is_flag=True,
+              help="also write /etc/netplan/40-cx7.yaml (one /24 per CX-7 twin, MTU 9000) and `netplan apply`")
+@click.option("--json", "as_json", is_flag=True, help="print the items per node as JSON on stdout")
+@click.option("--trust-new-hosts", is_flag=True, help="accept and record SSH host keys not seen before")
+def setup(inventory_file, dry_run, apply_network, as_json, trust_new_hosts):
+    """Install and configure earlyoom (prefer vllm/python/ray, avoid sshd/dockerd/containerd/systemd), pin sshd's
+    OOMScoreAdjust=-1000, and with --apply-network the CX-7 netplan. Shows the diff first; idempotent."""
+    inv = inventory_mod.load(inventory_file or paths.default_inventory())
+    nodes = {n.name: n for n in inv.nodes}
+    with Pool([target_of(n.name, n.ssh) for n in inv.nodes], trust_new_hosts=trust_new_hosts) as pool:
+        errors = pool.open()
+        for name, e in errors.items():
+            err.print(f"[red bold]{name}: {e}[/red bold]")
+
+        def read(conn):
+            n = nodes[conn.name]
+            sudo = hs.sudo_prefix(n.ssh.user)
+            state = hs.read_state(conn, n.hca, sudo=sudo)
+            return hs.plan_items(conn.name, state, netdev=n.netdev, data_ip=n.data_ip, apply_network=apply_network)
+
+        planned = pool.map(read)
+        failed = dict(errors)
+        items = {}
+        for name, res in planned.items():
+            if isinstance(res, Exception):
+                failed[name] = res
+            else:
+                items[name] = res
+        for name, its in items.items():
+            for it in its:
+                if it.diff:
+                    err.print(it.diff.rstrip("\n"), markup=False, highlight=False)
+        done = {}
+        if not dry_run:
+            todo = [n for n, its in items.items() if any(i.status == hs.CHANGE for i in its)]
+            applied = pool.map(lambda c: hs.apply_items(c, items[c.name], sudo=hs.sudo_prefix(nodes[c.name].ssh.user)),
+                               todo)
+            for name, res in applied.items():
+                if isinstance(res, Exception):
+                    failed[name] = res
+                else:
+                    done[name] = res
+    for name, its in items.items():
+        for it in its:
+            status = it.status
+            if status == hs.CHANGE and not dry_run:
+                status = "failed" if name in failed else "changed"
+            elif status == hs.CHANGE:
+                status = "would change"
+            style = _STYLE.get(status, "yellow")
+            err.print(f"  [{style}]{status:<12}[/{style}] {name:<9} {it.name:<17} {'; '.join(it.what) or it.note}")
+            if it.note and it.what:
+                err.print(f"{'':>42}[dim]{it.note}[/dim]")
+    for name, e in failed.items():
+        err.print(f"[red bold]{name}: {e}[/red bold]")
+    changes = sum(1 for its in items.values() for i in its if i.status == hs.CHANGE)
+    verb = "would change" if dry_run else "changed"
+    err.print(f"host setup: {changes} item(s) {verb}" + (", nothing to do" if changes == 0 else "")
+              + (f"; FAILED on {', '.join(sorted(failed))}" if failed else ""))
+    if as_json:
+        click.echo(json.dumps({"dry_run": dry_run, "changes": changes,
+                               "failed": {k: str(v) for k, v in failed.items()},
+                               "nodes": {k: [i.to_dict() for i in v] for k, v in items.items()}}, indent=2))
+    raise click.exceptions.Exit(1 if failed else 0)
+
+
+COMMANDS = [host]

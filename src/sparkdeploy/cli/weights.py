@@ -1,0 +1,125 @@
+"""`sparkdeploy weights sync [--dry-run]` and `sparkdeploy weights evict`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+from sparkdeploy import doctor
+from sparkdeploy import inventory as inventory_mod
+from sparkdeploy import paths
+from sparkdeploy import weights as w
+from sparkdeploy.errors import InputError, RemoteError
+from sparkdeploy.remote import Pool
+from sparkdeploy.steps.deploy import target_of
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+GIB = 1 << 30
+
+_inventory = click.option("--inventory", "-i", "inventory_file", default=None, metavar="FILE",
+                          help="inventory file (default: inventory.yaml of the checkout)")
+_dir = click.option("--dir", "directory", default=None, metavar="PATH",
+                    help="checkpoint directory, the same path on every node (default: the profile's model.host_dir)")
+_trust = click.option("--trust-new-hosts", is_flag=True, help="accept and record SSH host keys not seen before")
+
+
+@click.group()
+def weights() -> None:
+    """The checkpoint on the nodes: copy it head -> others over the data plane; drop its page cache."""
+
+
+def _load(inventory_file, directory):
+    inv = inventory_mod.load(inventory_file or paths.default_inventory())
+    d = directory or inv.profile.host_dir
+    if not d:
+        raise InputError("the profile has no model.host_dir (the model is baked into the image): pass --dir PATH")
+    return inv, d
+
+
+def _open(inv, trust_new_hosts) -> Pool:
+    pool = Pool([target_of(n.name, n.ssh) for n in inv.nodes], trust_new_hosts=trust_new_hosts)
+    errors = pool.open()
+    if errors:
+        pool.close()
+        name, e = next(iter(errors.items()))
+        raise RemoteError(str(e).split(": ", 1)[-1] if str(e).startswith(name) else str(e), node=name)
+    return pool
+
+
+@weights.command()
+@_inventory
+@_dir
+@click.option("--dry-run", is_flag=True, help="compare manifests and say what would be copied; copy nothing")
+@click.option("--json", "as_json", is_flag=True, help="print the result per node as JSON on stdout")
+@_trust
+def sync(inventory_file, directory, dry_run, as_json, trust_new_hosts):
+    """Copy the checkpoint from the head to every other node over the data-plane IPs (rsync); skip nodes whose
+    size+sha256 manifest already equals the head's."""
+    inv, d = _load(inventory_file, directory)
+    head = inv.head
+    with _open(inv, trust_new_hosts) as pool:
+        ep = {n.name: w.Endpoint(pool.conns[n.name], n.name, n.data_ip, n.ssh.user) for n in inv.nodes}
+        err.print(f"manifest of {d} on {head.name} (hashes cached after the first run)...")
+        src = w.manifest(pool.conns[head.name], d)
+        err.print(f"  {len(src.files)} files, {src.bytes / GIB:.2f} GiB ({src.hashed / GIB:.2f} GiB hashed now)")
+        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                      TransferSpeedColumn(), console=err, transient=True) as prog:
+            tasks = {}
+
+            def progress(node, done, total):
+                if node not in tasks:
+                    tasks[node] = prog.add_task(f"{head.name} -> {node}", total=total)
+                prog.update(tasks[node], completed=done)
+
+            results = w.sync(ep[head.name], [ep[n.name] for n in inv.nodes if n.name != head.name], d,
+                             dry_run=dry_run, head_manifest=src, progress=progress)
+    for r in results:
+        rate = f", {r.rate / 1e6:.0f} MB/s" if r.status == "synced" else ""
+        err.print(f"  {r.status:<11} {r.node:<9} {r.detail} ({r.bytes / GIB:.2f} GiB in {r.seconds:.1f} s{rate})")
+        if r.extra:
+            err.print(f"{'':>23}[dim]{len(r.extra)} file(s) only on {r.node} left alone: {', '.join(r.extra[:3])}[/dim]")
+    if as_json:
+        click.echo(json.dumps({"dir": d, "head": head.name, "files": len(src.files), "bytes": src.bytes,
+                               "nodes": [r.to_dict() for r in results]}, indent=2))
+
+
+@weights.command()
+@_inventory
+@_dir
+@click.option("--json", "as_json", is_flag=True, help="print the result per node as JSON on stdout")
+@_trust
+def evict(inventory_file, directory, as_json, trust_new_hosts):
+    """Drop the checkpoint's page cache on every node (posix_fadvise DONTNEED, no root), then run the start-time
+    memory guard: MemAvailable must cover the plan's weights + KV + reserve. Exit 1 when it would refuse."""
+    from sparkdeploy import gather
+    from sparkdeploy import plan as plan_mod
+
+    inv, d = _load(inventory_file, directory)
+    with _open(inv, trust_new_hosts) as pool:
+        out = pool.map(lambda c: w.evict(c, d))
+        measured = pool.map(lambda c: gather.gather(c, inv.node(c.name)))
+    bad = {k: v for k, v in {**out, **measured}.items() if isinstance(v, Exception)}
+    if bad:
+        name, e = next(iter(bad.items()))
+        raise RemoteError(str(e), node=name)
+    plan = plan_mod.plan(inv, measured)
+    guards = []
+    for np in plan.nodes:
+        ev = out[np.name]
+        cached = "" if ev.get("cached_before") is None else \
+            f", page cache {ev['cached_before'] / GIB:.2f} -> {ev['cached_after'] / GIB:.2f} GiB"
+        err.print(f"  {np.name:<9} {ev['files']} files, {ev['bytes'] / GIB:.2f} GiB{cached}; MemAvailable "
+                  f"{ev['mem_available_before'] / GIB:.1f} -> {ev['mem_available_after'] / GIB:.1f} GiB")
+        g = w.guard(np.name, ev["mem_available_after"], np.memory)
+        guards.append(g)
+        style = {"ok": "green", "warn": "yellow", "fail": "red bold"}.get(g.verdict.value, "")
+        err.print(f"  [{style}]{g.verdict.value:<5}[/{style}] {np.name:<9} memory guard: {g.reason}")
+    if as_json:
+        click.echo(json.dumps({"dir": d, "nodes": out, "guard": [g.as_dict() for g in guards]}, indent=2))
+    w.enforce(guards)
+
+
+COMMANDS = [weights]
