@@ -18,7 +18,7 @@ echo '@@meminfo'; cat /proc/meminfo
 echo '@@ip'; ip -j addr 2>/dev/null || echo '[]'
 echo '@@gpu'; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
 echo '@@docker'; docker version --format '{{.Server.Version}}' 2>/dev/null
-echo '@@units'; systemctl list-unit-files --state=enabled --no-legend --no-pager 2>/dev/null | awk '{print $1}'
+echo '@@units'; for l in /etc/systemd/system/*.wants/* /etc/systemd/system/*.requires/*; do [ -e "$l" ] && echo "${l##*/}"; done | sort -u
 for dev in "$@"; do
   p=/sys/class/infiniband/$dev/ports/1
   [ -d "$p" ] || continue

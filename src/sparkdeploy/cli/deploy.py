@@ -13,7 +13,7 @@ from sparkdeploy import paths
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD
 from sparkdeploy.steps.deploy import Cluster, Options, load_cluster
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
 _STYLE = {OK: "green", CHANGED: "yellow", WOULD: "yellow", FAILED: "red bold", "skipped": "dim"}
 

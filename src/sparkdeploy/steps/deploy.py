@@ -110,8 +110,8 @@ class Cluster:
         self.inv = inventory
         self.opts = opts
         self.log = opts.log
-        self.draft = P.plan(inventory, None, opts.nodes)  # which nodes take part (nominal facts)
-        self.names = [n.name for n in self.draft.nodes]
+        chosen, _, _ = P._layout(inventory, opts.nodes)  # which nodes take part, head first
+        self.names = [n.name for n in chosen]
         self.others = [n.name for n in inventory.nodes if n.name not in self.names]
         self.pool = Pool([target_of(n.name, n.ssh) for n in inventory.nodes], trust_new_hosts=opts.trust_new_hosts)
         self.plan: P.Plan | None = None
@@ -163,7 +163,7 @@ class Cluster:
             return gather.gather(c, self.inv.node(name)), "measured"
 
         t0 = time.monotonic()
-        res = self.pool.map(facts_for, self.names)
+        res = self.pool.map(lambda c: facts_for(c.name), self.names)
         facts = {}
         for n in self.names:
             r = res[n]
