@@ -236,7 +236,7 @@ class _Fields:
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if isinstance(value, bool) and bool not in kinds:
             self.fail(key, f"expected {what or _kind_name(kind)}, got a boolean ({value!r})")
-        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+        if float in kinds and int not in kinds and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, kinds):
             self.fail(key, f"expected {what or _kind_name(kind)}, got {_kind(value)} ({_short(value)})")
@@ -328,12 +328,14 @@ _NODE_KEYS = ("name", "role", "ssh", "data_ip", "netdev", "hca", "gpu")
 _SSH_KEYS = ("host", "user", "port", "key", "known_hosts")
 
 
-def _path_text(f: _Fields, key: str, default: Any = ..., *, absolute: bool = False) -> Any:
+def _path_text(f: _Fields, key: str, default: Any = ..., *, absolute: bool = False, mount: bool = False) -> Any:
     value = f.text(key, None, default, what="an absolute path" if absolute else "a path")
     if value is default and default is not ...:
         return value
     if absolute and not value.startswith("/"):
         f.fail(key, f"{value!r} is not an absolute path")
+    if mount and any(ch in value for ch in ":,"):
+        f.fail(key, f"{value!r}: a path mounted into the container cannot contain ':' or ','")
     return value
 
 
@@ -485,8 +487,8 @@ def load_profile(path: Path, name: str | None = None) -> tuple[Profile, dict[str
         name=name or path.stem,
         file=file,
         model_id=m.text("id", None, what="a model id"),
-        model_path=_path_text(m, "path", absolute=True),
-        host_dir=_path_text(m, "host_dir", None, absolute=True),
+        model_path=_path_text(m, "path", absolute=True, mount=True),
+        host_dir=_path_text(m, "host_dir", None, absolute=True, mount=True),
         served_name=m.text("served_name", SERVED_RE, what="a served model name"),
         weights_gib=m.number("weights_gib", 0.0, 4096.0, 0.0, what="GiB of weights, 0..4096"),
         kv_bytes_per_token=m.integer("kv_bytes_per_token", 0, 1 << 30, 0),

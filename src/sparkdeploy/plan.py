@@ -417,14 +417,24 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     cpu_kv = dict(p.env).get("VLLM_CPU_KVCACHE_SPACE")
     notes: list[str] = []
 
+    def node_budget(node: Node, gmu: float | None) -> MemoryBudget:
+        return budget(facts[node.name], reserve_gib=inv.memory.reserve_gib, weights_gib=weights,
+                      activation_gib=p.activation_gib, kv_bytes_per_token=kv_bytes, explicit_gmu=gmu,
+                      cpu_kv_space_gib=float(cpu_kv) if cpu_kv and cpu_kv.replace(".", "", 1).isdigit() else None)
+
+    for node in chosen:
+        _check_facts(node, inv.nodes.index(node), facts[node.name])
+    budgets = {n.name: node_budget(n, inv.memory.gpu_memory_utilization) for n in chosen}
+    derived = [b.gpu_memory_utilization for b in budgets.values() if b.gmu_source == "derived"]
+    if len(derived) > 1 and len(set(derived)) > 1:
+        # One fraction for every rank (vLLM sizes the KV pool by the smallest rank anyway): the lowest wins.
+        lowest = min(derived)
+        budgets = {n.name: dataclasses.replace(node_budget(n, lowest), gmu_source="derived") for n in chosen}
+
     node_plans = []
     for rank, node in enumerate(chosen):
-        index = inv.nodes.index(node)
         nf = facts[node.name]
-        _check_facts(node, index, nf)
-        mem = budget(nf, reserve_gib=inv.memory.reserve_gib, weights_gib=weights, activation_gib=p.activation_gib,
-                     kv_bytes_per_token=kv_bytes, explicit_gmu=inv.memory.gpu_memory_utilization,
-                     cpu_kv_space_gib=float(cpu_kv) if cpu_kv and cpu_kv.replace(".", "", 1).isdigit() else None)
+        mem = budgets[node.name]
         if nf.source == "nominal":
             notes.append(f"{node.name}: nominal {'GB10' if node.has_gpu else 'simulated'} facts (nothing measured)")
         netdev = nf.netdev(node.netdev)

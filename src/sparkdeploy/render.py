@@ -34,6 +34,7 @@ rejects control characters, so no value can start a new line, command or directi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -72,13 +73,18 @@ def _shargs(argv: Any, *breaks: int) -> str:
     return " \\\n  ".join(" ".join(words) for words in lines)
 
 
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.templates_root())),
+@functools.lru_cache(maxsize=4)
+def _environment_for(root: str) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(root),
                              undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
                              trim_blocks=False, lstrip_blocks=False)
     env.filters.update(sh=lambda v: shlex.quote(str(v)), shargs=_shargs, sd=systemd_escape,
                        dq=lambda v: json.dumps(str(v), ensure_ascii=False))
     return env
+
+
+def _environment() -> jinja2.Environment:
+    return _environment_for(str(paths.templates_root()))
 
 
 def _json_bytes(value: Any) -> bytes:

