@@ -2,7 +2,7 @@
 
 Sources, in order of what they can know:
   - the URL alone: only what the API says (model, vLLM version; done by `client.discover`);
-  - an inventory: the head node's API address, the release/image/vocab/patch settings it asks for, the nodes;
+  - an inventory: the head node's API address, the image/vocab/patch/profile settings it asks for, the nodes;
   - the live release on the nodes (what is actually deployed): read through `LIVE_RELEASE_READER`, a seam the
     orchestration layer fills in (`set_live_release_reader(fn)`, fn(inventory) -> dict); until it does, the
     inventory's *desired* values are recorded and marked as such.
@@ -57,40 +57,45 @@ def load_inventory(path: str | Path) -> Any:
     return inv_mod.load(path)
 
 
-def api_url(inventory: Any) -> str:
-    """The head node's API base URL: its data IP (or SSH host) and the API port."""
+def head_node(inventory: Any) -> Any:
     nodes = _get(inventory, "nodes") or []
-    head = next((n for n in nodes if _get(n, "role") in ("head", "leader") or _get(n, "rank") == 0), None)
-    if head is None and nodes:
-        head = nodes[0]
-    host = _get(head, "data_ip") or _get(head, "ssh_host") or _get(head, "host") or _get(head, "address")
-    port = (_get(inventory, "api_port") or _get(inventory, "api", "port") or _get(inventory, "service", "port")
-            or _get(inventory, "serve", "port") or _get(inventory, "port"))
-    if not host or not port:
-        raise BenchError("inventory: cannot tell the head node's API address "
-                         f"(host {host!r}, api port {port!r}); pass --url instead")
-    return f"http://{host}:{port}"
+    head = next((n for n in nodes if _get(n, "role") == "head"), None)
+    return head if head is not None else (nodes[0] if nodes else None)
+
+
+def api_urls(inventory: Any) -> list[str]:
+    """Candidate API base URLs of the head node, best first: its data IP, then its SSH host, at the API port."""
+    head = head_node(inventory)
+    port = _get(inventory, "ports", "api")
+    hosts = [h for h in (_get(head, "data_ip"), _get(head, "ssh", "host")) if h]
+    if not hosts or not port:
+        raise BenchError(f"{_get(inventory, 'file') or 'inventory'}: cannot tell the head node's API address "
+                         f"(hosts {hosts}, ports.api {port!r}); pass --url instead")
+    return [f"http://{h}:{port}" for h in dict.fromkeys(hosts)]
 
 
 def from_inventory(inventory: Any, path: str | Path) -> dict:
-    """Context recorded from an inventory: desired release settings, plus the live release if readable."""
-    ctx: dict[str, Any] = {"source": "inventory", "inventory": str(path)}
-    for key, paths in {
-        "release": [("release",), ("release", "name")],
-        "image": [("image",), ("release", "image"), ("serving", "image")],
-        "vocab_hash": [("vocab_hash",), ("vocab", "hash"), ("vocab", "sha256"), ("draft_vocab", "hash")],
-        "patches": [("patches",), ("overlays",), ("features",)],
-        "model": [("model",), ("profile",)],
-    }.items():
-        for p in paths:
-            v = _get(inventory, *p)
-            if v is not None and not (key == "release" and not isinstance(v, (str, int))):
-                ctx[key] = _plain(v)
-                break
-    nodes = _get(inventory, "nodes")
-    if nodes:
-        ctx["nodes"] = _plain(nodes)
-    ctx["release_source"] = "inventory (desired, not read from the nodes)"
+    """Context recorded from an inventory: the settings it asks for, plus the live release once readable."""
+    ctx: dict[str, Any] = {"source": "inventory", "inventory": str(path), "cluster": _get(inventory, "cluster")}
+    image = _get(inventory, "image")
+    if image is not None:
+        ctx["image"] = {k: _get(image, k) for k in ("base", "vllm_version", "repository")}
+    patches = _get(inventory, "patches")
+    if patches is not None:
+        enabled = getattr(patches, "enabled", None)
+        ctx["patches"] = list(enabled()) if callable(enabled) else _plain(patches)
+    vocab = _get(inventory, "vocab")
+    if vocab is not None:
+        ctx["vocab_hash"] = _get(vocab, "sha256")
+        ctx["vocab"] = {"path": str(_get(vocab, "path")), "size": _get(vocab, "size")}
+    profile = _get(inventory, "profile")
+    if profile is not None:
+        ctx["profile"] = {k: _plain(_get(profile, k)) for k in
+                          ("name", "model_id", "served_name", "tp", "speculative", "max_model_len")}
+    nodes = _get(inventory, "nodes") or []
+    ctx["nodes"] = [{"name": _get(n, "name"), "role": _get(n, "role"), "data_ip": _get(n, "data_ip"),
+                     "ssh_host": _get(n, "ssh", "host"), "gpu": _get(n, "gpu")} for n in nodes]
+    ctx["release_source"] = "inventory (desired settings, not read from the nodes)"
     if LIVE_RELEASE_READER is not None:
         try:
             live = LIVE_RELEASE_READER(inventory)
@@ -98,7 +103,7 @@ def from_inventory(inventory: Any, path: str | Path) -> dict:
             ctx["release_source"] = "live (read from the nodes)"
         except SparkdeployError as err:
             ctx["release_source_error"] = str(err)
-    return ctx
+    return {k: v for k, v in ctx.items() if v is not None}
 
 
 def from_url(url: str) -> dict:

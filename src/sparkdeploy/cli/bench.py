@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sparkdeploy.bench import client, context, prompts, results
-from sparkdeploy.errors import InputError
+from sparkdeploy.errors import BenchError, InputError
 
 _err = Console(stderr=True, highlight=False)
 
@@ -40,7 +40,15 @@ def _service(url: str | None, inventory: str | None, model: str | None) -> tuple
     if not Path(path).exists():
         raise InputError(f"{path}: no inventory; pass --url http://host:port or --inventory FILE")
     inv = context.load_inventory(path)
-    svc = client.discover(context.api_url(inv), model=model)
+    errors = []
+    for candidate in context.api_urls(inv):
+        try:
+            svc = client.discover(candidate, model=model)
+            break
+        except BenchError as err:
+            errors.append(str(err))
+    else:
+        raise BenchError(f"{path}: no API answered: " + "; ".join(errors))
     return svc, context.from_inventory(inv, path)
 
 

@@ -1,0 +1,153 @@
+"""`sparkdeploy bench` against a real vLLM CPU server (tiny Qwen3, n-gram speculation, prefix caching on).
+
+One server for the whole module (each start costs 30-50 s). Assertions are about structure, counters and
+plausibility, never wall-clock figures.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+
+from sparkdeploy.bench import client, compare, prompts
+from sparkdeploy.bench.harness import harness
+from sparkdeploy.bench.probe import probe
+from sparkdeploy.bench.turn2 import turn2
+from sparkdeploy.cli import main
+from tests.support.vllm_server import VllmServer, require_venv
+
+pytestmark = pytest.mark.engine
+
+REPO = Path(__file__).resolve().parents[2]
+NGRAM = '{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":3,"prompt_lookup_min":1}'
+MAX_MODEL_LEN = 2048  # the tiny model's max_position_embeddings; turn2 scales --prefix-tokens down to fit
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    python = require_venv()
+    script = REPO / "images" / "sim-engine" / "make_tiny_models.py"
+    if not script.exists():
+        pytest.skip(f"{script} missing")
+    models = tmp_path_factory.mktemp("models")
+    subprocess.run([str(python), str(script), "--out", str(models), "--only", "tiny-qwen3"], check=True,
+                   capture_output=True, timeout=300)
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with VllmServer(models / "tiny-qwen3", max_model_len=MAX_MODEL_LEN, log_path=log,
+                    args=["--enforce-eager", "--enable-prefix-caching", "--speculative-config", NGRAM]) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def service(server):
+    return client.discover(server.base_url)
+
+
+@pytest.fixture(scope="module")
+def cats():
+    return prompts.load()
+
+
+def test_discover_reads_model_version_and_length(service):
+    assert service.model == "tiny"
+    assert service.vllm_version and service.vllm_version.startswith("0.")
+    assert service.max_model_len == MAX_MODEL_LEN
+
+
+@pytest.fixture(scope="module")
+def probe_result(service, cats):
+    return probe(service, prompts.select(cats, ["code"]), tokens=64, runs=3, warmup=1)
+
+
+def test_probe_gives_plausible_numbers_from_counter_deltas(probe_result):
+    r = probe_result
+    assert not r["discarded"]
+    assert [run["warmup"] for run in r["runs"]] == [True, False, False, False]
+    m = r["metrics"]
+    assert m["code/server_decode_tok_s"]["n"] == 3 and m["code/server_decode_tok_s"]["median"] > 0
+    assert m["code/ttft_s"]["median"] > 0
+    # n-gram speculation with k=2: between 1 and 3 tokens per verify step, two positions in [0, 1]
+    assert 1.0 < m["code/acceptance_length"]["median"] <= 3.0
+    assert 0 <= m["code/accept_pos1"]["median"] <= m["code/accept_pos0"]["median"] <= 1
+    for run in r["runs"]:
+        assert run["counters"]["request_success"] == 1
+        assert run["counters"]["generation_tokens"] == 64
+        assert run["requests"][0]["completion_tokens"] == 64
+
+
+def test_stray_request_during_a_run_is_discarded_not_averaged(service, cats):
+    strays = []
+
+    def stray(group, attempt):
+        if attempt == 2:  # the second measured run (attempt 0 is the warm-up)
+            body = {"model": service.model, "prompt": "stray " * 20, "max_tokens": 200, "temperature": 0,
+                    "ignore_eos": True}
+            t = threading.Thread(target=requests.post, args=(service.url + "/v1/completions",),
+                                 kwargs={"json": body, "timeout": 120})
+            t.start()
+            strays.append(t)
+
+    r = probe(service, prompts.select(cats, ["code"]), tokens=64, runs=3, warmup=1, on_run_start=stray)
+    for t in strays:
+        t.join()
+    assert len(r["discarded"]) == 1
+    reason = r["discarded"][0]["reason"]
+    assert "another request" in reason or "still running" in reason or "stray" in reason, reason
+    bad = [run for run in r["runs"] if not run["kept"]]
+    assert len(bad) == 1 and not bad[0]["warmup"]
+    # three kept runs besides the discarded one, and the figures come from them only
+    kept = [run for run in r["runs"] if run["kept"] and not run["warmup"]]
+    assert len(kept) == 3
+    assert r["metrics"]["code/acceptance_length"]["n"] == 3
+    assert r["metrics"]["code/acceptance_length"]["values"] == [k["values"]["acceptance_length"] for k in kept]
+
+
+def test_harness_categories_overall_and_concurrency_sweep(service, cats):
+    chosen = prompts.select(cats, ["code", "prose_zh_hant", "tool_json"])
+    r = harness(service, chosen, tokens=48, runs=2, warmup=1, concurrency=[1, 4])
+    m = r["metrics"]
+    assert not r["discarded"], r["discarded"]
+    for c in chosen:
+        assert m[f"{c.name}/server_decode_tok_s"]["n"] == 2
+        assert m[f"{c.name}/acceptance_length"]["median"] > 1
+    assert m["overall/server_decode_tok_s" if "overall/server_decode_tok_s" in m else "overall/decode_tok_s"]
+    assert m["c4/throughput_tok_s"]["median"] > 0
+    for run in r["runs"]:
+        if run["group"] == "c4":
+            assert run["counters"]["request_success"] == 4
+            assert run["peak_running"] <= 4
+    assert set(r["peak_check"]) == {"c1", "c4"}
+
+
+def test_turn2_gets_prefix_cache_hits_only_on_turn_two(service):
+    r = turn2(service, [1000], tokens=16, runs=2, warmup=1)
+    m = r["metrics"]
+    assert not r["discarded"], r["discarded"]
+    assert m["prefix1000/prefix_hits_turn1"]["max"] == 0  # a fresh nonce per run: turn one is cold
+    assert m["prefix1000/prefix_hits_turn2"]["min"] >= 512  # most of the ~1000-token prefix, in whole blocks
+    assert m["prefix1000/prompt_tokens"]["median"] > 1000
+    assert m["prefix1000/ttft_turn2_s"]["n"] == 2
+
+
+def test_compare_same_config_is_within_noise_for_deterministic_acceptance(service, cats, probe_result):
+    again = probe(service, prompts.select(cats, ["code"]), tokens=64, runs=3, warmup=1)
+    cmp = compare.compare(probe_result, again)
+    rows = {row["metric"]: row for row in cmp["rows"]}
+    assert rows["code/acceptance_length"]["verdict"] == "within noise"
+    assert all(row["verdict"] in ("better", "worse", "within noise", "unknown noise") for row in rows.values())
+    assert not cmp["comparability"]
+
+
+def test_cli_probe_then_compare_and_report(server, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for out in (a, b):
+        assert main(["bench", "probe", "--url", server.base_url, "--tokens", "16", "--runs", "2",
+                     "--warmup", "0", "--category", "prose_zh", "--out", str(out)]) == 0
+    assert main(["bench", "compare", str(a), str(b)]) == 0
+    assert main(["bench", "report", str(a), str(b), "--compare", "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "README.md").read_text()
+    assert "## Comparison" in md and (tmp_path / "rep" / "acceptance_per_position.png").exists()
