@@ -138,9 +138,11 @@ SECTIONS: dict[str, str] = {
         "echo \"default_runtime=$(docker info --format '{{.DefaultRuntime}}' 2>/dev/null)\""
     ),
     "units": (
-        "systemctl list-unit-files --type=service --state=enabled --no-legend --no-pager 2>/dev/null | "
-        "while read -r u _; do echo \"unit $u\"; "
-        "systemctl cat \"$u\" 2>/dev/null | grep -E '^[[:space:]]*Exec(Start|StartPre)=' ; done"
+        # enabled = linked into a .wants/.requires dir under /etc (what boots); `systemctl list-unit-files`
+        # would say the same but takes seconds on a busy box
+        "u=$(for f in /etc/systemd/system/*.wants/*.service /etc/systemd/system/*.requires/*.service; do "
+        "[ -e \"$f\" ] || [ -L \"$f\" ] && echo \"${f##*/}\"; done | sort -u); "
+        "[ -z \"$u\" ] || systemctl show --no-pager -p Id -p ExecStart -p ExecStartPre $u"
     ),
     "meminfo": "cat /proc/meminfo",
     "timesync": (
@@ -334,15 +336,22 @@ def parse_df_line(line: str, path: str = "") -> DiskFree | None:
 
 
 def parse_units(text: str) -> dict[str, list[str]]:
-    """The probe's `unit NAME` + Exec lines -> {unit: [ExecStart=..., ...]}."""
+    """`systemctl show -p Id -p ExecStart -p ExecStartPre UNIT...` (blocks split by blank lines) ->
+    {unit: ["ExecStart=...", ...]}."""
     out: dict[str, list[str]] = {}
-    current = None
-    for line in text.splitlines():
-        if line.startswith("unit "):
-            current = line[5:].strip()
-            out[current] = []
-        elif current is not None and line.strip():
-            out[current].append(line.strip())
+    for block in re.split(r"\n\s*\n", text.strip()):
+        unit, execs = None, []
+        for line in block.splitlines():
+            key, _, value = line.partition("=")
+            if key == "Id":
+                unit = value.strip()
+            elif key.startswith("Exec") and value.strip():
+                # keep the command only: `{ path=... ; argv[]=CMD ; ... pid=N ; status=... }` carries numbers
+                # (pids) that must not be mistaken for our ports
+                argvs = re.findall(r"argv\[\]=([^;]*)", value)
+                execs.extend(f"{key}={a.strip()}" for a in argvs) if argvs else execs.append(line.strip())
+        if unit:
+            out[unit] = execs
     return out
 
 
@@ -840,6 +849,16 @@ def clock_offset(conn, samples: int = 3) -> tuple[float, float]:
     return best
 
 
+def planner_facts(node, hf: HostFacts):
+    """The planner's NodeFacts from the probe's /proc/meminfo (memory only: the other checks judge the rest)."""
+    from sparkdeploy.facts import NodeFacts
+
+    mem = parse_meminfo(hf.text("meminfo"))
+    if "MemTotal" not in mem:
+        return None
+    return NodeFacts(node.name, mem["MemTotal"], mem.get("MemAvailable"), node.has_gpu, source="ssh")
+
+
 @dataclass
 class Examination:
     results: list[CheckResult]
@@ -861,7 +880,6 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
     import time
 
     from sparkdeploy import facts as facts_mod
-    from sparkdeploy import gather
     from sparkdeploy import plan as plan_mod
     from sparkdeploy.errors import SparkdeployError
     from sparkdeploy.remote import Pool
@@ -879,7 +897,6 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
         peers = {n.name: [m.data_ip for m in inv.nodes if m.name != n.name] for n in inv.nodes}
         outs = pool.map(lambda c: c.run(probe_argv(ckpt, peers[c.name]), check=False, timeout=180), up)
         clocks = pool.map(clock_offset, up)
-        gathered = pool.map(lambda c: gather.gather(c, inv.node(c.name)), up)
     finally:
         if own:
             pool.close()
@@ -897,8 +914,8 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
             facts[n.name] = HostFacts.from_output(n.name, outs[n.name].stdout, over)
 
     # memory: the planner's own budget on the measured facts (never recomputed here)
-    measured = {k: v for k, v in gathered.items() if not isinstance(v, Exception)}
-    need = reserve = 0
+    measured = {n.name: planner_facts(n, facts[n.name]) for n in inv.nodes if not facts[n.name].error}
+    measured = {k: v for k, v in measured.items() if v is not None}
     budget_error = None
     budgets = {}
     if measured:

@@ -54,8 +54,11 @@ HEALTHY = {
         "docker_df=/dev/nvme0n1p2 3936818905088 1000000000000 2936818905088 26% /\n"
     ),
     "docker": "server=28.3.3\nruntimes=io.containerd.runc.v2 nvidia runc \ndefault_runtime=runc",
-    "units": "unit docker.service\nExecStart=/usr/bin/dockerd -H fd://\nunit ssh.service\nExecStart=/usr/sbin/sshd -D $SSHD_OPTS\n"
-             "unit sparkdeploy-engine.service\nExecStart=/usr/bin/docker run --name sparkdeploy-vllm img vllm serve\n",
+    "units": "ExecStart={ path=/usr/bin/dockerd ; argv[]=/usr/bin/dockerd -H fd:// ; ignore_errors=no }\nId=docker.service\n\n"
+             "ExecStartPre={ path=/usr/sbin/sshd ; argv[]=/usr/sbin/sshd -t ; ignore_errors=no }\n"
+             "ExecStart={ path=/usr/sbin/sshd ; argv[]=/usr/sbin/sshd -D $SSHD_OPTS ; ignore_errors=no }\nId=ssh.service\n\n"
+             "ExecStartPre=\nExecStart={ path=/usr/bin/docker ; argv[]=/usr/bin/docker run --name sparkdeploy-vllm img "
+             "vllm serve ; ignore_errors=no }\nId=sparkdeploy-engine.service\n",
     "meminfo": "MemTotal:       127535896 kB\nMemFree:        100000000 kB\nMemAvailable:   120000000 kB\n",
     "timesync": "ntp=yes\ndaemon=systemd-timesyncd",
     "reach": "192.168.177.12 ok",
@@ -108,9 +111,9 @@ PLANTED = [
      "free space"),
     ("docker", {"docker": "server=28.3.3\nruntimes=io.containerd.runc.v2 runc \ndefault_runtime=runc"}, "nvidia-ctk"),
     ("gpu-processes", {"gpu_procs": "4242, /usr/bin/python3, 30000 MiB"}, "stop them"),
-    ("stale-units", {"units": HEALTHY["units"] + "unit old-vllm.service\nExecStart=/usr/local/bin/start-vllm.sh\n"},
+    ("stale-units", {"units": HEALTHY["units"] + "\nExecStart={ path=/usr/local/bin/start-vllm.sh ; argv[]=/usr/local/bin/start-vllm.sh }\nId=old-vllm.service\n"},
      "systemctl disable --now old-vllm.service"),
-    ("stale-units", {"units": HEALTHY["units"] + "unit api.service\nExecStart=/usr/bin/docker run -p 8000:8000 x\n"},
+    ("stale-units", {"units": HEALTHY["units"] + "\nExecStart={ path=/usr/bin/docker ; argv[]=/usr/bin/docker run -p 8000:8000 x }\nExecStartPre=\nId=api.service\n"},
      "api.service"),
     ("memory", {"meminfo": "MemTotal: 127535896 kB\nMemAvailable: 20000000 kB\n"}, "gpu_memory_utilization"),
     ("timesync", {"timesync": "ntp=no"}, "set-ntp"),
@@ -172,6 +175,13 @@ def test_reach_and_clock():
     bad = d.check_clock_skew({"a": (0.0, 0.001), "b": (30.0, 0.001)})
     assert bad.verdict is Verdict.FAIL and "NTP" in bad.fix
     assert "by construction" in d.check_clock_skew({"a": (0, 0), "b": (0, 0)}, shared_kernel=True).reason
+
+
+def test_units_ignore_pids_that_look_like_ports():
+    text = ("Id=web.service\nExecStart={ path=/usr/bin/nginx ; argv[]=/usr/bin/nginx -g daemon off; ; "
+            "ignore_errors=no ; start_time=[n/a] ; pid=8000 ; code=(null) ; status=0/0 }\n")
+    assert d.parse_units(text) == {"web.service": ["ExecStart=/usr/bin/nginx -g daemon off"]}
+    assert d.check_stale_units(SPEC, facts(units=text), ports=(8000,)).verdict is Verdict.OK
 
 
 def test_parsers():
