@@ -76,7 +76,8 @@ def _feature(name: str, raw: Any) -> Any:
         if key not in _KEYS[name]:
             raise SettingsError(f"{where}.{key} is not a known key (known: {', '.join(_KEYS[name])})")
         want = _KEYS[name][key]
-        if isinstance(value, bool) and want is int:
+        wants = want if isinstance(want, tuple) else (want,)
+        if isinstance(value, bool) and bool not in wants:
             raise SettingsError(f"{where}.{key} must be an integer, got a boolean")
         if not isinstance(value, want):
             raise SettingsError(f"{where}.{key} has the wrong type ({type(value).__name__})")

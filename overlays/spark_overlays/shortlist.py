@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import Iterable
 
-import numpy as np
 import torch
 
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
@@ -33,6 +32,7 @@ from vllm.model_executor.models.utils import PPMissingLayer
 from . import settings as _settings
 from . import vocab_list
 from ._util import fail_closed, info, process_tag, tp_agree
+from .shortlist_math import gather_rows, scatter_to_vocab
 
 HEAD_SUFFIXES = ("lm_head.weight", "shared_head.head.weight")
 EMBED_SUFFIX = "embed_tokens.weight"
@@ -101,12 +101,12 @@ class ShortlistHeadMixin:
         for name, w in weights:
             if name.endswith(HEAD_SUFFIXES) and w.dim() == 2 and w.shape[0] == self._spark_vocab:
                 self._spark_rows_filled = len(self._spark_ids_cpu)
-                yield name, w.index_select(0, self._spark_ids_cpu.to(w.device))
+                yield name, gather_rows(w, self._spark_ids_cpu)
             elif (self._spark_tied and name.endswith(EMBED_SUFFIX) and w.dim() == 2
                   and w.shape[0] == self._spark_vocab):
                 yield name, w
                 self._spark_rows_filled = len(self._spark_ids_cpu)
-                yield "lm_head.weight", w.index_select(0, self._spark_ids_cpu.to(w.device))
+                yield "lm_head.weight", gather_rows(w, self._spark_ids_cpu)
             else:
                 yield name, w
 
@@ -146,13 +146,6 @@ class ShortlistHeadMixin:
         top = self.logits_processor.get_top_tokens(self.lm_head, hidden_states)
         self._spark_note_use(self.lm_head.org_vocab_size)
         return top + self.draft_id_to_target_id[top]
-
-
-def scatter_to_vocab(logits: torch.Tensor, target_ids: torch.Tensor, vocab: int) -> torch.Tensor:
-    """``[M, S]`` shortlist logits -> ``[M, vocab]`` with ``-inf`` off the list (static shapes, graph-safe)."""
-    out = logits.new_full((logits.shape[0], vocab), float("-inf"))
-    out.index_copy_(1, target_ids, logits)
-    return out
 
 
 def _make(base: type) -> type:

@@ -1,0 +1,40 @@
+import pytest
+
+from spark_overlays import settings as S
+
+
+def test_defaults_are_off():
+    cfg = S.parse({})
+    assert not any(getattr(cfg, f).enabled for f in ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align"))
+    assert S.parse(None) == cfg
+
+
+def test_full_schema_round_trip():
+    raw = S.additional_config(
+        shortlist={"enabled": True, "path": "/opt/sparkdeploy/vocab/current.txt", "sha256": "ab" * 32,
+                   "require_ids": [0, 2]},
+        skinny_gemm={"enabled": True}, fp8_gdn={"enabled": False}, prefix_align={"enabled": True, "lookahead": 2})
+    cfg = S.parse(raw)
+    assert cfg.shortlist.enabled and cfg.shortlist.require_ids == (0, 2)
+    assert cfg.prefix_align.lookahead == 2 and not cfg.fp8_gdn.enabled
+
+
+@pytest.mark.parametrize("raw, where", [
+    ({"spark_overlays": {"shortlst": {}}}, "spark_overlays.shortlst"),
+    ({"spark_overlays": {"shortlist": {"enabled": True, "pth": "x"}}}, "shortlist.pth"),
+    ({"spark_overlays": {"shortlist": {"enabled": True}}}, "shortlist.path"),
+    ({"spark_overlays": {"skinny_gemm": {"enabled": "yes"}}}, "skinny_gemm.enabled"),
+    ({"spark_overlays": {"prefix_align": {"lookahead": True}}}, "prefix_align.lookahead"),
+    ({"spark_overlays": {"shortlist": {"require_ids": [-1]}}}, "require_ids"),
+    ({"spark_overlays": []}, "spark_overlays"),
+])
+def test_errors_name_the_key(raw, where):
+    with pytest.raises(S.SettingsError, match=where.replace(".", r"\.")):
+        S.parse(raw)
+
+
+def test_other_features_unaffected_by_one_bad_feature():
+    raw = {"spark_overlays": {"shortlist": {"enabled": True, "pth": "x"}, "skinny_gemm": {"enabled": True}}}
+    assert S.parse_feature(raw, "skinny_gemm").enabled
+    with pytest.raises(S.SettingsError):
+        S.parse_feature(raw, "shortlist")
