@@ -594,10 +594,10 @@ def load(path: str | Path) -> Inventory:
                                          what="a fraction 0.05..0.99 (or null to derive it)"),
     )
 
-    if profile.world_size != len(nodes):
+    if len(nodes) > 1 and profile.world_size != len(nodes):  # one node listed: the single-box layout
         raise InventoryError(
             f"profile {profile.name!r} needs tp x pp x dp = {profile.tp} x {profile.pp} x {profile.dp} = "
-            f"{profile.world_size} node(s) (one GPU each) but the inventory lists {len(nodes)}",
+            f"{profile.world_size} node(s) (one GPU each) but the inventory lists {len(nodes)} (1 = single box)",
             file=file, field="nodes")
     if any(n.has_gpu for n in nodes) != all(n.has_gpu for n in nodes):
         raise InventoryError("mixing gpu: none and GPU nodes is not supported", file=file, field="nodes")

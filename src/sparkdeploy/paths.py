@@ -77,20 +77,21 @@ def git_commit(root: Path | None = None) -> str:
     return "unknown"
 
 
-def tree_digest(root: Path, patterns: tuple[str, ...] = ("**/*.py", "**/*.toml", "**/*.txt", "**/*.json")) -> str | None:
-    """sha256 over the (relative path, content) of files under root matching patterns; None if root is missing.
+def tree_digest(root: Path) -> str | None:
+    """sha256 (16 hex) over (relative path, content) of every file under root; None if root is missing.
 
-    Used as the overlays package identity in the serving image tag (caches and egg-info are skipped).
+    Skips what never enters an image build context: tests/, dot-entries, __pycache__, *.pyc, *.egg-info.
+    Used as the overlays package identity in the serving image tag.
     """
     if not root.is_dir():
         return None
     import hashlib
 
     digest = hashlib.sha256()
-    files = sorted({p for pattern in patterns for p in root.glob(pattern) if p.is_file()})
-    for path in files:
-        rel = path.relative_to(root).as_posix()
-        if "__pycache__" in rel or ".egg-info" in rel or rel.startswith(("tests/", ".")):
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if (not path.is_file() or rel.parts[0] == "tests" or any(p.startswith(".") for p in rel.parts)
+                or "__pycache__" in rel.parts or path.suffix == ".pyc" or any(p.endswith(".egg-info") for p in rel.parts)):
             continue
-        digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(rel.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]

@@ -116,6 +116,11 @@ def render(plan: Plan) -> dict[str, bytes]:
     return dict(sorted(out.items()))
 
 
+def overlays_digest() -> str | None:
+    """Identity of the overlays package copied into the image build context (feeds the image tag)."""
+    return paths.tree_digest(paths.overlays_dir())
+
+
 def file_mode(relative: str) -> int:
     return 0o755 if relative.rsplit("/", 1)[-1] in EXECUTABLE else 0o644
 

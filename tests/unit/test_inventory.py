@@ -55,8 +55,11 @@ def _rename(path: str, new: str):
     return mutate
 
 
-def _drop_worker(d: dict) -> None:
-    d["nodes"].pop()
+def _add_worker(d: dict) -> None:
+    extra = copy.deepcopy(d["nodes"][1])
+    extra.update(name="node3", data_ip="172.30.97.13")
+    extra["ssh"]["host"] = "172.30.97.13"
+    d["nodes"].append(extra)
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -105,7 +108,7 @@ CASES = [
     ("ssh-bad-user", _sim, _set("nodes.1.ssh.user", "root; id"), "nodes[1].ssh.user"),
     ("name-newline", _sim, _set("nodes.0.name", "node1\nExecStart=/bin/sh"), "nodes[0].name"),
     ("cluster-injection", _sim, _set("cluster", "sim$(id)"), "cluster"),
-    ("tp-nodes-mismatch", _sim, _drop_worker, "nodes"),
+    ("tp-nodes-mismatch", _sim, _add_worker, "nodes"),
     ("unknown-profile", _sim, _set("profile", "no-such-profile"), "profile"),
     ("patches-typo", _sim, _set("patches.shortlst", True), "patches.shortlst"),
     ("patches-not-bool", _sim, _set("patches.fp8_gdn", "yes"), "patches.fp8_gdn"),
@@ -197,6 +200,13 @@ def test_typo_gets_a_suggestion(tmp_path):
     data["pactches"] = data.pop("patches")
     with pytest.raises(InventoryError, match="did you mean 'patches'"):
         inventory.load(_write(tmp_path, yaml.safe_dump(data)))
+
+
+def test_one_listed_node_is_the_single_box_layout(tmp_path):
+    data = _sim()
+    data["nodes"].pop()
+    path = _write(tmp_path, yaml.safe_dump(data))
+    assert main(["plan", "--inventory", str(path)]) == 0
 
 
 def test_speculative_override_and_image_id_base(tmp_path):

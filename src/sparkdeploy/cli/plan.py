@@ -33,7 +33,7 @@ def build_plan(inventory_file: Path | None, facts_file: Path | None, nodes: int 
             raise inventory_mod.InventoryError(f"node(s) {', '.join(unknown)} are not in the inventory",
                                                file=str(facts_file), field="nodes")
     return plan_mod.plan(inv, given, nodes, git_commit=paths.git_commit(),
-                         overlays_digest=paths.tree_digest(paths.overlays_dir()))
+                         overlays_digest=render_mod.overlays_digest())
 
 
 def _wrap(command: str, indent: str = "    ") -> str:
