@@ -121,7 +121,8 @@ SECTIONS: dict[str, str] = {
         "u=ssh; systemctl cat ssh.service >/dev/null 2>&1 || u=sshd; echo unit=$u; "
         'echo "unit_adj=$(systemctl show -p OOMScoreAdjust --value $u 2>/dev/null)"; '
         "pid=$(systemctl show -p MainPID --value $u 2>/dev/null); echo pid=$pid; "
-        'echo "live_adj=$(cat /proc/$pid/oom_score_adj 2>/dev/null)"'
+        'echo "live_adj=$(cat /proc/$pid/oom_score_adj 2>/dev/null)"; '
+        "echo \"capbnd=$(awk '/^CapBnd:/{print $2}' /proc/1/status 2>/dev/null)\""
     ),
     "disk": (
         'p=${1:-/}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
@@ -554,6 +555,10 @@ def check_sshd_oom(spec: NodeSpec, facts: HostFacts) -> CheckResult:
     unit, live, unit_adj = kv.get("unit", "ssh"), kv.get("live_adj", ""), kv.get("unit_adj", "")
     if not live:
         return _r("sshd-oom", spec.name, Verdict.FAIL, f"{unit}.service has no running main process", fix)
+    if live != "-1000" and unit_adj == "-1000" and not _cap_sys_resource(kv.get("capbnd", "")):
+        return _r("sshd-oom", spec.name, Verdict.NOT_PRESENT,
+                  f"{unit}.service pins OOMScoreAdjust=-1000 but the running sshd has {live}: this node has no "
+                  "CAP_SYS_RESOURCE (a container), so no process here can go below 0; a real host applies it")
     if live != "-1000":
         return _r("sshd-oom", spec.name, Verdict.FAIL,
                   f"sshd (pid {kv.get('pid')}) oom_score_adj {live}: an OOM cascade can kill SSH and strand the box",
@@ -563,6 +568,13 @@ def check_sshd_oom(spec: NodeSpec, facts: HostFacts) -> CheckResult:
                   f"sshd protects itself at run time (oom_score_adj -1000) but {unit}.service does not pin "
                   f"OOMScoreAdjust (is {unit_adj or 'unset'})", fix)
     return _r("sshd-oom", spec.name, Verdict.OK, f"{unit}.service OOMScoreAdjust=-1000, live sshd -1000")
+
+
+def _cap_sys_resource(capbnd_hex: str) -> bool:
+    try:
+        return bool(int(capbnd_hex, 16) >> 24 & 1)
+    except ValueError:
+        return True
 
 
 def check_disk(spec: NodeSpec, facts: HostFacts, *, checkpoint_bytes: int = 0) -> CheckResult:

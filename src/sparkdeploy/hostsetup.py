@@ -33,7 +33,7 @@ SSHD_DROPIN_NAME = "50-sparkdeploy-oom.conf"
 
 # Thresholds: see the template. 4% of a GB10's 119.7 GiB is about 4.8 GiB, 2% about 2.4 GiB.
 EARLYOOM_MEM_TERM, EARLYOOM_MEM_KILL = 4, 2
-EARLYOOM_SWAP, EARLYOOM_REPORT_S = 100, 3600
+EARLYOOM_SWAP, EARLYOOM_REPORT_S = "100,100", 3600
 
 OK, CHANGE, SKIPPED = "ok", "change", "skipped"
 
@@ -53,6 +53,7 @@ class HostState:
     earlyoom_enabled: str = ""
     earlyoom_active: str = ""
     earlyoom_cmdline: str = ""
+    can_lower_oom: bool = True  # CAP_SYS_RESOURCE in PID 1's bounding set (containers often lack it)
     ssh_unit: str = "ssh"
     sshd_pid: str = ""
     sshd_live_adj: str = ""
@@ -113,7 +114,7 @@ def twins_for(netdev: str, data_ip: str, twin_netdevs: Sequence[str]) -> list[Tw
 
 
 def render_netplan(node: str, twins: Sequence[Twin], mtu: int = doctor.DATA_PLANE_MTU) -> str:
-    return _env().get_template("deploy/host/netplan-cx7.yaml.j2").render(node=node, twins=twins, mtu=mtu) + "\n"
+    return _env().get_template("deploy/host/netplan-cx7.yaml.j2").render(node=node, twins=twins, mtu=mtu)
 
 
 def unified(path: str, old: str | None, new: str, node: str = "") -> str:
@@ -128,7 +129,8 @@ def dropin_path(unit: str) -> str:
     return f"/etc/systemd/system/{unit}.service.d/{SSHD_DROPIN_NAME}"
 
 
-def plan_items(node: str, state: HostState, *, netdev: str, data_ip: str, apply_network: bool = False,
+def plan_items(node: str, state: HostState, *, netdev: str, data_ip: str, hca: Sequence[str] = ("?",),
+               apply_network: bool = False,
                mem_term: int = EARLYOOM_MEM_TERM, mem_kill: int = EARLYOOM_MEM_KILL) -> list[Item]:
     """Pure: what to change on `node` so it matches the kit's host setup."""
     items: list[Item] = []
@@ -180,13 +182,21 @@ def plan_items(node: str, state: HostState, *, netdev: str, data_ip: str, apply_
         ssh.what += [f"write {path}", "systemctl daemon-reload"]
         ssh.writes = [(path, want, 0o644)]
         ssh.commands.append(["systemctl", "daemon-reload"])
-    if state.sshd_pid and state.sshd_pid != "0" and state.sshd_live_adj != "-1000":
+    if state.sshd_pid and state.sshd_pid != "0" and state.sshd_live_adj != "-1000" and not state.can_lower_oom:
+        ssh.note = ("this node cannot lower oom_score_adj (no CAP_SYS_RESOURCE in PID 1's bounding set: a "
+                    "container); the drop-in is what a real host applies at sshd's next start")
+    elif state.sshd_pid and state.sshd_pid != "0" and state.sshd_live_adj != "-1000":
         ssh.status = CHANGE
         ssh.what.append(f"set running sshd (pid {state.sshd_pid}) oom_score_adj -1000 (no restart)")
         ssh.commands.append(["sh", "-c", 'echo -1000 > "/proc/$1/oom_score_adj"', "set-adj", state.sshd_pid])
     items.append(ssh)
 
     net = Item("netplan", OK)
+    if not hca:
+        net.status = SKIPPED
+        net.note = "no RoCE devices in the inventory (hca: []): no CX-7 twins to configure"
+        items.append(net)
+        return items
     want = render_netplan(node, twins_for(netdev, data_ip, state.twin_netdevs))
     have = state.files.get(NETPLAN_FILE)
     if have != want:
@@ -222,9 +232,18 @@ echo "@@@ sshd"
 u=ssh; systemctl cat ssh.service >/dev/null 2>&1 || u=sshd; echo unit=$u
 pid=$(systemctl show -p MainPID --value $u 2>/dev/null); echo pid=$pid
 echo "live_adj=$(cat /proc/$pid/oom_score_adj 2>/dev/null)"
+echo "capbnd=$(awk '/^CapBnd:/{print $2}' /proc/1/status 2>/dev/null)"
 echo "@@@ rc=0"
 echo "@@@ rdma"
 """ + doctor.SECTIONS["rdma"] + "\necho \"@@@ rc=0\"\n"
+
+
+def has_cap_sys_resource(capbnd_hex: str) -> bool:
+    """CAP_SYS_RESOURCE (bit 24) in a CapBnd mask; unknown counts as present (a real host has it)."""
+    try:
+        return bool(int(capbnd_hex, 16) >> 24 & 1)
+    except ValueError:
+        return True
 
 
 def sudo_prefix(user: str) -> list[str]:
@@ -242,6 +261,7 @@ def read_state(conn, hca: Sequence[str] = (), *, sudo: Sequence[str] = ()) -> Ho
         netplan_available=pkg.get("netplan") == "yes",
         earlyoom_enabled=eo.get("enabled", ""), earlyoom_active=eo.get("active", ""),
         earlyoom_cmdline=eo.get("cmdline", ""),
+        can_lower_oom=has_cap_sys_resource(ssh.get("capbnd", "")),
         ssh_unit=ssh.get("unit", "ssh"), sshd_pid=ssh.get("pid", ""), sshd_live_adj=ssh.get("live_adj", ""),
         twin_netdevs=tuple(ports[d].netdev for d in hca if d in ports and ports[d].netdev),
     )
@@ -268,22 +288,37 @@ def write_file(conn, path: str, content: str, mode: int, *, sudo: Sequence[str] 
         conn.run(["rm", "-f", tmp], check=False, timeout=30)
 
 
-def apply_items(conn, items: Sequence[Item], *, sudo: Sequence[str] = ()) -> list[str]:
-    """Run each changing item's writes then commands; returns the action lines done. Raises RemoteError."""
-    done = []
+@dataclass
+class Applied:
+    item: str
+    status: str  # changed | failed | not run
+    detail: str = ""
+
+
+def apply_items(conn, items: Sequence[Item], *, sudo: Sequence[str] = ()) -> list[Applied]:
+    """Run each changing item's writes then commands, in order; stop at the first failure (later items
+    report `not run`). Never raises for a failing command: the result says which item failed and why."""
+    out: list[Applied] = []
+    failed = False
     for item in items:
         if item.status != CHANGE:
             continue
-        for path, content, mode in item.writes:
-            write_file(conn, path, content, mode, sudo=sudo)
-        for argv in item.commands:
-            res = conn.run([*sudo, *argv], check=False, timeout=600)
-            if not res.ok:
-                tail = (res.stderr or res.stdout).strip().splitlines()[-2:]
-                raise RemoteError(f"{item.name}: `{shlex.join(argv)}` exited {res.rc}: {' | '.join(tail)}",
-                                  node=conn.name)
-        done += [f"{item.name}: {w}" for w in item.what]
-    return done
+        if failed:
+            out.append(Applied(item.name, "not run", "an earlier item failed"))
+            continue
+        try:
+            for path, content, mode in item.writes:
+                write_file(conn, path, content, mode, sudo=sudo)
+            for argv in item.commands:
+                res = conn.run([*sudo, *argv], check=False, timeout=900)
+                if not res.ok:
+                    tail = (res.stderr or res.stdout).strip().splitlines()[-2:]
+                    raise RemoteError(f"`{shlex.join(argv)}` exited {res.rc}: {' | '.join(tail)}", node=conn.name)
+            out.append(Applied(item.name, "changed", "; ".join(item.what)))
+        except RemoteError as err:
+            failed = True
+            out.append(Applied(item.name, "failed", str(err)))
+    return out
 
 
 def summary(items: Mapping[str, Sequence[Item]]) -> dict[str, int]:

@@ -153,6 +153,15 @@ def test_sim_node_gpu_checks_not_present_and_container_honest():
     assert res["mtu"].verdict is Verdict.OK and res["docker"].verdict is Verdict.OK
 
 
+def test_sshd_in_a_container_without_cap_sys_resource():
+    no_cap = "unit=ssh\nunit_adj=-1000\npid=5\nlive_adj=0\ncapbnd=000001fffeffffff"
+    r = d.check_sshd_oom(SPEC, facts(sshd=no_cap))
+    assert r.verdict is Verdict.NOT_PRESENT and "CAP_SYS_RESOURCE" in r.reason
+    # without the drop-in it is still a failure there: host setup has not run
+    r = d.check_sshd_oom(SPEC, facts(sshd=no_cap.replace("unit_adj=-1000", "unit_adj=0")))
+    assert r.verdict is Verdict.FAIL and "host setup" in r.fix
+
+
 def test_driver_mismatch_from_facts_file_on_sim_nodes():
     specs = [SIM_SPEC, NodeSpec("node2", "172.30.99.12", "eth0", (), False)]
     f1 = facts("node1", virt="docker", _overrides={"driver": "580.95.05"})

@@ -65,6 +65,21 @@ def test_apply_network_writes_netplan_once():
     assert statuses(hs.plan_items("spark1", after(fresh(), first), **kw))["netplan"] == "ok"
 
 
+def test_sshd_live_adjust_skipped_where_impossible():
+    st = dataclasses.replace(fresh(), can_lower_oom=False)
+    ssh = {i.name: i for i in hs.plan_items("n", st, netdev="eth0", data_ip="10.0.0.1")}["sshd-oom"]
+    assert ssh.status == "change" and not any("oom_score_adj" in " ".join(c) for c in ssh.commands)
+    assert "CAP_SYS_RESOURCE" in ssh.note
+    done = dataclasses.replace(st, files={**st.files, hs.dropin_path("ssh"): hs.render_sshd_dropin()})
+    assert {i.name: i for i in hs.plan_items("n", done, netdev="eth0", data_ip="10.0.0.1")}["sshd-oom"].status == "ok"
+    assert hs.has_cap_sys_resource("000001ffffffffff") and not hs.has_cap_sys_resource("000001fffeffffff")
+
+
+def test_no_twins_no_netplan():
+    net = hs.plan_items("node1", fresh(), netdev="eth0", data_ip="172.30.99.11", hca=(), apply_network=True)[-1]
+    assert net.status == "skipped" and not net.diff and "hca: []" in net.note
+
+
 def test_no_netplan_binary_is_skipped_with_reason():
     st = dataclasses.replace(fresh(), netplan_available=False)
     net = hs.plan_items("node1", st, netdev="eth0", data_ip="172.30.99.11", apply_network=True)[-1]

@@ -45,7 +45,8 @@ def setup(inventory_file, dry_run, apply_network, as_json, trust_new_hosts):
             n = nodes[conn.name]
             sudo = hs.sudo_prefix(n.ssh.user)
             state = hs.read_state(conn, n.hca, sudo=sudo)
-            return hs.plan_items(conn.name, state, netdev=n.netdev, data_ip=n.data_ip, apply_network=apply_network)
+            return hs.plan_items(conn.name, state, netdev=n.netdev, data_ip=n.data_ip, hca=n.hca,
+                                 apply_network=apply_network)
 
         planned = pool.map(read)
         failed = dict(errors)
@@ -70,16 +71,21 @@ def setup(inventory_file, dry_run, apply_network, as_json, trust_new_hosts):
                 else:
                     done[name] = res
     for name, its in items.items():
+        outcome = {a.item: a for a in done.get(name, [])}
         for it in its:
-            status = it.status
-            if status == hs.CHANGE and not dry_run:
-                status = "failed" if name in failed else "changed"
+            status, detail = it.status, "; ".join(it.what) or it.note
+            if it.name in outcome:
+                status = outcome[it.name].status
+                detail = outcome[it.name].detail if status != "changed" else detail
             elif status == hs.CHANGE:
                 status = "would change"
             style = _STYLE.get(status, "yellow")
-            err.print(f"  [{style}]{status:<12}[/{style}] {name:<9} {it.name:<17} {'; '.join(it.what) or it.note}")
+            err.print(f"  [{style}]{status:<12}[/{style}] {name:<9} {it.name:<17} {detail}")
             if it.note and it.what:
                 err.print(f"{'':>42}[dim]{it.note}[/dim]")
+    for name, its in done.items():
+        if any(a.status == "failed" for a in its):
+            failed.setdefault(name, next(a.detail for a in its if a.status == "failed"))
     for name, e in failed.items():
         err.print(f"[red bold]{name}: {e}[/red bold]")
     changes = sum(1 for its in items.values() for i in its if i.status == hs.CHANGE)
