@@ -27,8 +27,10 @@ HERE = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(config, items):
+    # Everything here needs the sim cluster except test_sim_units.py (pure code; runs with the unit tests).
     for item in items:
-        if HERE in Path(str(item.fspath)).parents:
+        path = Path(str(item.fspath))
+        if HERE in path.parents and path.name != "test_sim_units.py":
             item.add_marker(pytest.mark.cluster)
 
 

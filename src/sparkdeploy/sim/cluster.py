@@ -169,8 +169,8 @@ class SimCluster:
         try:
             return SimState.from_dict(json.loads(self.state_file.read_text()))
         except FileNotFoundError:
-            raise SimError(f"sim cluster {self.name!r} is not up (no {self.state_file}); run `sparkdeploy sim up`"
-                           + (f" --name {self.name}" if self.name != DEFAULT_NAME else "")) from None
+            how = "sparkdeploy sim up" + (f" --name {self.name}" if self.name != DEFAULT_NAME else "")
+            raise SimError(f"sim cluster {self.name!r} is not up (no {self.state_file}); run `{how}`") from None
         except (ValueError, TypeError, KeyError) as err:
             raise SimError(f"{self.state_file} is unreadable ({err}); run `sparkdeploy sim down` then `sim up`") from None
 

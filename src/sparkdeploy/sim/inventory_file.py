@@ -12,7 +12,7 @@ HEADER = ("# written by `sparkdeploy sim up` (cluster {name!r}, {when}); `sparkd
           "# Every command accepts it: --inventory {path}\n")
 
 
-def inventory_dict(state) -> dict:
+def inventory_dict(state, vocab: Path | None = None) -> dict:
     """The inventory mapping for a sim cluster's state (nodes, SSH key, known_hosts, the sim profile)."""
     nodes = []
     for node in state.nodes:
@@ -25,19 +25,32 @@ def inventory_dict(state) -> dict:
             "hca": [],
             "gpu": "none",
         })
-    return {
+    data = {
         "cluster": f"sim-{state.name}",
         "profile": state.profile,
         "nodes": nodes,
-        # The tiny models are not the qwen4_exp family the four patches target; deployments that test the
-        # patches turn them on (with a vocab list for the shortlist) in their own copy of this file.
-        "patches": {"shortlist": False, "skinny_gemm": False, "fp8_gdn": False, "prefix_align": False},
+        "image": {"repository": "sparkdeploy/serving-sim"},  # base, vLLM version, python, pip: from the profile
+        # fp8_gdn stays off: the CPU build has no FP8 GEMM for it
+        "patches": {"shortlist": vocab is not None, "skinny_gemm": True, "fp8_gdn": False, "prefix_align": True},
+        "ports": {"api": 8000, "master": 29500},
+        "memory": {"reserve_gib": 4},  # a sim node shares the host's RAM; the CPU engine needs ~3 GB per rank
     }
+    if vocab is not None:
+        data["vocab"] = str(vocab)
+    return data
+
+
+def write_stand_in_vocab(path: Path, size: int = 1024) -> Path:
+    """A stand-in draft list for the tiny models' 4096-token tokenizer: every id below `size`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{i}\n" for i in range(size)))
+    return path
 
 
 def write_inventory(state, path: Path) -> str | None:
     """Write the file; return why the inventory loader rejects it (e.g. node count vs profile), or None."""
-    data = inventory_dict(state)
+    vocab = write_stand_in_vocab(Path(state.key).parent / "vocab-tiny-1k.txt")
+    data = inventory_dict(state, vocab)
     text = HEADER.format(name=state.name, when=time.strftime("%Y-%m-%d %H:%M:%S"), path=path)
     text += yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
     path.parent.mkdir(parents=True, exist_ok=True)

