@@ -25,7 +25,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
