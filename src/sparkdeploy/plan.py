@@ -155,42 +155,10 @@ class Plan:
 
 # ------------------------------------------------------------------------------------------ compat table
 def _compat_mode() -> tuple[Callable[[str, str], str], Callable[[str, str], list[str]]]:
-    """The overlays plugin's own table; the local fallback below is used only if the package is missing."""
-    try:
-        from spark_overlays import compat  # pure module: no vllm/torch import
+    """The overlays plugin's own table decides native flag vs overlay, so planner and image never disagree."""
+    from spark_overlays import compat  # pure module: no vllm/torch import
 
-        return compat.mode, compat.native_flags
-    except ImportError:  # pragma: no cover - the overlays package is installed with the kit
-        return _local_mode, _local_flags
-
-
-# Fallback only (to be removed once spark_overlays is a hard dependency): same answers as
-# overlays/spark_overlays/compat.py for the two pins that matter.
-_FP8_FLAGS = ["--quantization", "online", "--quantization-config",
-              '{"targets": {"re:.*linear_attn\\\\.in_proj_qkvz": "fp8_per_channel", '
-              '"re:.*linear_attn\\\\.out_proj": "fp8_per_channel"}}']
-_LOCAL_TABLE = {
-    "0.32": {"shortlist": "overlay", "skinny_gemm": "overlay", "fp8_gdn": "native", "prefix_align": "overlay"},
-    "0.33": {"shortlist": "overlay", "skinny_gemm": "overlay", "fp8_gdn": "native", "prefix_align": "native"},
-}
-
-
-def _series(version: str) -> str:
-    major, minor = version.split(".")[:2]
-    key = f"{int(major)}.{int(minor)}"
-    if key not in _LOCAL_TABLE:
-        raise ValueError(f"vLLM {version} is not in the compat table")
-    return key
-
-
-def _local_mode(version: str, feature: str) -> str:
-    return _LOCAL_TABLE[_series(version)][feature]
-
-
-def _local_flags(version: str, feature: str) -> list[str]:
-    if _local_mode(version, feature) != "native":
-        return []
-    return list(_FP8_FLAGS) if feature == "fp8_gdn" else ["--enable-prefix-caching"]
+    return compat.mode, compat.native_flags
 
 
 # ------------------------------------------------------------------------------------------------ plan

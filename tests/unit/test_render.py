@@ -25,14 +25,12 @@ from sparkdeploy.errors import InventoryError
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures"
 GOLDEN = HERE / "golden"
-LOCAL_COMPAT = (plan._local_mode, plan._local_flags)  # golden files do not move when the overlays table grows
 COMMIT = "0" * 40
 
 
 def _plan(inv_path: Path, nodes=None, facts_path: Path | None = None) -> plan.Plan:
     given_facts = facts.load_facts_file(facts_path) if facts_path else None
-    return plan.plan(inventory.load(inv_path), given_facts, nodes, git_commit=COMMIT, overlays_digest="test",
-                     compat=LOCAL_COMPAT)
+    return plan.plan(inventory.load(inv_path), given_facts, nodes, git_commit=COMMIT, overlays_digest="test")
 
 
 GOLDEN_CASES = {
@@ -212,7 +210,7 @@ def test_no_value_becomes_a_command(tmp_path_factory, field, value):
         assert err.field and err.field.split(".")[-1].split("[")[0] in {
             "path", "host_dir", "served_name", "env", "SPARK_FUZZ", "name", "netdev", "cluster", "key"}, err
         return
-    p = plan.plan(inv, compat=LOCAL_COMPAT)
+    p = plan.plan(inv)
     files = render.render(p)
     worker = p.nodes[1]
     # launch.sh: only docker (rm, run) and python3 (page cache) run, with exactly the planned argv
@@ -237,7 +235,7 @@ def test_no_value_becomes_a_command(tmp_path_factory, field, value):
 ])
 def test_nasty_but_valid_values_stay_data(tmp_path, field, value):
     inv = inventory.load(_write_case(tmp_path, field, value))  # accepted: these are legal paths / env values
-    p = plan.plan(inv, compat=LOCAL_COMPAT)
+    p = plan.plan(inv)
     files = render.render(p)
     calls = _run_launch(tmp_path, files["node2/release/launch.sh"])
     assert calls[-1] == ["docker", *p.nodes[1].docker_argv[1:]]
