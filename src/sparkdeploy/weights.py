@@ -22,6 +22,7 @@ import posixpath
 import re
 import secrets
 import shlex
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from sparkdeploy import doctor
 from sparkdeploy.errors import PlanError, RemoteError
+from sparkdeploy.remote import parallel
 
 HELPER_SOURCE = (Path(__file__).with_name("weights_node.py")).read_text()
 GIB = 1 << 30
@@ -111,29 +113,38 @@ class Channel:
     tmpdir: str
     ssh: list[str]
     marker: str
+    revoked: bool = False  # set when the caller already removed the key on the node (saves a round trip)
+
+
+def known_hosts_text(ip: str, hostkeys: str) -> str:
+    return "".join(f"{ip} {' '.join(line.split()[:2])}\n" for line in hostkeys.splitlines() if len(line.split()) >= 2)
 
 
 @contextmanager
-def data_plane_channel(head, head_ip: str, node, node_ip: str) -> Iterator[Channel]:
-    """A one-time key on the head authorized on `node` only from `head_ip`; removed on exit (even on failure)."""
+def data_plane_channel(head, head_ip: str, node, node_ip: str, *, hostkeys: str | None = None,
+                       mkdir: str = "") -> Iterator[Channel]:
+    """A one-time key on the head authorized on `node` only from `head_ip`, with the node's host key pinned
+    (read over the kit's own verified connection, or given); removed on exit, even on failure."""
     marker = f"sparkdeploy-weights-{secrets.token_hex(6)}"
-    out = head.run(["sh", "-c", 'd=$(mktemp -d /tmp/sparkdeploy-sync-XXXXXX) && '
-                   'ssh-keygen -q -t ed25519 -N "" -C "$1" -f "$d/key" && echo "$d" && cat "$d/key.pub"',
-                    "keygen", marker], timeout=60).stdout.split("\n")
-    tmpdir, pub = out[0].strip(), out[1].strip()
-    try:
+    if hostkeys is None:
         hostkeys = node.run(["sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub"], timeout=30).stdout
-        kh = "".join(f"{node_ip} {' '.join(line.split()[:2])}\n" for line in hostkeys.splitlines() if line.strip())
-        if not kh:
-            raise RemoteError("no SSH host keys readable in /etc/ssh", node=node.name)
-        head.put(f"{tmpdir}/known_hosts", kh.encode(), mode=0o600)
+    kh = known_hosts_text(node_ip, hostkeys)
+    if not kh:
+        raise RemoteError("no SSH host keys readable in /etc/ssh", node=node.name)
+    out = head.run(["sh", "-c", 'd=$(mktemp -d /tmp/sparkdeploy-sync-XXXXXX) && '
+                   'ssh-keygen -q -t ed25519 -N "" -C "$1" -f "$d/key" && printf %s "$2" > "$d/known_hosts" && '
+                    'echo "$d" && cat "$d/key.pub"', "keygen", marker, kh], timeout=60).stdout.split("\n")
+    tmpdir, pub = out[0].strip(), out[1].strip()
+    ch = Channel(tmpdir, ssh_command(f"{tmpdir}/key", f"{tmpdir}/known_hosts"), marker)
+    try:
         line = f'from="{head_ip}",restrict {pub}\n'
-        node.run(["sh", "-c", 'umask 077; mkdir -p "$HOME/.ssh"; cat >> "$HOME/.ssh/authorized_keys"'],
-                 input=line.encode(), timeout=30)
-        yield Channel(tmpdir, ssh_command(f"{tmpdir}/key", f"{tmpdir}/known_hosts"), marker)
+        node.run(["sh", "-c", 'umask 077; mkdir -p "$HOME/.ssh"; cat >> "$HOME/.ssh/authorized_keys"; '
+                  '[ -z "$1" ] || mkdir -p "$1"', "authorize", mkdir], input=line.encode(), timeout=30)
+        yield ch
     finally:
         try:
-            helper(node, "unauthorize", marker, timeout=30)
+            if not ch.revoked:
+                helper(node, "unauthorize", marker, timeout=30)
         finally:
             head.run(["rm", "-rf", tmpdir], check=False, timeout=30)
 
@@ -175,6 +186,7 @@ class SyncResult:
     files: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    transfer_seconds: float = 0.0  # rsync alone (the rest: manifests, one-time key, verification)
     extra: list[str] = field(default_factory=list)
     detail: str = ""
 
@@ -184,7 +196,7 @@ class SyncResult:
 
     def to_dict(self) -> dict:
         return {"node": self.node, "status": self.status, "files": self.files, "bytes": self.bytes,
-                "seconds": round(self.seconds, 3), "extra": self.extra, "detail": self.detail}
+                "seconds": round(self.seconds, 3), "transfer_seconds": round(self.transfer_seconds, 3), "extra": self.extra, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -195,8 +207,40 @@ class Endpoint:
     user: str = "root"
 
 
+def split_streams(files: Mapping[str, int], streams: int) -> list[list[str]]:
+    """Files (rel -> size) into at most `streams` groups of near-equal bytes (largest first). Pure."""
+    groups: list[tuple[int, list[str]]] = [(0, []) for _ in range(max(1, min(streams, len(files))))]
+    for rel, size in sorted(files.items(), key=lambda kv: (-kv[1], kv[0])):
+        i = min(range(len(groups)), key=lambda k: groups[k][0])
+        groups[i] = (groups[i][0] + size, groups[i][1] + [rel])
+    return [sorted(g) for _, g in groups if g]
+
+
+def run_streams(head, argv: Sequence[str], groups: Sequence[Sequence[str]], sizes: Mapping[str, int],
+                progress: Callable[[int, int], None] | None = None) -> None:
+    """One rsync per group, at once (one SSH stream is bound by one core's cipher speed; a CX-7 is not)."""
+    total = sum(sizes.values())
+    done = [0] * len(groups)
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        def cb(d: int, _t: int) -> None:
+            with lock:
+                done[i] = d
+                if progress:
+                    progress(sum(done), total)
+        run_rsync(head, argv, groups[i], sum(sizes[f] for f in groups[i]), cb)
+
+    if len(groups) == 1:
+        one(0)
+        return
+    errors = [e for e in parallel(range(len(groups)), one).values() if isinstance(e, Exception)]
+    if errors:
+        raise errors[0]
+
+
 def sync(head: Endpoint, targets: Sequence[Endpoint], directory: str, *, dry_run: bool = False,
-         head_manifest: Manifest | None = None,
+         head_manifest: Manifest | None = None, streams: int = 1,
          progress: Callable[[str, int, int], None] | None = None) -> list[SyncResult]:
     """Make `directory` on every target identical (for the head's files) to the head's; see the module doc."""
     src = head_manifest or manifest(head.conn, directory)
@@ -207,29 +251,36 @@ def sync(head: Endpoint, targets: Sequence[Endpoint], directory: str, *, dry_run
     results = []
     for t in targets:
         t0 = time.monotonic()
-        dst = manifest(t.conn, directory)
+        prep = helper(t.conn, "prepare", directory)
+        dst = Manifest.from_json(prep)
         send, extra = diff_manifests(src, dst)
         nbytes = sum(src.files[f][0] for f in send)
         if not send:
-            results.append(SyncResult(t.name, "skipped", 0, 0, time.monotonic() - t0, extra,
+            results.append(SyncResult(t.name, "skipped", 0, 0, time.monotonic() - t0, 0.0, extra,
                                       f"identical: {len(src.files)} files, {src.bytes / GIB:.2f} GiB"))
             continue
         if dry_run:
-            results.append(SyncResult(t.name, "would sync", len(send), nbytes, 0.0, extra,
+            results.append(SyncResult(t.name, "would sync", len(send), nbytes, 0.0, 0.0, extra,
                                       f"{len(send)} of {len(src.files)} files differ or are missing"))
             continue
-        t.conn.run(["mkdir", "-p", directory], timeout=30)
-        with data_plane_channel(head.conn, head.data_ip, t.conn, t.data_ip) as ch:
+        with data_plane_channel(head.conn, head.data_ip, t.conn, t.data_ip, hostkeys=prep.get("hostkeys"),
+                                mkdir=directory) as ch:
             argv = rsync_argv(directory, t.user, t.data_ip, directory, ch.ssh)
             cb = (lambda done, total, n=t.name: progress(n, done, total)) if progress else None
-            run_rsync(head.conn, argv, send, nbytes, cb)
-        helper(t.conn, "seed", directory, input=json.dumps({f: list(src.files[f]) for f in send}).encode())
-        after = manifest(t.conn, directory)
+            t1 = time.monotonic()
+            run_streams(head.conn, argv, split_streams({f: src.files[f][0] for f in send}, streams),
+                        {f: src.files[f][0] for f in send}, cb)
+            transfer = time.monotonic() - t1
+            # one round trip: record the hashes rsync verified, revoke the key, list the result
+            fin = helper(t.conn, "finish", directory, ch.marker,
+                         input=json.dumps({f: list(src.files[f]) for f in send}).encode())
+            ch.revoked = True
+        after = Manifest.from_json(fin["manifest"])
         still, _ = diff_manifests(src, after)
         if still:
             raise RemoteError(f"after rsync {len(still)} files still differ from the head's: {', '.join(still[:3])}",
                               node=t.name)
-        results.append(SyncResult(t.name, "synced", len(send), nbytes, time.monotonic() - t0, extra,
+        results.append(SyncResult(t.name, "synced", len(send), nbytes, time.monotonic() - t0, transfer, extra,
                                   f"{len(send)} files"))
     return results
 

@@ -8,6 +8,8 @@
   evict DIR            drop DIR's page cache (fdatasync + posix_fadvise DONTNEED); no root needed.
                        {"files", "bytes", "cached_before", "cached_after", "mem_available_before", "mem_available_after"}
   unauthorize MARKER   remove the authorized_keys line ending in MARKER (the sync's temporary key)
+  prepare DIR          manifest DIR plus "hostkeys": this node's /etc/ssh/ssh_host_*_key.pub (one round trip)
+  finish DIR MARKER    seed (stdin) + unauthorize MARKER + manifest DIR, as {"seeded", "removed", "manifest"}
 
 Prints one JSON object on stdout.
 """
@@ -217,6 +219,18 @@ def main(argv):
         res = evict(argv[1])
     elif cmd == "unauthorize":
         res = unauthorize(argv[1])
+    elif cmd == "prepare":
+        res = manifest(argv[1])
+        keys = []
+        for name in sorted(os.listdir("/etc/ssh")) if os.path.isdir("/etc/ssh") else []:
+            if name.startswith("ssh_host_") and name.endswith("_key.pub"):
+                with open(os.path.join("/etc/ssh", name)) as f:
+                    keys.append(f.read().strip())
+        res["hostkeys"] = "\n".join(keys)
+    elif cmd == "finish":
+        given = json.load(sys.stdin)
+        res = {"seeded": seed(argv[1], given)["seeded"], "removed": unauthorize(argv[2])["removed"]}
+        res["manifest"] = manifest(argv[1])
     else:
         raise SystemExit("unknown command %r" % cmd)
     json.dump(res, sys.stdout)

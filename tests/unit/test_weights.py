@@ -32,6 +32,13 @@ def test_rsync_argv_is_quoted_and_pushes_to_the_data_ip():
     assert "--files-from=-" in argv and "--from0" in argv
 
 
+def test_split_streams_balances_bytes():
+    groups = w.split_streams({"a": 10, "b": 9, "c": 2, "d": 1}, 2)
+    assert sorted(groups) == [["a", "d"], ["b", "c"]]
+    assert w.split_streams({"a": 1}, 4) == [["a"]]
+    assert w.split_streams({"a": 1, "b": 1}, 1) == [["a", "b"]]
+
+
 def test_parse_progress():
     text = "\r     32,768   0%    0.00kB/s    0:00:00\r 104,857,600  35%  210.00MB/s    0:00:01\r"
     assert w.parse_progress(text) == (104857600, 35, "210.00MB/s")

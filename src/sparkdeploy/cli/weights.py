@@ -53,9 +53,11 @@ def _open(inv, trust_new_hosts) -> Pool:
 @_inventory
 @_dir
 @click.option("--dry-run", is_flag=True, help="compare manifests and say what would be copied; copy nothing")
+@click.option("--streams", type=click.IntRange(1, 16), default=4, show_default=True,
+              help="parallel rsync streams (one SSH stream is bound by one core's cipher speed)")
 @click.option("--json", "as_json", is_flag=True, help="print the result per node as JSON on stdout")
 @_trust
-def sync(inventory_file, directory, dry_run, as_json, trust_new_hosts):
+def sync(inventory_file, directory, dry_run, streams, as_json, trust_new_hosts):
     """Copy the checkpoint from the head to every other node over the data-plane IPs (rsync); skip nodes whose
     size+sha256 manifest already equals the head's."""
     inv, d = _load(inventory_file, directory)
@@ -75,7 +77,7 @@ def sync(inventory_file, directory, dry_run, as_json, trust_new_hosts):
                 prog.update(tasks[node], completed=done)
 
             results = w.sync(ep[head.name], [ep[n.name] for n in inv.nodes if n.name != head.name], d,
-                             dry_run=dry_run, head_manifest=src, progress=progress)
+                             dry_run=dry_run, head_manifest=src, streams=streams, progress=progress)
     for r in results:
         rate = f", {r.rate / 1e6:.0f} MB/s" if r.status == "synced" else ""
         err.print(f"  {r.status:<11} {r.node:<9} {r.detail} ({r.bytes / GIB:.2f} GiB in {r.seconds:.1f} s{rate})")
