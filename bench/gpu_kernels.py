@@ -1,0 +1,155 @@
+"""GPU kernel check for the skinny-GEMM plans: F.linear vs the skinny kernel at M = 1..5, one run.
+
+    python bench/gpu_kernels.py [--iters 200] [--shapes all|lm|shortlist|gdn] [--json]
+
+For each (N, K) — the full lm_head (248,320 x 2,560) and its TP=2 half, the shortlist heads (16k/32k/64k rows,
+TP=1 and TP=2), the GDN projections (QKVZ, B/A, out_proj at TP=1/2) — and each M in 1..5 it
+  * checks correctness of both paths against an fp32 reference (relative max error <= 2e-2 for BF16),
+  * times F.linear and, where vLLM's CuTe-DSL ``shape_dynamic_skinny_gemm`` is importable (vLLM >= 0.33
+    with nvidia-cutlass-dsl), the skinny kernel with the spark_overlays plan for this device
+    (``skinny_plans.lookup``) or, without a plan, the kernel's default config,
+  * prints the achieved bandwidth (weight + activations + output bytes / time) next to a device-to-device
+    copy bandwidth measured in the same run, and the skinny/F.linear time ratio. A plan entry whose
+    ratio is >= 1 should be removed from ``overlays/spark_overlays/skinny_plans.py``.
+Timing: CUDA events around ``--iters`` back-to-back calls after warm-up; the weight set is larger than
+L2 for every lm_head shape; median of 5 such rounds.
+Exit status: 0 ok (also when there is no CUDA device: it says so), 1 when a correctness check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "overlays"))
+
+H = 2560
+SHAPES = {
+    "lm": [(248320, H), (124160, H)],
+    "shortlist": [(65536, H), (32768, H), (16384, H), (8192, H)],
+    "gdn": [(16384, H), (8192, H), (96, H), (48, H), (H, 6144), (H, 3072)],
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--m", default="1,2,3,4,5")
+    ap.add_argument("--shapes", default="all", choices=["all", *SHAPES])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    try:
+        import torch
+    except ImportError:
+        print("gpu_kernels: torch is not installed; nothing to measure (exit 0)")
+        return 0
+    if not torch.cuda.is_available():
+        print("gpu_kernels: no CUDA device on this machine; this script needs an NVIDIA GPU (GB10 or H200). "
+              "Nothing measured (exit 0).")
+        return 0
+    import torch.nn.functional as F
+
+    from spark_overlays import skinny_plans
+
+    dev = torch.device("cuda")
+    cap = torch.cuda.get_device_capability()
+    name = torch.cuda.get_device_name()
+    kernel = None
+    try:
+        from vllm.model_executor.kernels.linear.cute_dsl.skinny_gemm import SkinnyGemmConfig, shape_dynamic_skinny_gemm
+
+        if shape_dynamic_skinny_gemm.is_available():
+            kernel = (shape_dynamic_skinny_gemm, SkinnyGemmConfig)
+    except Exception as e:  # noqa: BLE001
+        print(f"# skinny kernel unavailable ({type(e).__name__}: {e}); timing F.linear only")
+
+    def timed(fn, iters):
+        fn()
+        torch.cuda.synchronize()
+        rounds = []
+        for _ in range(args.rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            rounds.append(start.elapsed_time(end) / iters * 1e-3)
+        return statistics.median(rounds)
+
+    # copy bandwidth (read + write) on a 1 GiB buffer
+    src = torch.empty(1 << 29, dtype=torch.bfloat16, device=dev)
+    dst = torch.empty_like(src)
+    t = timed(lambda: dst.copy_(src), 20)
+    copy_bw = 2 * src.numel() * src.element_size() / t
+    del src, dst
+
+    shapes = [s for k, v in SHAPES.items() if args.shapes in ("all", k) for s in v]
+    shapes = list(dict.fromkeys(shapes))
+    ms = [int(m) for m in args.m.split(",")]
+    rows, failures = [], []
+    g = torch.Generator(device=dev).manual_seed(0)
+    for n, k in shapes:
+        w = (torch.randn(n, k, device=dev, generator=g) * 0.02).to(torch.bfloat16)
+        w32 = w.float()
+        for m in ms:
+            x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+            ref = x.float() @ w32.T
+            scale = ref.abs().max().item() or 1.0
+
+            def err(out):
+                return (out.float() - ref).abs().max().item() / scale
+
+            e_lin = err(F.linear(x, w))
+            t_lin = timed(lambda: F.linear(x, w), args.iters)
+            nbytes = (n * k + m * k + m * n) * 2
+            row = {"N": n, "K": k, "M": m, "linear_us": t_lin * 1e6, "linear_GBps": nbytes / t_lin / 1e9,
+                   "linear_err": e_lin, "plan": None, "skinny_us": None, "skinny_GBps": None, "skinny_err": None,
+                   "ratio": None}
+            if e_lin > 2e-2:
+                failures.append(f"F.linear N={n} K={k} M={m}: rel err {e_lin:.3g}")
+            if kernel is not None:
+                gemm, Cfg = kernel
+                plan = skinny_plans.lookup(cap, n, k, m)
+                cfg = (Cfg(m, plan.block_size, plan.outputs_per_block, k_unroll=plan.k_unroll,
+                           vector_width=plan.vector_width, static_k=plan.static_k) if plan else None)
+                row["plan"] = plan.source if plan else "kernel default"
+                try:
+                    out = gemm(x, w, cfg)
+                    e_sk = err(out)
+                    t_sk = timed(lambda: gemm(x, w, cfg), args.iters)
+                    row.update(skinny_us=t_sk * 1e6, skinny_GBps=nbytes / t_sk / 1e9, skinny_err=e_sk,
+                               ratio=t_sk / t_lin)
+                    if e_sk > 2e-2:
+                        failures.append(f"skinny N={n} K={k} M={m}: rel err {e_sk:.3g}")
+                except Exception as e:  # noqa: BLE001 - a config the kernel rejects is a finding, not a crash
+                    row["plan"] = f"{row['plan']} (rejected: {type(e).__name__}: {e})"
+            rows.append(row)
+        del w, w32
+        torch.cuda.empty_cache()
+
+    if args.json:
+        print(json.dumps({"device": name, "capability": cap, "copy_GBps": copy_bw / 1e9, "rows": rows,
+                          "failures": failures}, indent=1))
+    else:
+        print(f"# {name}, capability {cap[0]}.{cap[1]}; copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write); "
+              f"median of {args.rounds} rounds x {args.iters} calls")
+        print(f"{'N':>7} {'K':>5} {'M':>2} {'linear us':>10} {'GB/s':>7} {'%copy':>6} {'skinny us':>10} {'GB/s':>7} "
+              f"{'%copy':>6} {'skinny/lin':>10}  plan")
+        for r in rows:
+            sk = (f"{r['skinny_us']:>10.2f} {r['skinny_GBps']:>7.0f} {100 * r['skinny_GBps'] * 1e9 / copy_bw:>6.1f} "
+                  f"{r['ratio']:>10.3f}") if r["skinny_us"] is not None else f"{'-':>10} {'-':>7} {'-':>6} {'-':>10}"
+            print(f"{r['N']:>7} {r['K']:>5} {r['M']:>2} {r['linear_us']:>10.2f} {r['linear_GBps']:>7.0f} "
+                  f"{100 * r['linear_GBps'] * 1e9 / copy_bw:>6.1f} {sk}  {r['plan'] or '-'}")
+    for f in failures:
+        print(f"FAIL {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
