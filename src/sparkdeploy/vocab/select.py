@@ -12,6 +12,8 @@ Parts, in order (each part only adds ids not already taken):
                variants, all variants taken together)
   4. frequency the most frequent remaining tokens until `size` ids, or until the weighted coverage of the
                build corpus reaches `coverage`
+  5. rank-fill only when the corpus saw fewer distinct tokens than `size`: the lowest remaining ids (a BPE
+               id is its merge rank, a frequency prior from the tokenizer's own training text)
 
 Several corpora (groups, e.g. `en`, `code`, `zh-Hans`) are weighted equally by default: each group's
 counts are turned into frequencies before they are summed, so a 80M-token code corpus cannot drown a
@@ -163,6 +165,11 @@ def select(groups: Mapping[str, np.ndarray], tokenizer: Tokenizer, *, size: int 
             stop = int(np.searchsorted(cum, coverage, side="left")) + 1
             candidates = candidates[:stop]
     add("frequency", candidates)
+    if size is not None and coverage is None and int(taken.sum()) < limit:
+        # The corpus saw fewer distinct tokens than the size: fill with the lowest untaken ids. A BPE id is
+        # its merge rank, so low ids are the tokens most frequent in the tokenizer's own training text.
+        rest = np.flatnonzero(~taken)[: limit - int(taken.sum())]
+        add("rank-fill", rest)
 
     ids = np.flatnonzero(taken).astype(np.int64)
     cov = {name: float(counts[ids].sum() / counts.sum()) if counts.sum() else 0.0 for name, counts in groups.items()}
