@@ -19,6 +19,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
+from sparkdeploy.errors import SparkdeployError
+
 GIB = 1 << 30
 
 #: earlyoom arguments the kit installs (also rendered by hostsetup into /etc/default/earlyoom).
@@ -39,6 +41,10 @@ DISK_HEADROOM = 1 * GIB
 GB10_NAME = "NVIDIA GB10"
 #: kernels known to need `kho=off` on the command line for ibv_reg_mr under memory pressure
 KHO_OFF_KERNELS = ("7.0.0-1019-nvidia",)
+
+
+class ChecksFailed(SparkdeployError):
+    """At least one doctor check failed (exit 1); the per-check lines were printed before."""
 
 
 class Verdict(str, enum.Enum):

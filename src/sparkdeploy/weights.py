@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from sparkdeploy import doctor
-from sparkdeploy.errors import PlanError, RemoteError
+from sparkdeploy.errors import PlanError, RemoteError, SparkdeployError
 from sparkdeploy.remote import parallel
 
 HELPER_SOURCE = (Path(__file__).with_name("weights_node.py")).read_text()
@@ -286,6 +286,10 @@ def sync(head: Endpoint, targets: Sequence[Endpoint], directory: str, *, dry_run
 
 
 # ----------------------------------------------------------------------------------------------- guard
+class MemoryGuardError(SparkdeployError):
+    """Starting now would eat the host reserve on a node (exit 1): the start is refused."""
+
+
 def guard(node: str, mem_available: int, budget) -> doctor.CheckResult:
     """The start-time memory guard on one node. `budget` is the plan's `memory.MemoryBudget` for that node:
     need = its engine budget (weights + activations + KV), reserve = its reserve."""
@@ -298,5 +302,5 @@ def enforce(results: Sequence[doctor.CheckResult]) -> None:
     """Raise (refuse to start) when any node's guard failed."""
     bad = [r for r in results if r.verdict is doctor.Verdict.FAIL]
     if bad:
-        raise PlanError("refusing to start: " + "; ".join(f"{r.node}: {r.reason}" for r in bad) +
+        raise MemoryGuardError("refusing to start: " + "; ".join(f"{r.node}: {r.reason}" for r in bad) +
                         f" -- {bad[0].fix}")

@@ -9,7 +9,6 @@ import shlex
 import pytest
 
 from sparkdeploy import doctor, memory, weights as w
-from sparkdeploy.errors import PlanError
 from sparkdeploy.facts import NodeFacts
 from sparkdeploy.remote import LocalConn, Target
 
@@ -98,6 +97,6 @@ def test_guard_uses_the_plan_budget():
     # 40 GiB of page cache from the rsync still resident: MemAvailable did not drop, but if other memory is held...
     low = w.guard("spark1", int((b.engine_gib + b.reserve_gib - 1) * GIB), b)
     assert low.verdict is doctor.Verdict.FAIL and "reserve 28.0" in low.reason
-    with pytest.raises(PlanError, match="refusing to start: spark1"):
+    with pytest.raises(w.MemoryGuardError, match="refusing to start: spark1"):
         w.enforce([ok, low])
     w.enforce([ok])

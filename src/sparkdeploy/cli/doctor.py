@@ -44,7 +44,9 @@ def doctor(inventory_file, as_json, facts_file, checkpoint_dir, trust_new_hosts)
         summary = ", ".join(f"{n} {v.value}" for v, n in counts.items() if n)
         style = _STYLE[exam.verdict.value]
         err.print(f"[{style}]doctor: {exam.verdict.value}[/{style}] ({summary}; {exam.seconds:.1f} s)")
-    raise click.exceptions.Exit(1 if exam.verdict is doctor_mod.Verdict.FAIL else 0)
+    failed = [f"{r.node} {r.check}" for r in exam.results if r.verdict is doctor_mod.Verdict.FAIL]
+    if failed:  # an error, not click's Exit: the CLI turns it into exit status 1
+        raise doctor_mod.ChecksFailed(f"doctor: {len(failed)} check(s) failed: {', '.join(failed)}")
 
 
 COMMANDS = [doctor]

@@ -96,7 +96,8 @@ def setup(inventory_file, dry_run, apply_network, as_json, trust_new_hosts):
         click.echo(json.dumps({"dry_run": dry_run, "changes": changes,
                                "failed": {k: str(v) for k, v in failed.items()},
                                "nodes": {k: [i.to_dict() for i in v] for k, v in items.items()}}, indent=2))
-    raise click.exceptions.Exit(1 if failed else 0)
+    if failed:
+        raise RemoteError(f"host setup failed on {', '.join(sorted(failed))}")
 
 
 COMMANDS = [host]
