@@ -81,15 +81,15 @@ class RequestResult:
 
     @property
     def bunched(self) -> bool:
-        """True when most tokens reached the client in one burst (client or API server starved of CPU, or a
-        buffering proxy): the stream's timing then says nothing about decode speed."""
+        """True when more than half of the tokens reached the client within a tenth of the stream's duration
+        (client or API server starved of CPU, or a buffering proxy): the stream's timing then says nothing
+        about decode speed. A healthy stream spreads its tokens evenly, a few per chunk."""
         n = self.completion_tokens
-        if n < 8 or not self.chunk_times:
+        if n < 8 or not self.chunk_times or not self.total_s:
             return False
-        window, i, best = 0.002, 0, 0
-        prev = [0] + self.chunk_tokens[:-1]
-        got = [c - p for c, p in zip(self.chunk_tokens, prev)]
-        running = 0
+        window = max(0.002, 0.1 * self.chunk_times[-1])
+        got = [c - p for c, p in zip(self.chunk_tokens, [0] + self.chunk_tokens[:-1])]
+        i = running = best = 0
         for j, t in enumerate(self.chunk_times):
             running += got[j]
             while self.chunk_times[i] < t - window:

@@ -154,7 +154,7 @@ def _fmt(v, unit: str = "") -> str:
 
 
 def markdown(results: list[tuple[str, dict]], images: list[str], *, title: str, note: str | None,
-             comparison: dict | None) -> str:
+             comparisons: list[tuple[str, str, dict]] = ()) -> str:
     lines = [f"# {title}", ""]
     if note:
         lines += [f"> {note}", ""]
@@ -179,15 +179,19 @@ def markdown(results: list[tuple[str, dict]], images: list[str], *, title: str, 
         if res.get("peak_check"):
             lines += ["", "Peak running requests during the concurrency sweep:", ""]
             for g, pc in res["peak_check"].items():
-                lines.append(f"- {g}: peak {_fmt(pc['peak_running'])} of {pc['concurrency']}"
-                             + ("" if pc["reached"] else " (the server never ran them all at once)"))
+                state = pc.get("state", "reached" if pc["reached"] else "not reached")
+                lines.append(f"- {g}: peak {_fmt(pc['peak_running'])} of {pc['concurrency']}: {state}"
+                             + {"reached": "",
+                                "not reached": " (the engine never ran them all at once)",
+                                "inconclusive": f" (only {pc.get('min_samples_per_run')} samples in a run: "
+                                                "runs too short for the sampler)"}.get(state, ""))
         if res["discarded"]:
             lines += ["", "Discarded runs (not averaged in):", ""]
             for d in res["discarded"]:
                 lines.append(f"- {d['group']} #{d['index']}{' (warm-up)' if d.get('warmup') else ''}: {d['reason']}")
         lines.append("")
-    if comparison:
-        lines += ["## Comparison", "",
+    for label_a, label_b, comparison in comparisons:
+        lines += [f"## Comparison: {label_b} against {label_a}", "",
                   f"B against A; noise = pooled standard deviation of the repeats"
                   + (f" (plus {comparison['extra_baselines']} extra baseline files)" if comparison["extra_baselines"] else "")
                   + "; a difference counts only beyond the 99% t bound on that noise.", ""]
@@ -204,18 +208,26 @@ def markdown(results: list[tuple[str, dict]], images: list[str], *, title: str, 
 
 
 def write(paths: list[str], out: str | Path, *, title: str = "sparkdeploy bench report", note: str | None = None,
-          with_comparison: bool = False, loaded: list[dict] | None = None) -> Path:
+          with_comparison: bool = False, pairs: list[tuple[str, str]] = (), loaded: list[dict] | None = None) -> Path:
+    """Write out/README.md and the PNGs. `pairs` (A path, B path) add comparisons (loading files not listed
+    in `paths`); `with_comparison` compares the first two files."""
     from sparkdeploy.bench import results as results_mod
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     loaded = loaded or [results_mod.load(p) for p in paths]
-    pairs = [(_label(r, p), r) for r, p in zip(loaded, paths)]
-    # plots of one kind at a time share axes; figures come from every file
-    images = plots(pairs, out)
-    comparison = None
-    if with_comparison and len(pairs) == 2:
-        comparison = compare_mod.compare(pairs[0][1], pairs[1][1])
+    pairs_arg = pairs
+    labelled = [(_label(r, p), r) for r, p in zip(loaded, paths)]
+    images = plots(labelled, out)
+    wanted = list(pairs_arg)
+    if with_comparison and len(paths) >= 2:
+        wanted.insert(0, (paths[0], paths[1]))
+    by_path = dict(zip(paths, loaded))
+    comparisons = []
+    for pa, pb in wanted:
+        ra = by_path.get(pa) or results_mod.load(pa)
+        rb = by_path.get(pb) or results_mod.load(pb)
+        comparisons.append((Path(pa).stem, Path(pb).stem, compare_mod.compare(ra, rb)))
     md = out / "README.md"
-    md.write_text(markdown(pairs, images, title=title, note=note, comparison=comparison))
+    md.write_text(markdown(labelled, images, title=title, note=note, comparisons=comparisons))
     return md

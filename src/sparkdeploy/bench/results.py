@@ -131,6 +131,7 @@ def add_run(result: dict, group: str, index: int, warmup: bool, outcome, *, valu
         "values": values if values is not None else run_values(outcome),
         "counters": counters(outcome),
         "requests": [r.to_dict() for r in outcome.requests],
+        "watch_samples": outcome.extra.get("watch_samples"),
         **(extra or {}),
     }
     result["runs"].append(record)

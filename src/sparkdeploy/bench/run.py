@@ -59,6 +59,7 @@ class _Watcher(threading.Thread):
         super().__init__(daemon=True)
         self.service, self.in_flight, self.interval = service, in_flight, interval
         self.peak = 0.0
+        self.samples = 0
         self.excess: str | None = None
         self._stop_event = threading.Event()
         self._session = requests.Session()
@@ -72,6 +73,7 @@ class _Watcher(threading.Thread):
             except BenchError:
                 self._stop_event.wait(self.interval)
                 continue
+            self.samples += 1
             seen = snap.value(metrics.RUNNING) + snap.value(metrics.WAITING)
             self.peak = max(self.peak, snap.value(metrics.RUNNING))
             if seen > max(ours_before, ours_after) and self.excess is None:
@@ -128,6 +130,8 @@ def measured_run(service: Service, send: list[Callable[[], RequestResult | list[
             watcher.stop()
         outcome = _judge(service, before, results, wall, watcher, settle_s, session)
         outcome.extra["streams"] = len(send)
+        if watcher:
+            outcome.extra["watch_samples"] = watcher.samples
         return outcome
     finally:
         session.close()

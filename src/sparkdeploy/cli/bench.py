@@ -187,12 +187,20 @@ def compare_cmd(a, b, baselines, as_json):
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for README.md + PNGs.")
 @click.option("--title", default="sparkdeploy bench report", show_default=True)
 @click.option("--note", help="A line under the title, e.g. what the numbers were measured on.")
-@click.option("--compare", "with_comparison", is_flag=True, help="With two files: add the B-vs-A verdicts.")
-def report_cmd(files, out, title, note, with_comparison):
+@click.option("--compare", "with_comparison", is_flag=True, help="Add the verdicts of the second file against the first.")
+@click.option("--pair", "pairs", multiple=True, metavar="A.json,B.json",
+              help="Add the verdicts of B against A (files need not be plotted). Repeatable.")
+def report_cmd(files, out, title, note, with_comparison, pairs):
     """Markdown + PNG plots (tok/s per category, acceptance per position, TTFT, turn two, concurrency)."""
     from sparkdeploy.bench import report
 
-    md = report.write(list(files), out, title=title, note=note, with_comparison=with_comparison)
+    split = []
+    for p in pairs:
+        parts = p.split(",")
+        if len(parts) != 2 or not all(Path(x).is_file() for x in parts):
+            raise InputError(f"--pair {p}: expected A.json,B.json naming two existing results files")
+        split.append((parts[0], parts[1]))
+    md = report.write(list(files), out, title=title, note=note, with_comparison=with_comparison, pairs=split)
     click.echo(str(md))
 
 
