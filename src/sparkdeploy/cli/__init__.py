@@ -35,7 +35,8 @@ _register_commands()
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; turn every SparkdeployError into one line on stderr and its exit code."""
     try:
-        cli.main(args=argv, prog_name="sparkdeploy", standalone_mode=False)
+        # Without standalone mode click returns (not raises) the code of ctx.exit(N) / click Exit.
+        result = cli.main(args=argv, prog_name="sparkdeploy", standalone_mode=False)
     except SparkdeployError as err:
         click.secho(f"error: {err}", fg="red", err=True)
         return err.exit_code
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as err:
         err.show()
         return 2
-    return 0
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":
