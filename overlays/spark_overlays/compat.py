@@ -74,6 +74,11 @@ _SHORTLIST_COMMON = (
     Target(f"{_MTP}.qwen3_5_mtp", "Qwen3_5MTP.compute_logits", ("self", "hidden_states")),
     Target(f"{_MTP}.qwen3_5_mtp", "Qwen3_5MTP.load_weights", ("self", "weights")),
     Target(f"{_MTP}.qwen3_5_mtp", "Qwen3_5MoeMTP"),
+    Target("vllm.model_executor.models.utils", "PPMissingLayer"),
+    # fail closed together: the list verdict is all-reduced over the TP CPU (gloo) group
+    Target("vllm.distributed.parallel_state", "get_tp_group"),
+    Target("vllm.distributed.parallel_state", "model_parallel_is_initialized"),
+    Target("vllm.distributed.parallel_state", "GroupCoordinator.cpu_group"),
     # the runner keeps a draft head of its own when the class has this attribute (V2 and V1 paths)
     Target("vllm.v1.worker.gpu.spec_decode.eagle.utils", "_should_share"),
     Target("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._maybe_share_lm_head"),

@@ -1,0 +1,49 @@
+"""Fail closed together: one rank rejecting the list disables the shortlist on every rank (gloo, 2 processes)."""
+
+import socket
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+
+CASES = [((True, True), True), ((True, False), False), ((False, True), False), ((False, False), False)]
+
+
+def _worker(rank, port, results):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    group = types.SimpleNamespace(world_size=2, cpu_group=dist.group.WORLD)
+    ps = types.ModuleType("vllm.distributed.parallel_state")
+    ps.get_tp_group = lambda: group
+    ps.model_parallel_is_initialized = lambda: True
+    for name in ("vllm", "vllm.distributed"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    sys.modules["vllm.distributed.parallel_state"] = ps
+    from spark_overlays._util import tp_agree
+
+    results[rank] = [tp_agree(oks[rank]) for oks, _ in CASES]
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_tp_agree_is_unanimous():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_worker, args=(port, results), nprocs=2, join=True)
+        expected = [e for _, e in CASES]
+        assert dict(results) == {0: expected, 1: expected}
+
+
+def test_single_process_without_vllm_keeps_local_answer():
+    from spark_overlays._util import tp_agree
+
+    if "vllm" in sys.modules or __import__("importlib").util.find_spec("vllm") is not None:
+        pytest.skip("vLLM importable here")
+    assert tp_agree(False) is False  # import fails -> treated as disagreement, never as ok
