@@ -50,6 +50,7 @@ class ShortlistHeadMixin:
 
     _spark_active = False
     _spark_logged_use = False
+    _spark_base = "?"
 
     def _spark_setup(self, vllm_config, prefix: str) -> None:
         feature = "shortlist"
@@ -93,17 +94,20 @@ class ShortlistHeadMixin:
         self._spark_active = True
         si = self.lm_head.shard_indices
         info("shortlist head built: %d rows of %d (arch %s, list %s, rank rows %d..%d) %s",
-             len(ids), vocab, type(self).__mro__[2].__name__, cfg.path, si.org_vocab_start_index,
+             len(ids), vocab, self._spark_base, cfg.path, si.org_vocab_start_index,
              si.org_vocab_end_index, process_tag())
 
     # ------------------------------------------------------------------ load
+    def _spark_full_rows(self, w: torch.Tensor) -> bool:
+        """A full-vocabulary, unquantized ``[V, H]`` tensor (packed/quantized heads are not gathered)."""
+        return w.dim() == 2 and w.shape[0] == self._spark_vocab and w.is_floating_point() and w.element_size() >= 2
+
     def _spark_rewrite(self, weights: Iterable[tuple[str, torch.Tensor]]):
         for name, w in weights:
-            if name.endswith(HEAD_SUFFIXES) and w.dim() == 2 and w.shape[0] == self._spark_vocab:
+            if name.endswith(HEAD_SUFFIXES) and self._spark_full_rows(w):
                 self._spark_rows_filled = len(self._spark_ids_cpu)
                 yield name, gather_rows(w, self._spark_ids_cpu)
-            elif (self._spark_tied and name.endswith(EMBED_SUFFIX) and w.dim() == 2
-                  and w.shape[0] == self._spark_vocab):
+            elif self._spark_tied and name.endswith(EMBED_SUFFIX) and self._spark_full_rows(w):
                 yield name, w
                 self._spark_rows_filled = len(self._spark_ids_cpu)
                 yield "lm_head.weight", gather_rows(w, self._spark_ids_cpu)
@@ -153,7 +157,8 @@ def _make(base: type) -> type:
         base.__init__(self, vllm_config=vllm_config, prefix=prefix)
         self._spark_setup(vllm_config, prefix)
 
-    cls = type(f"Shortlist{base.__name__}", (ShortlistHeadMixin, base), {"__init__": __init__})
+    cls = type(f"Shortlist{base.__name__}", (ShortlistHeadMixin, base),
+               {"__init__": __init__, "_spark_base": base.__name__})
     cls.__module__ = __name__
     cls.__qualname__ = cls.__name__
     return cls

