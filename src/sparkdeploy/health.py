@@ -57,6 +57,7 @@ class ServiceExpect:
 @dataclass
 class Report:
     checks: list[Check] = field(default_factory=list)
+    vocab: dict[str, str | None] = field(default_factory=dict)  # node -> sha256 of its live draft list
 
     @property
     def healthy(self) -> bool:
@@ -95,6 +96,9 @@ echo "mem $(awk '/^MemAvailable:/{print $2*1024}' /proc/meminfo)"
 echo "current $(readlink /etc/sparkdeploy/current 2>/dev/null)"
 echo "boot $(ps -o lstart= -p 1 2>/dev/null)"
 echo "watchdog $(cat /var/lib/sparkdeploy/watchdog.json 2>/dev/null | tr -d '\n')"
+echo "vocab_pointer $(readlink /var/lib/sparkdeploy/vocab/current.txt 2>/dev/null)"
+echo "vocab_content $(sha256sum /var/lib/sparkdeploy/vocab/current.txt 2>/dev/null | cut -c1-64)"
+echo "vocab_configured $(grep -o 'sha256[^0-9a-f]\{1,8\}[0-9a-f]\{64\}' /etc/sparkdeploy/current/node-plan.json 2>/dev/null | head -1 | grep -o '[0-9a-f]\{64\}$')"
 """
 
 
@@ -145,6 +149,9 @@ def check_node(report: Report, exp: NodeExpect, snap: dict, stale: list[str]) ->
     report.add("boot persistence", boot_ok,
                f"unit {en}, docker.service {snap.get('docker_enabled')}, current -> {cur or 'nothing'}"
                + ("" if want is None or cur == want else f" (expected {want})"), n)
+    from sparkdeploy import vocab_live
+
+    vocab_live.check(report, n, snap)
     wd = snap.get("watchdog")
     if wd:
         try:
