@@ -1,0 +1,158 @@
+"""`sparkdeploy vocab rollout | history | rollback`: change the live draft list (attached to the `vocab` group).
+
+Exit codes: 0 live (or nothing to change, or a clean dry run); 2 the list was refused (nothing contacted);
+1 the rollout failed and was rolled back, or could not run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+from rich.console import Console
+
+from sparkdeploy import inventory as I
+from sparkdeploy import paths
+from sparkdeploy.cli.vocab import vocab
+
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+
+
+def _log(msg: str) -> None:
+    err.print(f"[dim]·[/dim] {msg}")
+
+
+def _common(f):
+    f = click.option("--inventory", "-i", "inventory", default=None, metavar="FILE",
+                     help="inventory file (default: inventory.yaml of the checkout)")(f)
+    f = click.option("--trust-new-hosts", is_flag=True, help="accept and record SSH host keys not seen before")(f)
+    f = click.option("--json", "as_json", is_flag=True, help="print the result as JSON on stdout")(f)
+    return f
+
+
+def _gate_options(f):
+    f = click.option("--tokenizer", "-t", "spec", default=None,
+                     help="the served model's tokenizer (default: deploy/tokenizers.yaml for the profile's model)")(f)
+    f = click.option("--ready-timeout", type=float, default=900, show_default=True,
+                     help="seconds the new release has to answer a real completion")(f)
+    f = click.option("--max-tokens", type=int, default=32, show_default=True, help="tokens per golden prompt")(f)
+    f = click.option("--category", "categories", multiple=True,
+                     help="golden prompt categories of the bench prompt set (default: all)")(f)
+    return f
+
+
+def _load(inventory):
+    return I.load(inventory or str(paths.default_inventory()))
+
+
+def _acc(fig) -> str:
+    if not fig:
+        return "-"
+    return f"{fig['acceptance_length']:.3f}"
+
+
+def _report(res, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), indent=2, default=str))
+    d = res.diff or {}
+    err.print(f"  list      {res.to_version} ({res.size} ids), live before: {res.from_version or '?'}")
+    if d.get("added") is not None:
+        err.print(f"  diff      +{d['added']} ids, -{d['removed']} ids ({d['old_size']} -> {d['new_size']})"
+                  + (f"; added e.g. {d['added_examples']}" if d.get("added_examples") else "")
+                  + (f"; removed e.g. {d['removed_examples']}" if d.get("removed_examples") else ""))
+    for row in res.coverage:
+        old = "?" if row["miss_old"] is None else f"{row['miss_old']:.2%}"
+        err.print(f"  coverage  {row['text']}: off-list {old} -> {row['miss_new']:.2%} of {row['tokens']:,} tokens")
+    for a in res.actions if res.status == "dry-run" else []:
+        err.print(f"  [yellow]would[/yellow]     {a}")
+    cats = sorted(set(res.acceptance_before) | set(res.acceptance_after))
+    if cats:
+        err.print("  acceptance per step (mean accepted length), before -> after:")
+        for c in cats:
+            err.print(f"    {c:<16} {_acc(res.acceptance_before.get(c))} -> {_acc(res.acceptance_after.get(c))}")
+    if res.golden_identical is not None:
+        same = "byte-identical" if res.golden_identical else "DIFFER"
+        err.print(f"  golden    {res.golden_prompts} prompts, {same}")
+    for n in res.notes:
+        err.print(f"  [dim]note      {n}[/dim]")
+    for n, v in res.nodes.items():
+        err.print(f"  node      {n}: release {v.get('release')}, list {v.get('version')} "
+                  + ("[green]ok[/green]" if not v.get("problem") else f"[red]{v['problem']}[/red]"))
+    if res.timings:
+        err.print("  seconds   " + ", ".join(f"{k} {v}" for k, v in res.timings.items()) + f"; total {res.seconds}")
+    style = "green" if res.ok else "red bold"
+    err.print(f"[{style}]{res.message}[/{style}]")
+
+
+@vocab.command("rollout")
+@click.argument("list_path", metavar="LIST")
+@click.option("--dry-run", is_flag=True, help="validate, read the nodes and show the change; change nothing")
+@click.option("--samples", multiple=True, metavar="TEXT", help="text file(s): coverage of the old and new list")
+@click.option("--allow-no-manifest", is_flag=True, help="accept a list without a manifest (tokenizer hash unchecked)")
+@_gate_options
+@_common
+def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, spec, ready_timeout, max_tokens, categories,
+                inventory, trust_new_hosts, as_json):
+    """Put LIST live on every node: validate, golden outputs, new release, restart workers-first, verify;
+    any failure rolls back to the previous list and release."""
+    from sparkdeploy import rollout as R
+
+    inv = _load(inventory)
+    opts = R.RolloutOptions(dry_run=dry_run, ready_timeout=ready_timeout, max_tokens=max_tokens,
+                            categories=list(categories) or None, samples=list(samples), log=_log)
+    tok, cand = R.validate_locally(inv, list_path, tokenizer_spec=spec, allow_no_manifest=allow_no_manifest)
+    err.print(f"[green]valid[/green] {list_path}: {cand.size} ids for {tok.name} ({tok.content_hash[:19]}), "
+              f"version {cand.version}")
+    cluster = R._cluster(inv, opts, trust_new_hosts)
+    try:
+        res = R.Rollout(cluster, cand, opts, tok).run()
+    finally:
+        cluster.close()
+    _report(res, as_json)
+    raise click.exceptions.Exit(0 if res.ok else 1)
+
+
+@vocab.command("rollback")
+@click.argument("version", required=False)
+@_gate_options
+@_common
+def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, inventory, trust_new_hosts, as_json):
+    """Put a stored list back (VERSION = a sha256 prefix from `vocab history`; default: the one live before)."""
+    from sparkdeploy import rollout as R
+
+    opts = R.RolloutOptions(ready_timeout=ready_timeout, max_tokens=max_tokens, categories=list(categories) or None,
+                            require_golden=False, log=_log)
+    res = R.rollback(_load(inventory), version, opts, tokenizer_spec=spec, trust_new_hosts=trust_new_hosts)
+    _report(res, as_json)
+    raise click.exceptions.Exit(0 if res.ok else 1)
+
+
+@vocab.command("history")
+@_common
+def history_cmd(inventory, trust_new_hosts, as_json):
+    """Every switch of the live list (rollouts, rollbacks, automatic rollbacks) and the stored versions."""
+    from sparkdeploy import rollout as R
+
+    h = R.history(_load(inventory), trust_new_hosts=trust_new_hosts)
+    if as_json:
+        click.echo(json.dumps(h, indent=2, default=str))
+        return
+    for e in h["history"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.get("at", 0)))
+        line = (f"{when}  {e.get('action', '?'):<13} {str(e.get('version'))[:12]:<12} release {e.get('release')}"
+                f"  from {str(e.get('from'))[:12]}")
+        if e.get("reason"):
+            line += f"  reason: {e['reason']}"
+        click.echo(line)
+    live = {n: v.get("version") for n, v in h["nodes"].items()}
+    for s in h["stored"]:
+        mark = " live" if s["version"] in live.values() else ""
+        click.echo(f"stored {s['version']}  {s.get('size', '?')} ids  {s.get('source') or ''}{mark}")
+    for n, v in h["nodes"].items():
+        click.echo(f"node {n}: release {v.get('release')}, list {v.get('version')}"
+                   + (f"  PROBLEM: {v['problem']}" if v.get("problem") else ""))
+
+
+COMMANDS: list = []  # attached to the `vocab` group above

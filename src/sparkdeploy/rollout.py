@@ -1,0 +1,746 @@
+"""`sparkdeploy vocab rollout`: put a new draft vocabulary live on a running cluster and prove that it changed
+nothing but speed.
+
+    validate (local, before any connection)   list vs the served tokenizer: hash, range, EOS/specials,
+                                              sorted/unique, not empty, a list at all
+    read (no change)                          same current release on every node, the live list, the service
+                                              answers; same list already live everywhere -> nothing to do
+    golden                                    temperature-0 outputs of a fixed prompt set + acceptance per
+                                              step per category (metric deltas)
+    distribute                                <sha256>.txt into every node's store; a new numbered release =
+                                              the current one with only the list's sha256 changed
+    switch + restart                          stop head, workers; point current.txt + `current` at the new
+                                              ones; start workers, then the head
+    gate                                      a real completion answers (watching every rank's unit and boot)
+    verify                                    greedy outputs byte-identical to golden; acceptance after
+    finish                                    HEALTHY mark, history line on every node, watchdog back on
+
+Any failure after the switch rolls back to the previous release and list, waits for health, checks the
+golden outputs again and reports why. `vocab rollback [VERSION]` is a rollout of a stored version.
+
+The release is derived from the *running* release, not re-planned from the inventory, so nothing else can
+ride along with a list change; a changed output therefore means something else differs and is a failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import requests
+
+from sparkdeploy import health, releases, render, vocab_live
+from sparkdeploy.bench import metrics as M
+from sparkdeploy.bench import prompts as bench_prompts
+from sparkdeploy.errors import HealthError, RemoteError, SparkdeployError, VocabError
+
+Log = Callable[[str], None]
+
+
+class RolloutError(SparkdeployError):
+    """The rollout could not start or complete (the message says which step and node)."""
+
+
+# ------------------------------------------------------------------------------------- local validation
+@dataclass
+class Candidate:
+    """A list that passed validation against the served tokenizer."""
+
+    path: str
+    data: bytes
+    ids: np.ndarray
+    sha256: str
+    tokenizer_hash: str
+    manifest: dict | None
+
+    @property
+    def version(self) -> str:
+        return self.sha256[:12]
+
+    @property
+    def size(self) -> int:
+        return int(self.ids.size)
+
+    def meta(self) -> dict:
+        m = self.manifest or {}
+        return {"source": Path(self.path).name, "size": self.size, "tokenizer": self.tokenizer_hash,
+                "name": m.get("name"), "manifest": bool(self.manifest)}
+
+
+def parse_ids(data: bytes, what: str) -> np.ndarray:
+    """Ids from list bytes: one integer per line (blank lines and `#` comments skipped), or a JSON array.
+    Anything else (a dict, text, floats, a binary file) is `not a list`."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise VocabError(f"{what}: not a list of token ids (binary content; expected one id per line)") from None
+    stripped = text.strip()
+    if stripped.startswith(("[", "{", '"')):
+        from sparkdeploy.vocab.validate import as_id_array
+
+        try:
+            obj = json.loads(stripped)
+        except ValueError as err:
+            raise VocabError(f"{what}: not a list of token ids (malformed JSON: {err})") from None
+        return as_id_array(obj, what)
+    ids = []
+    for n, line in enumerate(text.splitlines(), 1):
+        s = line.split("#", 1)[0].strip()
+        if not s:
+            continue
+        if not (s.isdigit() or (s[0] == "-" and s[1:].isdigit())):
+            raise VocabError(f"{what}: not a list of token ids: line {n} is {s[:40]!r}")
+        ids.append(int(s))
+    return np.asarray(ids, dtype=np.int64)
+
+
+def check_candidate(path: str, tokenizer, *, allow_no_manifest: bool = False) -> Candidate:
+    """Validate a list file against the served tokenizer; VocabError (exit 2) says why it is refused.
+
+    Only plain id lists travel (the engine reads one id per line): `.npy` and EAGLE-3 offset files are
+    converted by `sparkdeploy vocab build/merge -o x.txt` first.
+    """
+    from sparkdeploy.vocab import find_manifest, validate_list
+
+    p = Path(path)
+    if not p.is_file():
+        raise VocabError(f"{path}: no such file")
+    data = p.read_bytes()
+    ids = parse_ids(data, str(p))
+    manifest = find_manifest(p)
+    if manifest is None and not allow_no_manifest:
+        raise VocabError(f"{path}: no manifest names the tokenizer this list was built for, so its tokenizer hash "
+                         "cannot be checked; build it with `sparkdeploy vocab build/merge` (which write one) or "
+                         "pass --allow-no-manifest")
+    ids = validate_list(ids, tokenizer, manifest, what=str(p))
+    return Candidate(str(p), data, ids, hashlib.sha256(data).hexdigest(), tokenizer.content_hash, manifest)
+
+
+def list_diff(old: np.ndarray | None, new: np.ndarray, examples: int = 8) -> dict:
+    """Ids added and removed going from `old` to `new` (old None: unknown)."""
+    if old is None:
+        return {"old_size": None, "new_size": int(new.size), "added": None, "removed": None}
+    added, removed = np.setdiff1d(new, old), np.setdiff1d(old, new)
+    return {"old_size": int(old.size), "new_size": int(new.size), "added": int(added.size),
+            "removed": int(removed.size), "added_examples": added[:examples].tolist(),
+            "removed_examples": removed[:examples].tolist()}
+
+
+def coverage_change(old: np.ndarray | None, new: np.ndarray, tokenizer, samples: list[str]) -> list[dict]:
+    """Per sample text file: share of its tokens off the old and the new list."""
+    from sparkdeploy.vocab import coverage
+
+    rows = []
+    for s in samples:
+        try:
+            text = Path(s).read_text(encoding="utf-8", errors="replace")
+        except OSError as err:
+            raise VocabError(f"--samples {s}: {err.strerror or err}") from None
+        after = coverage(new, tokenizer, [text])
+        row = {"text": s, "tokens": int(after.tokens), "miss_new": after.miss_rate, "miss_old": None}
+        if old is not None:
+            row["miss_old"] = coverage(old, tokenizer, [text]).miss_rate
+        rows.append(row)
+    return rows
+
+
+# -------------------------------------------------------------------------------------------- golden
+@dataclass
+class Golden:
+    outputs: dict[str, str] = field(default_factory=dict)  # "category#i" -> text
+    acceptance: dict[str, dict | None] = field(default_factory=dict)  # category -> spec-decode figures
+    notes: list[str] = field(default_factory=list)
+
+
+def golden_prompts(categories: list[str] | None = None, per_category: int = 1) -> list[tuple[str, str]]:
+    """(category, prompt) pairs from the bench prompt set: the same fixed text on every run."""
+    cats = bench_prompts.select(bench_prompts.load(), categories or [])
+    out = []
+    for c in cats:
+        for p in c.prompts[:per_category]:
+            out.append((c.name, (c.system + "\n\n" if c.system else "") + p))
+    return out
+
+
+def capture(url: str, model: str, prompts: list[tuple[str, str]], *, max_tokens: int, timeout: float,
+            metrics: bool = True) -> Golden:
+    """Temperature-0 outputs, one request at a time; acceptance per category from counter deltas (kept only
+    when exactly our requests finished in between)."""
+    g = Golden()
+    by_cat: dict[str, list[tuple[int, str]]] = {}
+    for i, (cat, text) in enumerate(prompts):
+        by_cat.setdefault(cat, []).append((i, text))
+    for cat, items in by_cat.items():
+        before = _scrape(url) if metrics else None
+        for i, text in items:
+            g.outputs[f"{cat}#{i}"] = health.generate(url, model, prompt=text, max_tokens=max_tokens, timeout=timeout)
+        if before is None:
+            continue
+        after = _scrape(url)
+        try:
+            d = M.Delta(before, after) if after else None
+        except M.CounterReset as err:
+            g.notes.append(f"{cat}: {err}")
+            d = None
+        if d is None:
+            g.acceptance[cat] = None
+            continue
+        done = d(M.SUCCESS)
+        if done != len(items):
+            g.notes.append(f"{cat}: {done:g} requests finished while {len(items)} were sent (other traffic): "
+                           "acceptance not kept")
+            g.acceptance[cat] = None
+        else:
+            g.acceptance[cat] = d.spec_decode()
+    return g
+
+
+def _scrape(url: str):
+    try:
+        return M.scrape(url)
+    except SparkdeployError:
+        return None
+
+
+def mismatches(golden: dict[str, str], got: dict[str, str]) -> list[str]:
+    return [k for k in golden if golden[k] != got.get(k)]
+
+
+# ------------------------------------------------------------------------------------------- result
+@dataclass
+class RolloutResult:
+    status: str = "failed"  # changed | unchanged | dry-run | rolled-back | failed | refused
+    message: str = ""
+    reason: str = ""  # why it rolled back / failed
+    from_version: str | None = None
+    to_version: str | None = None
+    from_sha256: str | None = None
+    to_sha256: str | None = None
+    size: int | None = None
+    previous_release: int | None = None
+    release: int | None = None  # the release running at the end
+    new_release: int | None = None  # the release the rollout wrote
+    diff: dict = field(default_factory=dict)
+    coverage: list = field(default_factory=list)
+    golden_identical: bool | None = None
+    golden_prompts: int = 0
+    acceptance_before: dict = field(default_factory=dict)
+    acceptance_after: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    nodes: dict = field(default_factory=dict)  # node -> live vocab at the end
+    timings: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("changed", "unchanged", "dry-run")
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), ok=self.ok)
+
+
+@dataclass
+class RolloutOptions:
+    dry_run: bool = False
+    ready_timeout: float = 900.0
+    rollback_timeout: float = 900.0
+    probe_timeout: float = 60.0
+    max_tokens: int = 32
+    categories: list[str] | None = None
+    per_category: int = 1
+    samples: list[str] = field(default_factory=list)
+    action: str = "rollout"  # or "rollback" (history label)
+    require_golden: bool = True  # a rollback may run on an unhealthy service (no golden then)
+    rank_check_s: float = 5.0
+    log: Log = lambda msg: None
+    # Test hooks (failure injection): called with the Rollout at "distributed" (files on the nodes, nothing
+    # switched), "started" (new release started, before the gate); `edit` may change a node's new release
+    # files {name: bytes} (e.g. a sampling setting riding along).
+    hooks: dict = field(default_factory=dict)
+    edit: Callable[[str, dict], dict] | None = None
+
+
+class Failed(SparkdeployError):
+    """A failure after the switch: roll back."""
+
+
+class Rollout:
+    """One rollout on a connected `steps.deploy.Cluster` (its pool, plan and engine control)."""
+
+    def __init__(self, cluster, cand: Candidate, opts: RolloutOptions, tokenizer=None):
+        self.c = cluster
+        self.cand = cand
+        self.opts = opts
+        self.tok = tokenizer
+        self.log = opts.log
+        self.switched = False
+        self.boots: dict[str, str] = {}
+        self.golden: Golden | None = None
+
+    # ----------------------------------------------------------------------------------------- helpers
+    def conn(self, n: str):
+        return self.c.conn(n)
+
+    @property
+    def names(self) -> list[str]:
+        return self.c.names
+
+    def _each(self, fn, what: str, names: list[str] | None = None) -> dict:
+        res = self.c.pool.map(fn, names or self.names)
+        for n, r in res.items():
+            if isinstance(r, Exception):
+                raise RemoteError(f"{what}: {r}", node=n)
+        return res
+
+    def _boot(self, conn) -> str:
+        return conn.run(["ps", "-o", "lstart=", "-p", "1"], check=False, timeout=20).stdout.strip()
+
+    def reconnect(self, names: list[str] | None = None, wait: float = 0.0) -> dict[str, Exception]:
+        """Drop and re-open connections (after a node rebooted); retry for up to `wait` seconds."""
+        names = names or self.names
+        deadline = time.monotonic() + wait
+        while True:
+            for n in names:
+                c = self.c.pool.conns.pop(n, None)
+                if c is not None:
+                    try:
+                        c.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+            errs = {n: e for n, e in self.c.pool.open().items() if n in names}
+            if not errs or time.monotonic() > deadline:
+                return errs
+            names = list(errs)
+            time.sleep(3)
+
+    def _hook(self, name: str) -> None:
+        fn = self.opts.hooks.get(name)
+        if fn:
+            fn(self)
+
+    def _timed(self, res: RolloutResult, name: str, t0: float) -> None:
+        res.timings[name] = round(time.monotonic() - t0, 2)
+
+    # ------------------------------------------------------------------------------------------ phases
+    def run(self, res: RolloutResult | None = None) -> RolloutResult:
+        res = res or RolloutResult()
+        t0 = time.monotonic()
+        res.to_sha256, res.to_version, res.size = self.cand.sha256, self.cand.version, self.cand.size
+        try:
+            if not self._prepare(res):
+                return res
+            self._capture_before(res)
+            self._distribute(res)
+            self._hook("distributed")
+            self._switch_and_start(res)
+            self._hook("started")
+            self._gate(res)
+            self._verify(res)
+            self._finish(res)
+        except (Failed, SparkdeployError, requests.RequestException, ValueError, KeyError) as err:
+            reason = str(err) if isinstance(err, SparkdeployError) else f"{type(err).__name__}: {err}"
+            res.reason = reason
+            if self.switched:
+                self._roll_back(res, reason)
+            else:
+                self._discard(res)
+                res.status = "failed"
+                res.message = f"rollout stopped before any node switched: {reason}"
+        finally:
+            res.seconds = round(time.monotonic() - t0, 2)
+            try:
+                res.nodes = {n: v.to_dict() for n, v in self.live().items()}
+            except SparkdeployError:
+                pass
+        return res
+
+    def live(self) -> dict[str, vocab_live.LiveVocab]:
+        return self._each(vocab_live.read_state, "reading the live vocab")
+
+    def _prepare(self, res: RolloutResult) -> bool:
+        """Read-only: releases, live lists, diff; False when there is nothing (more) to do."""
+        t0 = time.monotonic()
+        self.c.connect([])
+        exp = self.c.expect()  # scans releases, plans from the current release's facts, reads its HEALTHY probe
+        self.exp = exp
+        cur = {n: self.c.rel[n].current for n in self.names}
+        if None in cur.values() or len(set(cur.values())) != 1:
+            raise RolloutError("nodes do not share one current release ("
+                               + ", ".join(f"{n} {r}" for n, r in cur.items())
+                               + "): run `sparkdeploy up` first")
+        self.prev = res.previous_release = res.release = cur[self.c.head]
+        states = self.live()
+        configured = {s.configured for s in states.values()}
+        if configured == {None}:
+            raise RolloutError(f"release {self.prev} runs without the shortlisted draft head (patches.shortlist off "
+                               "or no vocab): there is no draft list to roll out")
+        if len(configured) != 1:
+            raise RolloutError("nodes' current releases expect different lists: "
+                               + ", ".join(f"{n} {vocab_live.version_of(s.configured)}" for n, s in states.items()))
+        self.old_sha = configured.pop()
+        res.from_sha256, res.from_version = self.old_sha, vocab_live.version_of(self.old_sha)
+        for n, s in states.items():
+            if s.problem():
+                res.notes.append(f"{n}: {s.problem()}")
+        head = self.conn(self.c.head)
+        old_bytes = vocab_live.read_list(head, self.old_sha) or vocab_live.read_list(head)
+        old_ids = None
+        if old_bytes is not None:
+            try:
+                old_ids = np.unique(parse_ids(old_bytes, "live list"))
+            except VocabError as err:
+                res.notes.append(f"the live list could not be read for the diff: {err}")
+        res.diff = list_diff(old_ids, self.cand.ids)
+        if self.opts.samples and self.tok is not None:
+            res.coverage = coverage_change(old_ids, self.cand.ids, self.tok, self.opts.samples)
+        self._timed(res, "prepare", t0)
+        if self.old_sha == self.cand.sha256 and all(s.content == self.cand.sha256 for s in states.values()):
+            res.status = "unchanged"
+            res.message = (f"list {self.cand.version} is already live on every node (release {self.prev}); "
+                           "nothing changed")
+            return False
+        self.new_num = max(nr.newest for nr in self.c.rel.values()) + 1
+        res.actions = [f"store {self.cand.version}.txt ({self.cand.size} ids) on {', '.join(self.names)}",
+                       f"write release {self.new_num} = release {self.prev} with the list {res.from_version} -> "
+                       f"{self.cand.version}",
+                       "capture golden outputs; stop head, workers; switch current.txt and `current`; start "
+                       "workers, head; gate; compare outputs"]
+        if self.opts.dry_run:
+            res.status = "dry-run"
+            res.message = f"dry run: would roll out {self.cand.version} as release {self.new_num} (nothing changed)"
+            return False
+        self.boots = self._each(self._boot, "reading boot time")
+        return True
+
+    def _capture_before(self, res: RolloutResult) -> None:
+        t0 = time.monotonic()
+        self.prompts = golden_prompts(self.opts.categories, self.opts.per_category)
+        res.golden_prompts = len(self.prompts)
+        try:
+            self.golden = capture(self.exp.api_url, self.exp.served_model, self.prompts,
+                                  max_tokens=self.opts.max_tokens, timeout=self.opts.probe_timeout)
+        except (requests.RequestException, ValueError, KeyError) as err:
+            if self.opts.require_golden:
+                raise RolloutError(f"the service does not answer now, so no golden outputs can be taken "
+                                   f"({type(err).__name__}: {str(err)[:200]}); fix it first (sparkdeploy health)")
+            self.golden = None
+            res.notes.append("service not answering before the switch: no golden outputs to compare against")
+        if self.golden:
+            res.acceptance_before = self.golden.acceptance
+            res.notes += [f"before: {n}" for n in self.golden.notes]
+        self._timed(res, "golden", t0)
+
+    def new_release_files(self, node: str) -> tuple[dict[str, tuple[bytes, int]], dict]:
+        """The current release's files with only the list's sha256 changed, and its meta for release.json."""
+        c = self.conn(node)
+        nr = self.c.rel[node]
+        names = releases.file_digests(c, self.prev)
+        files: dict[str, tuple[bytes, int]] = {}
+        hits = 0
+        for name in sorted(names):
+            data = c.get(f"{releases.rdir(self.prev)}/{name}")
+            if data is None:
+                raise RolloutError(f"release {self.prev} lost {name}", )
+            hits += data.count(self.old_sha.encode())
+            files[name] = (data.replace(self.old_sha.encode(), self.cand.sha256.encode()), render.file_mode(name))
+        if hits == 0:
+            raise RolloutError(f"release {self.prev} on {node} never names list {self.old_sha[:12]}; refusing to guess")
+        if self.opts.edit:
+            files = {k: (v, render.file_mode(k)) for k, v in
+                     self.opts.edit(node, {k: v for k, (v, _) in files.items()}).items()}
+        meta = {k: v for k, v in nr.complete[self.prev].items() if k not in ("number", "files", "written_at")}
+        meta.update(fingerprint=f"{meta.get('fingerprint', '?')}+vocab-{self.cand.version}",
+                    reason=f"vocab {self.opts.action} {vocab_live.version_of(self.old_sha)} -> {self.cand.version}",
+                    derived_from=self.prev, vocab={"sha256": self.cand.sha256, "version": self.cand.version,
+                                                    **self.cand.meta()})
+        return files, meta
+
+    def _distribute(self, res: RolloutResult) -> None:
+        t0 = time.monotonic()
+        built = {n: self.new_release_files(n) for n in self.names}
+        meta = dict(self.cand.meta(), version=self.cand.version)
+
+        def put(c):
+            wrote = vocab_live.store(c, self.cand.data, self.cand.sha256, meta)
+            files, m = built[c.name]
+            releases.write(c, self.new_num, files, m)
+            return wrote
+
+        self._each(put, "distributing the list and release")
+        res.new_release = self.new_num
+        self.log(f"list {self.cand.version} and release {self.new_num} are on every node")
+        self._timed(res, "distribute", t0)
+
+    def _switch_and_start(self, res: RolloutResult) -> None:
+        t0 = time.monotonic()
+        self.log(f"switching to release {self.new_num} (list {self.cand.version}): stop head, workers; start "
+                 "workers, head")
+        self.c.stop_all()
+        self.switched = True
+        self._each(lambda c: (vocab_live.point(c, self.cand.sha256), releases.switch(c, self.new_num)), "switching")
+        self.c.start_all()
+        self.started_at = time.monotonic()
+        self._timed(res, "switch", t0)
+
+    def _rank_state(self, conn) -> dict:
+        from sparkdeploy import plan as P
+
+        out = conn.run(["systemctl", "show", "-p", "ActiveState,SubState,Result,ExecMainStatus", P.UNIT_NAME],
+                       check=False, timeout=20).stdout
+        st = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        st["boot"] = self._boot(conn)
+        return st
+
+    def _check_ranks(self) -> None:
+        """Fail fast: a rank whose unit failed or is waiting to restart, or a node that rebooted."""
+        from sparkdeploy import plan as P
+
+        res = self.c.pool.map(self._rank_state, self.names)
+        for n, st in res.items():
+            if isinstance(st, Exception):
+                errs = self.reconnect([n], wait=0)
+                raise Failed(f"{n}: lost the connection during the rollout ({st})"
+                             + ("; it does not answer SSH now (rebooting?)" if errs else "; it answers again"))
+            if st.get("boot") and self.boots.get(n) and st["boot"] != self.boots[n]:
+                raise Failed(f"{n} rebooted during the rollout (PID 1 started {st['boot']}, was {self.boots[n]})")
+            if st.get("ActiveState") == "failed" or st.get("SubState") == "auto-restart":
+                tail = self.conn(n).run(["journalctl", "-u", P.UNIT_NAME, "-n", "4", "--no-pager", "-o", "cat"],
+                                        check=False, timeout=20).stdout.strip().replace("\n", " | ")
+                role = "worker" if n != self.c.head else "head"
+                raise Failed(f"{n} ({role}) failed to start on release {self.new_num}: unit {st.get('ActiveState')}/"
+                             f"{st.get('SubState')} (exit status {st.get('ExecMainStatus')}): {tail[-300:]}")
+
+    def wait_ready(self, timeout: float, watch: bool = True) -> str:
+        url, model = self.exp.api_url, self.exp.served_model
+        t0 = time.monotonic()
+        last, next_check, next_note = "nothing yet", 0.0, 0.0
+        while True:
+            el = time.monotonic() - t0
+            try:
+                r = requests.get(f"{url}/health", timeout=5)
+                if r.status_code == 200:
+                    return health.generate(url, model, timeout=self.opts.probe_timeout)
+                last = f"/health HTTP {r.status_code}"
+            except (requests.RequestException, ValueError, KeyError) as err:
+                last = type(err).__name__
+            if watch and el >= next_check:
+                self._check_ranks()
+                next_check = el + self.opts.rank_check_s
+            if el > timeout:
+                raise Failed(f"health gate timed out after {timeout:.0f} s: last saw {last} at {url}")
+            if el >= next_note:
+                self.log(f"waiting for {url} ({el:.0f}/{timeout:.0f} s): {last}")
+                next_note = el + 15
+            time.sleep(1)
+
+    def _gate(self, res: RolloutResult) -> None:
+        t0 = time.monotonic()
+        self.probe = self.wait_ready(self.opts.ready_timeout)
+        self._check_ranks()
+        res.timings["ready_after_start"] = round(time.monotonic() - self.started_at, 2)
+        self._timed(res, "gate", t0)
+
+    def _verify(self, res: RolloutResult) -> None:
+        t0 = time.monotonic()
+        if self.golden is None:
+            res.golden_identical = None
+            self._timed(res, "verify", t0)
+            return
+        after = capture(self.exp.api_url, self.exp.served_model, self.prompts, max_tokens=self.opts.max_tokens,
+                        timeout=self.opts.probe_timeout)
+        res.acceptance_after = after.acceptance
+        res.notes += [f"after: {n}" for n in after.notes]
+        bad = mismatches(self.golden.outputs, after.outputs)
+        res.golden_identical = not bad
+        self._check_ranks()
+        self._timed(res, "verify", t0)
+        if bad:
+            k = bad[0]
+            raise Failed(f"greedy outputs differ from the golden ones on {len(bad)} of {len(self.golden.outputs)} "
+                         f"prompts (e.g. {k}: golden {self.golden.outputs[k][:60]!r}, "
+                         f"now {after.outputs.get(k, '')[:60]!r})"
+                         ": a draft list cannot change outputs, so something else changed")
+
+    def _finish(self, res: RolloutResult) -> None:
+        t0 = time.monotonic()
+        rec = {"probe": self.probe, "prompt": health.PROBE_PROMPT, "max_tokens": health.PROBE_MAX_TOKENS,
+               "at": time.time(), "vocab": self.cand.sha256, "golden": self.golden.outputs if self.golden else None}
+        old = self.exp.probe_expected
+        if old is not None and old != self.probe:
+            raise Failed(f"the health probe changed: {old!r} recorded for release {self.prev}, now {self.probe!r}")
+        self._each(lambda c: releases.mark_healthy(c, self.new_num, rec), "recording the health gate")
+        entry = {"action": self.opts.action, "sha256": self.cand.sha256, "version": self.cand.version,
+                 "from": self.old_sha, "release": self.new_num, "previous_release": self.prev,
+                 "size": self.cand.size, "source": Path(self.cand.path).name, "result": "live"}
+        self._each(lambda c: vocab_live.record(c, entry), "recording history")
+        self.c.watchdog(True)
+        for n in self.names:
+            try:
+                c = self.conn(n)
+                releases.prune(c, releases.scan(c))
+                vocab_live.prune(c, vocab_live.read_state(c), {self.old_sha, self.cand.sha256})
+            except SparkdeployError as err:
+                res.notes.append(f"{n}: pruning old versions: {err}")
+        res.status, res.release = "changed", self.new_num
+        res.message = (f"list {self.cand.version} is live on every node as release {self.new_num} "
+                       f"(was {res.from_version}, release {self.prev}); golden outputs byte-identical")
+        self._timed(res, "finish", t0)
+
+    # ------------------------------------------------------------------------------------ failure paths
+    def _discard(self, res: RolloutResult) -> None:
+        """Nothing switched: remove the release directory this rollout wrote (the stored list may stay)."""
+        num = getattr(self, "new_num", None)
+        if num is None or not getattr(self, "exp", None) or res.new_release is None:
+            return
+        self.c.pool.map(lambda c: c.run(["rm", "-rf", releases.rdir(num)], check=False), self.names)
+
+    def _roll_back(self, res: RolloutResult, reason: str) -> None:
+        t0 = time.monotonic()
+        self.log(f"rollout failed ({reason}); rolling back to release {self.prev} and list {res.from_version}")
+        try:
+            errs = self.reconnect(wait=180)
+            if errs:
+                raise RolloutError("cannot reach " + ", ".join(f"{n} ({e})" for n, e in errs.items()))
+            self.c.scan()
+            self.c.stop_all()
+            self._each(lambda c: (vocab_live.point(c, self.old_sha), releases.switch(c, self.prev)), "switching back")
+            self.c.start_all()
+            self.boots = self._each(self._boot, "reading boot time")
+            self.wait_ready(self.opts.rollback_timeout, watch=False)
+            same = None
+            if self.golden is not None:
+                again = capture(self.exp.api_url, self.exp.served_model, self.prompts,
+                                max_tokens=self.opts.max_tokens, timeout=self.opts.probe_timeout, metrics=False)
+                same = not mismatches(self.golden.outputs, again.outputs)
+            self.c.watchdog(True)
+            self.c.pool.map(lambda c: c.put(f"{releases.rdir(self.new_num)}/FAILED", (reason + "\n").encode()),
+                            self.names)
+            entry = {"action": "auto-rollback", "sha256": self.old_sha, "version": res.from_version,
+                     "from": self.cand.sha256, "release": self.prev, "failed_release": self.new_num,
+                     "reason": reason, "result": "live"}
+            self.c.pool.map(lambda c: vocab_live.record(c, entry), self.names)
+            res.status, res.release = "rolled-back", self.prev
+            res.message = (f"rollout of {self.cand.version} FAILED: {reason}; ROLLED BACK to release {self.prev} "
+                           f"with list {res.from_version}, healthy again"
+                           + ("" if same is None else "; outputs byte-identical to golden" if same
+                              else "; but outputs now DIFFER from golden"))
+        except (SparkdeployError, requests.RequestException, ValueError, KeyError) as err:
+            res.status = "failed"
+            res.message = (f"rollout of {self.cand.version} failed ({reason}) and the rollback to release "
+                           f"{self.prev} did not complete: {err}")
+        finally:
+            res.timings["rollback"] = round(time.monotonic() - t0, 2)
+
+
+# --------------------------------------------------------------------------------------------- verbs
+def validate_locally(inventory, list_path: str, *, tokenizer_spec: str | None = None,
+                     allow_no_manifest: bool = False):
+    """(tokenizer, candidate) or VocabError: everything that can be refused without contacting a node."""
+    from sparkdeploy import served_tokenizer
+
+    if inventory.vocab is None or not inventory.patches.shortlist:
+        raise VocabError(f"{inventory.file}: patches.shortlist is off, so the cluster has no draft list to replace")
+    tok = served_tokenizer.resolve(inventory, tokenizer_spec)
+    return tok, check_candidate(list_path, tok, allow_no_manifest=allow_no_manifest)
+
+
+def _cluster(inventory, opts: RolloutOptions, trust_new_hosts: bool):
+    from sparkdeploy.steps.deploy import Cluster, Options
+
+    return Cluster(inventory, Options(trust_new_hosts=trust_new_hosts, ready_timeout=opts.ready_timeout,
+                                      probe_timeout=opts.probe_timeout, rollback_timeout=opts.rollback_timeout,
+                                      log=opts.log))
+
+
+def rollout(inventory, list_path: str, opts: RolloutOptions, *, tokenizer_spec: str | None = None,
+            allow_no_manifest: bool = False, trust_new_hosts: bool = False) -> RolloutResult:
+    """Validate locally (VocabError before any connection), then roll out on the inventory's cluster."""
+    tok, cand = validate_locally(inventory, list_path, tokenizer_spec=tokenizer_spec,
+                                 allow_no_manifest=allow_no_manifest)
+    cluster = _cluster(inventory, opts, trust_new_hosts)
+    try:
+        return Rollout(cluster, cand, opts, tok).run()
+    finally:
+        cluster.close()
+
+
+def history(inventory, *, trust_new_hosts: bool = False) -> dict:
+    """History lines (from the head), stored versions and the live list per node."""
+    cluster = _cluster(inventory, RolloutOptions(), trust_new_hosts)
+    try:
+        cluster.connect([])
+        cluster.expect()
+        head = cluster.conn(cluster.head)
+        states = {n: vocab_live.read_state(cluster.conn(n)) for n in cluster.names}
+        stored = [dict(vocab_live.meta(head, s), sha256=s, version=s[:12]) for s in states[cluster.head].stored]
+        return {"history": vocab_live.history(head), "stored": stored,
+                "nodes": {n: s.to_dict() for n, s in states.items()}}
+    finally:
+        cluster.close()
+
+
+def pick_version(entries: list[dict], stored: list[str], live: str | None, wanted: str | None) -> str:
+    """The sha256 to roll back to: a stored version by (prefix of) its sha256, or the list live before the
+    current one (the newest history entry that switched to the live list names it as `from`)."""
+    if wanted:
+        w = wanted.lower()
+        hits = [s for s in stored if s.startswith(w)]
+        if len(w) < 6 or not hits:
+            raise VocabError(f"no stored version {wanted!r} (stored: {', '.join(s[:12] for s in stored) or 'none'})")
+        if len(hits) > 1:
+            raise VocabError(f"version {wanted!r} is ambiguous: {', '.join(s[:12] for s in hits)}")
+        return hits[0]
+    for e in reversed(entries):
+        if e.get("sha256") == live and e.get("from") and e.get("from") != live:
+            return e["from"]
+    raise VocabError("no earlier list in the history to roll back to; name a VERSION (`sparkdeploy vocab history`)")
+
+
+def rollback(inventory, version: str | None, opts: RolloutOptions, *, tokenizer_spec: str | None = None,
+             trust_new_hosts: bool = False) -> RolloutResult:
+    """Roll out a stored version (default: the one live before the current), with the rollout's checks."""
+    from sparkdeploy import served_tokenizer
+
+    tok = served_tokenizer.resolve(inventory, tokenizer_spec)
+    opts.action = "rollback"
+    cluster = _cluster(inventory, opts, trust_new_hosts)
+    try:
+        cluster.connect([])
+        cluster.expect()
+        head = cluster.conn(cluster.head)
+        state = vocab_live.read_state(head)
+        sha = pick_version(vocab_live.history(head), state.stored, state.configured or state.content, version)
+        data = vocab_live.read_list(head, sha)
+        if data is None or hashlib.sha256(data).hexdigest() != sha:
+            raise VocabError(f"stored version {sha[:12]} on {cluster.head} is missing or altered")
+        from sparkdeploy.vocab import validate_list
+
+        ids = validate_list(parse_ids(data, f"version {sha[:12]}"), tok, None, what=f"version {sha[:12]}")
+        m = vocab_live.meta(head, sha)
+        cand = Candidate(m.get("source") or f"{sha[:12]}.txt", data, ids, sha, tok.content_hash, None)
+        return Rollout(cluster, cand, opts, tok).run()
+    finally:
+        cluster.close()
+
+
+def write_list_with_manifest(path: str | Path, ids, tokenizer, *, name: str | None = None, note: str = "") -> Path:
+    """Write a list (one id per line) and the manifest naming its tokenizer, so a rollout can check the hash."""
+    from sparkdeploy.vocab import write_list
+    from sparkdeploy.vocab.manifest import MANIFEST_FORMAT, ids_sha256, manifest_path_for
+    from sparkdeploy.vocab.formats import atomic_write_json
+
+    p = Path(path)
+    arr = np.unique(np.asarray(ids, dtype=np.int64))
+    write_list(p, arr)
+    atomic_write_json(manifest_path_for(p), {
+        "format": MANIFEST_FORMAT, "name": name or p.stem, "file": p.name, "size": int(arr.size),
+        "ids_sha256": ids_sha256(arr), "parts": {"note": note} if note else {},
+        "tokenizer": {"name": tokenizer.name, "content_hash": tokenizer.content_hash,
+                      "vocab_size": int(tokenizer.vocab_size)}})
+    return p
