@@ -326,9 +326,10 @@ def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
     Raises VocabError naming the spec when it is unknown or unreadable. Results are cached per spec.
     """
     key = str(spec)
-    if key in _CACHE:
-        return _CACHE[key]
     alias = ALIASES.get(key.lower())
+    cache_key = alias if alias else _path_key(key)
+    if cache_key in _CACHE:
+        return _CACHE[cache_key]
     if alias == "qwen3.5":
         tok = _qwen35()
     elif alias == "qwen3":
@@ -346,5 +347,16 @@ def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
                              f"file or directory")
     if tok.vocab_size == 0:
         raise VocabError(f"tokenizer {key!r} has an empty vocabulary")
-    _CACHE[key] = tok
+    _CACHE[cache_key] = tok
     return tok
+
+
+def _path_key(key: str) -> str:
+    """Cache key of a path spec: the path plus size and mtime of the file read, so an edited file reloads."""
+    path = Path(key).expanduser()
+    target = path / "tokenizer.json" if path.is_dir() else path
+    try:
+        st = target.stat()
+    except OSError:
+        return key
+    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"

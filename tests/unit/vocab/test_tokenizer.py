@@ -85,3 +85,16 @@ def test_qwen3_engines_share_one_content_hash():
     assert fast.content_hash == hf.content_hash and fast.vocab_size == 151_669
     text = "Hello! 毕老师！def f(x):\n    return x  # ok\n\n"
     assert fast.encode_batch([text])[0].tolist() == hf.encode_batch([text])[0].tolist()
+
+
+def test_cache_reloads_an_edited_tokenizer_file(tmp_path):
+    model = train_tokenizer(tmp_path / "m", vocab_size=500)
+    first = load_tokenizer(str(model))
+    assert load_tokenizer(str(model)) is first
+    import os
+    import time
+
+    train_tokenizer(model, vocab_size=520)
+    os.utime(model / "tokenizer.json", ns=(time.time_ns(), time.time_ns() + 10**9))
+    second = load_tokenizer(str(model))
+    assert second is not first and second.vocab_size == 520
