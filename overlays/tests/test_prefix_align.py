@@ -1,4 +1,4 @@
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from spark_overlays.prefix_align import aligned_chunk_end
@@ -19,6 +19,7 @@ def chunks(draw):
     return start, end, prefill_end, block, lookahead
 
 
+@settings(deadline=None)
 @given(chunks())
 def test_alignment_properties(c):
     start, end, prefill_end, block, look = c
@@ -35,6 +36,7 @@ def test_alignment_properties(c):
     assert ckpt % block == 0 and ckpt <= max(prefill_end - max(1, look), 0)
 
 
+@settings(deadline=None)
 @given(chunks())
 def test_final_chunk_without_checkpoint_inside_is_untouched(c):
     start, end, prefill_end, block, look = c
