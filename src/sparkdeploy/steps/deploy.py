@@ -30,7 +30,7 @@ from sparkdeploy import facts as F
 from sparkdeploy import gather, health, paths, releases, render
 from sparkdeploy import plan as P
 from sparkdeploy.errors import HealthError, RemoteError, SparkdeployError
-from sparkdeploy.remote import Conn, Pool, Target
+from sparkdeploy.remote import Conn, LocalConn, Pool, Target
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps import stale, supervise
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD, Action, Outcome, StepFailed, run_step
@@ -226,6 +226,13 @@ class Cluster:
             src_name = next(iter(have))
             want = have[src_name]
         builder = None
+        if want is None:
+            # Built earlier on this machine (a previous run, or by hand from `sparkdeploy render`): ship that.
+            local = next((c for c in self.pool.conns.values() if isinstance(c, LocalConn)), None) or img.local_conn()
+            lid = img.image_id(local, tag)
+            if lid:
+                builder, want = local, lid
+                out.append(Outcome("image", self.head, OK, f"{tag} found on this machine ({lid[:19]})"))
         if want is None:
             builder = img.choose_builder(self.pool.conns, self.head, self.plan.image.base, img.local_conn)
             self.log(f"{builder.name}: building {tag} (FROM {self.plan.image.base})")

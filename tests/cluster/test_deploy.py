@@ -1,0 +1,304 @@
+"""The main job on the simulated cluster with the real vLLM CPU engine: up, idempotent re-run, health, stale
+units, fault injection, reboot matrix, coupled supervision, --nodes 1. One deployed cluster is shared by the
+whole module and the tests run in file order (cheap and non-destructive first, reboots and crash loops last).
+
+Faults each end on the last good release or a clear stop, and a re-run converges. Timings are printed, never
+asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkdeploy import inventory as I
+from sparkdeploy import releases
+from sparkdeploy.steps import deploy as D
+
+pytestmark = pytest.mark.cluster
+
+READY = "300"
+UP_FLAGS = ["--ready-timeout", READY, "--watchdog-grace", "90", "--watchdog-backoff", "10", "--watchdog-cap", "2"]
+TIMES: dict[str, float] = {}
+
+
+def cli(*args: str, timeout: float = 1200) -> tuple[int, str, str]:
+    p = subprocess.run([sys.executable, "-m", "sparkdeploy", *args], capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def up_json(inv: Path, *extra: str) -> tuple[int, dict, str]:
+    rc, out, err = cli("up", "-i", str(inv), "--json", *UP_FLAGS, *extra)
+    try:
+        return rc, json.loads(out), err
+    except ValueError:
+        raise AssertionError(f"up printed no JSON (rc {rc}): {err[-3000:]}") from None
+
+
+def health_json(inv: Path) -> tuple[int, dict]:
+    rc, out, err = cli("health", "-i", str(inv), "--json", "--probe-timeout", "30")
+    return rc, json.loads(out) if out.strip() else {"healthy": False, "failed": [err[-500:]]}
+
+
+def wait_healthy(inv: Path, timeout: float) -> float:
+    t0 = time.monotonic()
+    last = None
+    while time.monotonic() - t0 < timeout:
+        rc, rep = health_json(inv)
+        if rc == 0:
+            return time.monotonic() - t0
+        last = rep.get("failed")
+        time.sleep(5)
+    raise AssertionError(f"not healthy after {timeout:.0f} s; last failures: {last}")
+
+
+def variant(base: Path, tmp: Path, name: str, reserve: float) -> Path:
+    """A copy of the inventory whose plan differs only in the memory reserve (-> a new release, same image)."""
+    data = yaml.safe_load(base.read_text())
+    data["memory"] = {"reserve_gib": reserve}
+    data["profile"] = str(Path(__file__).parents[2] / "deploy/profiles" / f"{data['profile']}.yaml") \
+        if not str(data["profile"]).endswith(".yaml") else data["profile"]
+    out = tmp / f"{name}.yaml"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def current(sim, node) -> str:
+    return sim.ssh(node, ["readlink", releases.CURRENT]).out.strip()
+
+
+@pytest.fixture(scope="module")
+def deployed(sim_cluster, sim_engine_image, tmp_path_factory):
+    """The sim cluster's inventory (with a reserve that fits a small VM) deployed once for the module."""
+    tmp = tmp_path_factory.mktemp("deploy")
+    inv = variant(sim_cluster.inventory, tmp, "base", 2.0)
+    t0 = time.monotonic()
+    rc, res, err = up_json(inv)
+    TIMES["up --nodes 2 from scratch"] = time.monotonic() - t0
+    assert rc == 0 and res["healthy"], f"first up failed: {res['message']}\n{err[-4000:]}"
+    yield {"inv": inv, "tmp": tmp, "first": res}
+    cli("down", "-i", str(inv))
+
+
+def test_up_from_scratch_is_healthy(deployed, sim_cluster):
+    res = deployed["first"]
+    assert res["new_release"] and res["release"] == 1 and res["restarted"]
+    steps = {(o["step"], o["status"]) for o in res["outcomes"]}
+    assert ("image", "changed") in steps and ("release", "changed") in steps and ("units", "changed") in steps
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0001"
+    rc, rep = health_json(deployed["inv"])
+    assert rc == 0, rep["failed"]
+    names = {c["name"] for cs in rep["checks"].values() for c in cs}
+    for want in ("ssh", "docker", "unit", "stale units", "container", "memory", "boot persistence", "/health",
+                 "/v1/models", "generation", "metrics", "unit sparkdeploy-watchdog.timer"):
+        assert want in names, want
+    gen = next(c for c in rep["checks"]["service"] if c["name"] == "generation")
+    assert "byte-identical" in gen["reason"]
+
+
+def test_second_up_changes_nothing_and_is_fast(deployed, sim_cluster):
+    t0 = time.monotonic()
+    rc, res, err = up_json(deployed["inv"])
+    TIMES["second up (nothing changed)"] = time.monotonic() - t0
+    print(f"\nsecond up with nothing changed: {res['seconds']:.1f} s, {res['changes']} changes")
+    assert rc == 0 and res["healthy"]
+    assert res["changes"] == 0 and not res["new_release"] and not res["restarted"], res["outcomes"]
+    assert current(sim_cluster, "node1") == "releases/0001"
+
+
+def test_dry_run_shows_a_change_without_making_it(deployed, sim_cluster):
+    inv2 = variant(deployed["inv"], deployed["tmp"], "dry", 2.5)
+    rc, out, err = cli("up", "-i", str(inv2), "--dry-run", "--json", *UP_FLAGS)
+    res = json.loads(out)
+    assert rc == 0 and res["changes"] >= 2 and res["new_release"]
+    assert any("write release 2" in a for o in res["outcomes"] for a in o["actions"])
+    assert sim_cluster.ssh("node1", ["test", "-e", releases.rdir(2)]).rc != 0
+
+
+def test_planted_old_stack_unit_is_reported_and_disabled(deployed, sim_cluster):
+    unit = ("[Unit]\nDescription=old hand-made vLLM stack\n[Service]\n"
+            "ExecStart=/bin/sh -c 'echo vllm serve /models/old --port 8000; exec sleep infinity'\n"
+            "[Install]\nWantedBy=multi-user.target\n")
+    sim_cluster.ssh("node2", ["sh", "-c", f"printf '%s' \"$1\" > /etc/systemd/system/old-vllm.service && "
+                              "systemctl daemon-reload && systemctl enable --now old-vllm.service", "x", unit], check=True)
+    rc, rep = health_json(deployed["inv"])
+    assert rc == 1 and any("old-vllm.service" in f for f in rep["failed"])
+    rc, res, err = up_json(deployed["inv"])
+    assert rc == 0, res["message"]
+    stale = [o for o in res["outcomes"] if o["step"] == "stale units" and o["node"] == "node2"][0]
+    assert stale["status"] == "changed" and "old-vllm.service" in stale["actions"][0]
+    assert not res["restarted"] and not res["new_release"]
+    assert sim_cluster.ssh("node2", ["systemctl", "is-enabled", "old-vllm.service"]).out.strip() == "disabled"
+    assert sim_cluster.ssh("node2", ["systemctl", "is-active", "old-vllm.service"]).out.strip() != "active"
+    assert health_json(deployed["inv"])[0] == 0
+
+
+def test_fault_ssh_cut_mid_step_leaves_current_release(deployed, sim_cluster, monkeypatch):
+    """The connection to the worker drops while the new release's files are being written."""
+    inv2 = variant(deployed["inv"], deployed["tmp"], "cut", 2.5)
+    real_put = None
+    cut = {"done": False}
+
+    cluster = D.Cluster(I.load(inv2), D.Options(ready_timeout=float(READY), log=print))
+    orig_write = releases.write
+
+    def write_then_cut(conn, number, files, meta):
+        if conn.name == "node2" and not cut["done"]:
+            nonlocal real_put
+            real_put = conn.put
+
+            def put_and_cut(path, data, **kw):
+                real_put(path, data, **kw)
+                cut["done"] = True
+                conn.client.get_transport().close()  # the SSH connection really goes away
+
+            conn.put = put_and_cut
+        return orig_write(conn, number, files, meta)
+
+    monkeypatch.setattr(releases, "write", write_then_cut)
+    try:
+        res = cluster.up()
+    finally:
+        cluster.close()
+    assert cut["done"] and not res.healthy
+    assert "release" in res.message and "node2" in res.message
+    # nothing switched, nothing restarted; the half-written release is incomplete and never run
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0001"
+    assert sim_cluster.ssh("node2", ["test", "-e", f"{releases.rdir(2)}/{releases.META}"]).rc != 0
+    assert health_json(deployed["inv"])[0] == 0
+    monkeypatch.undo()
+    # a re-run converges: release 2 written completely everywhere, switched, gated
+    rc, res2, err = up_json(inv2)
+    assert rc == 0 and res2["healthy"] and res2["release"] == 2 and res2["new_release"], res2["message"]
+    deployed["inv"] = inv2
+    assert health_json(inv2)[0] == 0
+
+
+def test_fault_disk_full_while_writing_a_file(deployed, sim_cluster):
+    inv3 = variant(deployed["inv"], deployed["tmp"], "full", 3.0)
+    # A tmpfs holding exactly what /etc/sparkdeploy/releases holds now, plus almost nothing.
+    setup = ("set -e; d=/etc/sparkdeploy/releases; cp -a $d /tmp/rel-copy; "
+             "kb=$(du -sk /tmp/rel-copy | cut -f1); mount -t tmpfs -o size=$((kb + 24))k tmpfs $d; "
+             "cp -a /tmp/rel-copy/. $d/; rm -rf /tmp/rel-copy; "
+             "head -c $((20 * 1024)) /dev/zero > $d/.filler 2>/dev/null || true")
+    sim_cluster.ssh("node1", ["sh", "-c", setup], check=True)
+    try:
+        rc, res, err = up_json(inv3)
+        assert rc == 1 and not res["healthy"]
+        assert "No space left" in res["message"] or "failed" in res["message"], res["message"]
+        assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0002"
+        assert health_json(deployed["inv"])[0] == 0  # still serving the last good release
+    finally:
+        sim_cluster.ssh("node1", ["sh", "-c", "umount /etc/sparkdeploy/releases"])
+    # re-run with the unchanged inventory: nothing to do
+    rc, res, err = up_json(deployed["inv"])
+    assert rc == 0 and res["changes"] == 0, res["outcomes"]
+
+
+def test_fault_health_gate_timeout_rolls_back(deployed, sim_cluster):
+    inv4 = variant(deployed["inv"], deployed["tmp"], "gate", 3.5)
+    rc, out, err = cli("up", "-i", str(inv4), "--json", "--ready-timeout", "3", "--watchdog-grace", "90",
+                       "--watchdog-backoff", "10", "--watchdog-cap", "2")
+    res = json.loads(out)
+    assert rc == 1 and not res["healthy"]
+    assert res["rolled_back_to"] == 2 and "ROLLED BACK to release 2" in res["message"], res["message"]
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0002"
+    assert health_json(deployed["inv"])[0] == 0
+    # the failed release stays on disk (unhealthy), and is not what `rollback` picks
+    nr = releases.NodeReleases()
+    listing = sim_cluster.ssh("node1", ["ls", releases.RELEASES]).out.split()
+    assert "0003" in listing and "0002" in listing
+
+
+def test_rollback_command(deployed, sim_cluster):
+    rc, out, err = cli("rollback", "-i", str(deployed["inv"]), "1", "--ready-timeout", READY)
+    assert rc == 0, err[-2000:]
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0001"
+    assert health_json(deployed["inv"])[0] == 0
+    # and up brings the inventory's release back (it exists: switch + restart, no rewrite needed)
+    rc, res, err = up_json(deployed["inv"])
+    assert rc == 0 and res["healthy"], res["message"]
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == f"releases/{res['release']:04d}"
+
+
+def test_fault_node_rebooted_during_up(deployed, sim_cluster):
+    inv5 = variant(deployed["inv"], deployed["tmp"], "reboot-during", 4.0)
+    proc = subprocess.Popen([sys.executable, "-m", "sparkdeploy", "up", "-i", str(inv5), "--json", *UP_FLAGS],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def read_err():
+        for line in proc.stderr:
+            lines.append(line)
+            if "node2: started" in line:
+                started.set()
+
+    t = threading.Thread(target=read_err, daemon=True)
+    t.start()
+    assert started.wait(600), "".join(lines[-20:])
+    sim_cluster.cluster.reboot(["node2"])
+    out = proc.stdout.read()
+    proc.wait(1200)
+    res = json.loads(out)
+    # either the gate passed after all, or it rolled back to the last good release: never half-applied
+    assert res["healthy"] or res["rolled_back_to"] is not None, res["message"]
+    a, b = current(sim_cluster, "node1"), current(sim_cluster, "node2")
+    assert a == b
+    # a re-run converges on the new release
+    rc, res2, err = up_json(inv5)
+    assert rc == 0 and res2["healthy"], res2["message"]
+    deployed["inv"] = inv5
+    wait_healthy(inv5, 300)
+
+
+@pytest.mark.parametrize("which", [["node2"], ["node1"], ["node1", "node2"]], ids=["worker", "head", "both"])
+def test_reboot_recovers_without_operator(deployed, sim_cluster, which):
+    sim_cluster.cluster.reboot(which)
+    t = wait_healthy(deployed["inv"], 420)
+    TIMES[f"healthy after reboot of {'+'.join(which)}"] = t
+    print(f"\nreboot {which}: healthy again {t:.0f} s after the nodes were back")
+
+
+def test_worker_crash_loop_stops_with_reason_then_rerun_converges(deployed, sim_cluster):
+    dropin = "/etc/systemd/system/sparkdeploy-engine.service.d"
+    sim_cluster.ssh("node2", ["sh", "-c", f"mkdir -p {dropin} && printf '[Service]\\nExecStartPre=/bin/sh -c \"exit 3\"\\n'"
+                              f" > {dropin}/crash.conf && systemctl daemon-reload && systemctl restart sparkdeploy-engine.service"
+                              " || true"])
+    t0 = time.monotonic()
+    reason = None
+    while time.monotonic() - t0 < 900:
+        rc, rep = health_json(deployed["inv"])
+        reason = next((f for f in rep.get("failed", []) if "supervisor stopped" in f), None)
+        if reason:
+            break
+        time.sleep(10)
+    TIMES["crash loop -> watchdog gives up"] = time.monotonic() - t0
+    assert reason and "retry cap 2" in reason, rep
+    # the head is stopped (not looping) and says why
+    assert sim_cluster.ssh("node1", ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() != "active"
+    sim_cluster.ssh("node2", ["sh", "-c", f"rm -rf {dropin} && systemctl daemon-reload"])
+    rc, res, err = up_json(deployed["inv"])
+    assert rc == 0 and res["healthy"] and res["restarted"], res["message"]
+    assert health_json(deployed["inv"])[0] == 0
+
+
+def test_up_one_node(deployed, sim_cluster):
+    rc, res, err = up_json(deployed["inv"], "--nodes", "1")
+    assert rc == 0 and res["healthy"], res["message"]
+    retire = [o for o in res["outcomes"] if o["step"] == "retire"]
+    assert retire and retire[0]["node"] == "node2" and retire[0]["status"] == "changed"
+    assert sim_cluster.ssh("node2", ["systemctl", "is-enabled", "sparkdeploy-engine.service"]).out.strip() != "enabled"
+
+
+def test_print_timings():
+    for k, v in TIMES.items():
+        print(f"{k}: {v:.1f} s")
