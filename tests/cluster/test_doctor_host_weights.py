@@ -215,15 +215,19 @@ def test_earlyoom_kills_a_bounded_hog_and_sshd_survives(nodes, host_setup_runs, 
             nodes.sh(node, "T=$(awk '/MemTotal/{t=$2}/MemAvailable/{a=$2}END{printf \"%.2f\", (a+300*1024)/t*100}' "
                            "/proc/meminfo); sed -i -E \"s/-m [0-9.,]+/-m $T/; s/-r [0-9]+/-r 1/\" /etc/default/earlyoom; "
                            "systemctl restart earlyoom")
+            # earlyoom is stopped the moment the hog is gone: with this threshold, a dip in the host's memory
+            # from other work could otherwise make it pick a second victim
             state = nodes.sh(node, "for i in $(seq 40); do s=$(systemctl show -p ActiveState --value sparkdeploy-hog); "
-                                   "[ \"$s\" = active ] || break; sleep 0.25; done; echo $s").strip()
+                                   "[ \"$s\" = active ] || break; sleep 0.25; done; systemctl stop earlyoom; "
+                                   "echo $s").strip()
             if state != "active":
                 killed = True
                 break
             nodes.sh(node, "systemctl stop sparkdeploy-hog", check=False)
         log = nodes.sh(node, f"journalctl -u earlyoom --since '{since}' --no-pager")
     finally:
-        nodes.sh(node, "systemctl stop sparkdeploy-hog 2>/dev/null; rm -f /root/sparkdeploy-hog.py", check=False)
+        nodes.sh(node, "systemctl stop earlyoom sparkdeploy-hog 2>/dev/null; rm -f /root/sparkdeploy-hog.py",
+                 check=False)
     assert killed, log[-2000:]
     victims = [line for line in log.splitlines() if "sending SIG" in line and " to process " in line]
     assert victims and all('"python3"' in v for v in victims), victims
@@ -233,6 +237,7 @@ def test_earlyoom_kills_a_bounded_hog_and_sshd_survives(nodes, host_setup_runs, 
     rc, rep = run_cli(capsys, "host", "setup", "--inventory", str(nodes.inventory), "--json")
     assert rc == 0 and {i["item"] for i in rep["nodes"][node] if i["status"] == "change"} == \
         {"earlyoom-config", "earlyoom-service"}
+    assert nodes.sh(node, "systemctl is-active earlyoom").strip() == "active"
     rc, rep = run_cli(capsys, "host", "setup", "--inventory", str(nodes.inventory), "--json")
     assert rc == 0 and rep["changes"] == 0
 
