@@ -343,7 +343,7 @@ class Rollout:
             self._gate(res)
             self._verify(res)
             self._finish(res)
-        except (Failed, SparkdeployError, requests.RequestException, ValueError, KeyError) as err:
+        except Exception as err:  # noqa: BLE001 - whatever broke after the switch, the previous list goes back
             reason = str(err) if isinstance(err, SparkdeployError) else f"{type(err).__name__}: {err}"
             res.reason = reason
             if self.switched:
@@ -630,7 +630,7 @@ class Rollout:
                            f"with list {res.from_version}, healthy again"
                            + ("" if same is None else "; outputs byte-identical to golden" if same
                               else "; but outputs now DIFFER from golden"))
-        except (SparkdeployError, requests.RequestException, ValueError, KeyError) as err:
+        except Exception as err:  # noqa: BLE001 - reported, never swallowed silently
             res.status = "failed"
             res.message = (f"rollout of {self.cand.version} failed ({reason}) and the rollback to release "
                            f"{self.prev} did not complete: {err}")
@@ -687,7 +687,7 @@ def history(inventory, *, trust_new_hosts: bool = False) -> dict:
 
 def pick_version(entries: list[dict], stored: list[str], live: str | None, wanted: str | None) -> str:
     """The sha256 to roll back to: a stored version by (prefix of) its sha256, or the list live before the
-    current one (the newest history entry that switched to the live list names it as `from`)."""
+    current one (the newest rollout/rollback that switched to the live list names it as `from`)."""
     if wanted:
         w = wanted.lower()
         hits = [s for s in stored if s.startswith(w)]
@@ -696,8 +696,8 @@ def pick_version(entries: list[dict], stored: list[str], live: str | None, wante
         if len(hits) > 1:
             raise VocabError(f"version {wanted!r} is ambiguous: {', '.join(s[:12] for s in hits)}")
         return hits[0]
-    for e in reversed(entries):
-        if e.get("sha256") == live and e.get("from") and e.get("from") != live:
+    for e in reversed(entries):  # automatic rollbacks name the failed list as `from`: skip them
+        if e.get("action") in ("rollout", "rollback") and e.get("sha256") == live and e.get("from") not in (None, live):
             return e["from"]
     raise VocabError("no earlier list in the history to roll back to; name a VERSION (`sparkdeploy vocab history`)")
 

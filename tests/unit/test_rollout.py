@@ -188,7 +188,8 @@ def test_list_diff_and_coverage(tmp_path, tok):
 
 def test_pick_version():
     a, b, c = "a" * 64, "b" * 64, "c" * 64
-    hist = [{"sha256": b, "from": a}, {"sha256": c, "from": b}]
+    hist = [{"action": "rollout", "sha256": b, "from": a}, {"action": "rollout", "sha256": c, "from": b},
+            {"action": "auto-rollback", "sha256": c, "from": a}]
     assert rollout.pick_version(hist, [a, b, c], c, None) == b
     assert rollout.pick_version(hist, [a, b, c], c, "aaaaaa") == a
     with pytest.raises(VocabError, match="no stored version"):
@@ -292,3 +293,78 @@ def test_prune_keeps_live_and_protected(tmp_path):
         assert sorted(p.name[:64] for p in tmp_path.glob("*.txt")) == sorted([shas[0], shas[1], shas[4]])
     finally:
         vocab_live.DIR = old
+
+
+# ------------------------------------------------------------------------------- the derived release files
+class _FakeConn:
+    def __init__(self, name, files):
+        self.name, self.files = name, files
+
+    def get(self, path):
+        return self.files.get(path.rsplit("/", 1)[-1])
+
+
+class _FakeCluster:
+    def __init__(self, conns, meta):
+        from sparkdeploy.releases import NodeReleases
+
+        self.conns = conns
+        self.names = list(conns)
+        self.head = self.names[0]
+        self.rel = {n: NodeReleases(complete={4: dict(meta)}, current=4) for n in conns}
+
+    def conn(self, n):
+        return self.conns[n]
+
+
+def _derive(monkeypatch, files, edit=None):
+    from sparkdeploy import releases
+
+    old, new = "a" * 64, "b" * 64
+    monkeypatch.setattr(releases, "file_digests", lambda c, num: {k: "x" for k in c.files})
+    cl = _FakeCluster({"node1": _FakeConn("node1", files)}, {"number": 4, "files": {}, "fingerprint": "f00",
+                                                            "image_id": "sha256:1", "facts": {"x": 1}})
+    cand = rollout.Candidate("l.txt", b"0\n", np.arange(1), new, "sha256:t", None)
+    r = rollout.Rollout(cl, cand, rollout.RolloutOptions(edit=edit))
+    r.prev, r.old_sha = 4, old
+    return r.new_release_files("node1")
+
+
+def test_new_release_changes_only_the_list_hash(monkeypatch):
+    a, b = "a" * 64, "b" * 64
+    files = {"launch.sh": f"exec docker run img vllm serve --additional-config '{{\"sha256\":\"{a}\"}}'\n".encode(),
+             "engine.env": b"X=1\n", "node-plan.json": f'{{"sha256": "{a}"}}'.encode()}
+    out, meta = _derive(monkeypatch, files)
+    assert out["engine.env"] == (b"X=1\n", 0o644)
+    assert out["launch.sh"][0] == files["launch.sh"].replace(a.encode(), b.encode()) and out["launch.sh"][1] == 0o755
+    assert b.encode() in out["node-plan.json"][0] and a.encode() not in out["node-plan.json"][0]
+    assert meta["image_id"] == "sha256:1" and meta["facts"] == {"x": 1} and meta["derived_from"] == 4
+    assert meta["vocab"]["sha256"] == b and "number" not in meta and meta["fingerprint"].startswith("f00+vocab-")
+
+
+def test_a_release_that_never_names_the_list_is_refused(monkeypatch):
+    with pytest.raises(rollout.RolloutError, match="never names"):
+        _derive(monkeypatch, {"launch.sh": b"exec true\n"})
+
+
+def test_edit_hook_sees_and_changes_the_files(monkeypatch):
+    a = "a" * 64
+
+    def edit(node, files):
+        files["launch.sh"] += b"--extra\n"
+        return files
+
+    out, _ = _derive(monkeypatch, {"launch.sh": f"{a}\n".encode()}, edit)
+    assert out["launch.sh"][0].endswith(b"--extra\n") and out["launch.sh"][1] == 0o755
+
+
+def test_downtime_is_the_longest_gap_between_successes():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rollout_downtime",
+                                                  Path(__file__).parents[2] / "bench" / "rollout_downtime.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    log = [(0, 1, True), (1, 2, True), (2, 3, False), (3, 9, False), (9, 10, True), (10, 11, True)]
+    gap, a, b = mod.downtime(log, 1.5, 10.5)
+    assert (gap, a, b) == (8, 2, 10)

@@ -1,0 +1,229 @@
+"""`sparkdeploy vocab rollout` on the sim cluster with the real engine and the tiny Qwen3-Next + MTP model.
+
+One deployment for every case (each engine restart on the sim costs 30-60 s): `up` with the MTP profile, then
+refusals (no node contacted, nothing changed), a rollout of a new list, the same rollout again (no change),
+and four injected failures that must each end on the previous list, healthy, with the reason reported.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparkdeploy import cli, rollout, served_tokenizer, vocab_live
+from sparkdeploy import inventory as I
+from sparkdeploy.remote import connect as _connect
+
+MTP_PROFILE = "sim-tiny-next-mtp"
+
+
+@pytest.fixture(scope="module")
+def deployed(sim_cluster, sim_engine_image, tmp_path_factory):
+    """The sim pair running the MTP profile (release healthy), its inventory, served tokenizer and lists."""
+    from sparkdeploy.steps.deploy import Cluster, Options
+
+    d = tmp_path_factory.mktemp("rollout")
+    text = Path(sim_cluster.inventory).read_text()
+    lines = [f"profile: {MTP_PROFILE}" if ln.startswith("profile:") else ln for ln in text.splitlines()]
+    inv_path = d / "inventory.yaml"
+    inv_path.write_text("\n".join(lines) + "\n")
+    inv = I.load(inv_path)
+    tok = served_tokenizer.resolve(inv)  # from the engine image on this machine
+    t0 = time.monotonic()
+    cluster = Cluster(inv, Options(ready_timeout=600, log=print))
+    try:
+        res = cluster.up()
+    finally:
+        cluster.close()
+    assert res.healthy, res.message
+    base = np.union1d(np.arange(1024), tok.required_ids)
+    lists = {
+        "b": rollout.write_list_with_manifest(d / "b.txt", np.union1d(base, np.arange(1024, 2048)), tok),
+        "c": rollout.write_list_with_manifest(d / "c.txt", np.union1d(base, np.arange(2048, 3000)), tok),
+    }
+    yield {"inv": inv, "inv_path": inv_path, "tok": tok, "dir": d, "lists": lists, "sim": sim_cluster,
+           "up_seconds": round(time.monotonic() - t0, 1)}
+    from sparkdeploy.steps.deploy import Cluster as C2
+
+    c2 = C2(inv, Options())
+    try:
+        c2.down()
+    finally:
+        c2.close()
+
+
+def _state(deployed) -> dict:
+    """(current release, live list sha) per node, read over SSH."""
+    sim = deployed["sim"]
+    out = {}
+    for n in sim.nodes:
+        rel = sim.ssh(n, "readlink /etc/sparkdeploy/current").out.strip()
+        sha = sim.ssh(n, "sha256sum /var/lib/sparkdeploy/vocab/current.txt | cut -c1-64").out.strip()
+        started = sim.ssh(n, "docker inspect -f '{{.State.StartedAt}}' sparkdeploy-engine").out.strip()
+        out[n.name] = (rel, sha, started)
+    return out
+
+
+def _opts(**kw) -> rollout.RolloutOptions:
+    base = dict(ready_timeout=300, rollback_timeout=300, max_tokens=16, log=print)
+    base.update(kw)
+    return rollout.RolloutOptions(**base)
+
+
+def _run(deployed, which: str, **kw) -> rollout.RolloutResult:
+    res = rollout.rollout(deployed["inv"], str(deployed["lists"][which]), _opts(**kw))
+    print(json.dumps({k: v for k, v in res.to_dict().items() if k != "nodes"}, default=str)[:3000])
+    return res
+
+
+def _health(deployed):
+    from sparkdeploy.steps.deploy import Cluster, Options
+
+    c = Cluster(deployed["inv"], Options())
+    try:
+        return c.health()
+    finally:
+        c.close()
+
+
+def _assert_on(deployed, sha: str, res=None):
+    st = _state(deployed)
+    assert {s for _, s, _ in st.values()} == {sha}, st
+    rep = _health(deployed)
+    vocab_checks = [c for c in rep.checks if c.name in ("draft vocab", "vocab agreement")]
+    assert vocab_checks and all(c.ok for c in vocab_checks), [c for c in vocab_checks if not c.ok]
+    assert rep.healthy, rep.failed()
+    return st
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+BAD = {
+    "wrong tokenizer hash": "hash",
+    "ids out of range": "range",
+    "missing EOS": "eos",
+    "empty list": "empty",
+    "not a list": "notalist",
+}
+
+
+def test_refused_before_any_node_changes(deployed, monkeypatch, capsys):
+    import sparkdeploy.remote as remote
+
+    tok, d = deployed["tok"], deployed["dir"]
+    before = _state(deployed)
+    contacted = []
+
+    def spy(target, **kw):
+        contacted.append(target.name)
+        return _connect(target, **kw)
+
+    monkeypatch.setattr(remote, "connect", spy)
+    for label, case in BAD.items():
+        p = d / f"bad-{case}.txt"
+        ids = np.union1d(np.arange(100), tok.required_ids)
+        rollout.write_list_with_manifest(p, ids, tok)
+        man = p.with_name(f"bad-{case}.manifest.json")
+        if case == "hash":
+            m = json.loads(man.read_text())
+            m["tokenizer"]["content_hash"] = "sha256:" + "0" * 64
+            man.write_text(json.dumps(m))
+        elif case == "range":
+            p.write_text("".join(f"{i}\n" for i in [*ids.tolist(), tok.vocab_size + 100]))
+            man.unlink()
+        elif case == "eos":
+            p.write_text("".join(f"{i}\n" for i in range(int(tok.required_ids.max()) + 1, 100)))
+            man.unlink()
+        elif case == "empty":
+            p.write_text("")
+            man.unlink()
+        elif case == "notalist":
+            p.write_text(json.dumps({"ids": ids.tolist()}))
+            man.unlink()
+        for extra in ([], ["--dry-run"]):
+            rc = cli.main(["vocab", "rollout", str(p), "-i", str(deployed["inv_path"]), "--allow-no-manifest", *extra])
+            assert rc == 2, (label, extra, capsys.readouterr().err)
+    assert contacted == []
+    assert _state(deployed) == before
+
+
+# ---------------------------------------------------------------------------------------------- rollouts
+def test_dry_run_changes_nothing(deployed):
+    before = _state(deployed)
+    res = _run(deployed, "b", dry_run=True)
+    assert res.status == "dry-run" and res.diff["added"] == 1024 and res.diff["removed"] == 0, res.message
+    assert _state(deployed) == before
+
+
+def test_rollout_of_a_new_list(deployed):
+    before = _state(deployed)
+    res = _run(deployed, "b")
+    assert res.status == "changed", (res.message, res.reason)
+    assert res.golden_identical is True and res.golden_prompts >= 4
+    assert res.acceptance_before and res.acceptance_after  # per category (random weights: 1.0 = nothing accepted)
+    sha = rollout.check_candidate(str(deployed["lists"]["b"]), deployed["tok"]).sha256
+    after = _assert_on(deployed, sha)
+    assert all(after[n][0] != before[n][0] for n in after)  # a new release
+    deployed["b_release"] = res.release
+    deployed["b_sha"] = sha
+    deployed["b_seconds"] = res.seconds
+
+
+def test_second_rollout_of_the_same_list_changes_nothing(deployed, capsys):
+    before = _state(deployed)
+    rc = cli.main(["vocab", "rollout", str(deployed["lists"]["b"]), "-i", str(deployed["inv_path"]), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["status"] == "unchanged", out["message"]
+    assert _state(deployed) == before  # same release, same list, engines not restarted
+
+
+# ------------------------------------------------------------------------------------ injected failures
+def _serve_flag(flag: bytes, nodes: tuple[str, ...]):
+    def edit(node: str, files: dict) -> dict:
+        if node in nodes:
+            files["launch.sh"] = files["launch.sh"].rstrip(b"\n") + b" \\\n  " + flag + b"\n"
+        return files
+    return edit
+
+
+def _assert_rolled_back(deployed, res, words: str):
+    assert res.status == "rolled-back", (res.status, res.message)
+    assert words in res.reason, res.reason
+    assert "ROLLED BACK" in res.message and "byte-identical" in res.message, res.message
+    st = _assert_on(deployed, deployed["b_sha"])
+    assert {r for r, _, _ in st.values()} == {f"releases/{deployed['b_release']:04d}"}
+
+
+def test_worker_fails_to_start_rolls_back(deployed):
+    res = _run(deployed, "c", edit=_serve_flag(b"--no-such-option", ("node2",)))
+    _assert_rolled_back(deployed, res, "node2 (worker) failed to start")
+
+
+def test_health_gate_timeout_rolls_back(deployed):
+    res = _run(deployed, "c", ready_timeout=2)
+    _assert_rolled_back(deployed, res, "health gate timed out")
+
+
+def test_node_rebooted_mid_rollout_rolls_back(deployed):
+    sim = deployed["sim"]
+    res = _run(deployed, "c", hooks={"started": lambda r: sim.cluster.reboot(["node2"])})
+    assert "node2" in res.reason and ("rebooted" in res.reason or "connection" in res.reason), res.reason
+    _assert_rolled_back(deployed, res, "node2")
+
+
+def test_outputs_differ_rolls_back(deployed):
+    flag = b"--override-generation-config '{\"repetition_penalty\": 3.0}'"
+    res = _run(deployed, "c", edit=_serve_flag(flag, ("node1", "node2")))
+    _assert_rolled_back(deployed, res, "greedy outputs differ")
+
+
+def test_history_and_rollback_command(deployed, capsys):
+    rc = cli.main(["vocab", "history", "-i", str(deployed["inv_path"]), "--json"])
+    h = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    actions = [e["action"] for e in h["history"]]
+    assert actions.count("auto-rollback") == 4 and "rollout" in actions
+    assert all(v["version"] == deployed["b_sha"][:12] for v in h["nodes"].values())
