@@ -35,10 +35,18 @@ def harness(service: Service, categories: list[Category], *, tokens: int = 128, 
                     for c, i in picks]
 
         repeat(result, f"c{k}", runs, warmup, make_send, on_run_start=on_run_start, progress=progress,
-               watch_interval=watch_interval)
+               watch_interval=watch_interval, values=_with_throughput)
     results.summarize_runs(result, overall_groups={c.name for c in categories})
     result["peak_check"] = {f"c{k}": peak_check(result, f"c{k}", k) for k in concurrency}
     return result
+
+
+def _with_throughput(outcome) -> dict:
+    """Concurrency runs report total output tok/s over the run's wall time, one stream (c1) included."""
+    values = results.run_values(outcome)
+    if outcome.wall_s > 0:
+        values["throughput_tok_s"] = sum(r.completion_tokens for r in outcome.requests if r.ok) / outcome.wall_s
+    return values
 
 
 def peak_check(result: dict, group: str, k: int) -> dict:

@@ -125,7 +125,9 @@ def plots(results: list[tuple[str, dict]], out: Path) -> list[str]:
                    if re.fullmatch(r"c\d+", g)})
     if conc:
         fig, ax = plt.subplots(figsize=(8, 4))
-        for label, res in results:
+        with_sweep = [(label, res) for label, res in results if any(re.fullmatch(r"c\d+", m["group"])
+                                                                     for m in res["metrics"].values())]
+        for label, res in with_sweep:
             ys = []
             for k in conc:
                 m = res["metrics"].get(f"c{k}/throughput_tok_s") or res["metrics"].get(f"c{k}/decode_tok_s")
@@ -137,7 +139,7 @@ def plots(results: list[tuple[str, dict]], out: Path) -> list[str]:
         ax.set_xlabel("concurrent streams")
         ax.set_ylabel("total tok/s")
         ax.set_title("Throughput over concurrency")
-        if len(results) > 1:
+        if len(with_sweep) > 1:
             ax.legend()
         _save(fig, out, "concurrency.png", written)
     return written
@@ -197,10 +199,11 @@ def markdown(results: list[tuple[str, dict]], images: list[str], *, title: str, 
                   + "; a difference counts only beyond the 99% t bound on that noise.", ""]
         for n in comparison["comparability"]:
             lines.append(f"- not like for like: {n}")
-        lines += ["", "| metric | A | B | B−A | noise (sd) | threshold | verdict |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "| metric | A | B | B−A | n A/B | noise (sd) | threshold | verdict |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in comparison["rows"]:
             lines.append(f"| {r['metric']} | {_fmt(r['a'])} | {_fmt(r['b'])} | {_fmt(r['difference'])} | "
-                         f"{_fmt(r['noise'])} | {_fmt(r['threshold'])} | {r['verdict']} |")
+                         f"{r['n_a']}/{r['n_b']} | {_fmt(r['noise'])} | {_fmt(r['threshold'])} | {r['verdict']} |")
         lines.append("")
     for img in images:
         lines += [f"![{img[:-4]}]({img})", ""]

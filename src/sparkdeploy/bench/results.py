@@ -144,7 +144,8 @@ def add_run(result: dict, group: str, index: int, warmup: bool, outcome, *, valu
 def summarize_runs(result: dict, *, overall_groups: set[str] | None = None) -> dict:
     """Fill result["metrics"] from the kept, non-warm-up runs.
 
-    With `overall_groups`, adds `overall/decode_tok_s`: per repeat index, the median over those groups.
+    With `overall_groups`, adds `overall/decode_tok_s` and `overall/server_decode_tok_s`: one value per
+    repeat index, the median over those groups of that repeat.
     """
     groups: dict[str, dict[str, list[float]]] = {}
     for run in result["runs"]:
@@ -156,15 +157,14 @@ def summarize_runs(result: dict, *, overall_groups: set[str] | None = None) -> d
     for group, names in groups.items():
         for name, values in names.items():
             out[f"{group}/{name}"] = _entry(group, name, values)
-    if overall_groups:
+    for name in ("decode_tok_s", "server_decode_tok_s") if overall_groups else ():
         by_index: dict[int, list[float]] = {}
         for run in result["runs"]:
-            if (run["group"] in overall_groups and run["kept"] and not run["warmup"]
-                    and "decode_tok_s" in run["values"]):
-                by_index.setdefault(run["index"], []).append(run["values"]["decode_tok_s"])
+            if run["group"] in overall_groups and run["kept"] and not run["warmup"] and name in run["values"]:
+                by_index.setdefault(run["index"], []).append(run["values"][name])
         if by_index:
             per_repeat = [statistics.median(v) for _, v in sorted(by_index.items())]
-            out["overall/decode_tok_s"] = _entry("overall", "decode_tok_s", per_repeat)
+            out[f"overall/{name}"] = _entry("overall", name, per_repeat)
     result["metrics"] = out
     return out
 

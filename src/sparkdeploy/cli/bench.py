@@ -171,13 +171,14 @@ def compare_cmd(a, b, baselines, as_json):
     for note in cmp["comparability"]:
         click.secho(f"not like for like: {note}", fg="yellow", err=True)
     table = Table(title=f"{Path(b).name} against {Path(a).name}")
-    for col in ("metric", "A", "B", "B-A", "noise sd", "threshold", "verdict"):
+    for col in ("metric", "A", "B", "B-A", "n A/B", "noise sd", "threshold", "verdict"):
         table.add_column(col)
     f = (lambda v: "–" if v is None else f"{v:.4g}")
     colour = {"better": "green", "worse": "red"}
     for r in cmp["rows"]:
         word = r["verdict"]
-        table.add_row(r["metric"], f(r["a"]), f(r["b"]), f(r["difference"]), f(r["noise"]), f(r["threshold"]),
+        table.add_row(r["metric"], f(r["a"]), f(r["b"]), f(r["difference"]), f"{r['n_a']}/{r['n_b']}",
+                      f(r["noise"]), f(r["threshold"]),
                       f"[{colour[word]}]{word}[/]" if word in colour else word)
     _out().print(table)
 
