@@ -152,6 +152,7 @@ SECTIONS: dict[str, str] = {
         "[ -z \"$u\" ] || systemctl show --no-pager -p Id -p ExecStart -p ExecStartPre $u"
     ),
     "meminfo": "cat /proc/meminfo",
+    "containers": "docker ps --format '{{.Names}}' 2>/dev/null",
     "timesync": (
         'echo "ntp=$(timedatectl show -p NTPSynchronized --value 2>/dev/null)"; '
         'for s in systemd-timesyncd chrony chronyd ntp ntpsec; do '
@@ -935,11 +936,12 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
     measured = {n.name: planner_facts(n, facts[n.name]) for n in inv.nodes if not facts[n.name].error}
     measured = {k: v for k, v in measured.items() if v is not None}
     budget_error = None
-    budgets = {}
+    budgets, engines = {}, {}
     if measured:
         try:
             pl = plan_mod.plan(inv, measured)
             budgets = {np.name: np.memory for np in pl.nodes}
+            engines = {np.name: np.container_name for np in pl.nodes}
         except SparkdeployError as err:
             budget_error = str(err)
     head_present = int(facts[inv.head.name].kv("disk").get("ckpt_present") or 0) if not facts[inv.head.name].error else 0
@@ -952,10 +954,18 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
         if r.check == "memory" and not facts[r.node].error:
             mem = parse_meminfo(facts[r.node].text("meminfo"))
             b = budgets.get(r.node)
-            if budget_error:
+            if budget_error and f"node {r.node}:" not in budget_error and re.search(r"\bnode \S+:", budget_error):
+                r = _r("memory", r.node, Verdict.NOT_PRESENT,
+                       "budget not computed here: the plan stopped at another node (see its memory line)")
+            elif budget_error:
                 r = _r("memory", r.node, Verdict.FAIL, budget_error,
-                       "lower memory.reserve_gib or gpu_memory_utilization only if the host really has the room; "
-                       "free memory on the node")
+                       "free memory on the node, or lower memory.reserve_gib / gpu_memory_utilization only if the "
+                       "host really has the room")
+            elif b is not None and "MemAvailable" in mem and \
+                    engines.get(r.node) in facts[r.node].text("containers").split():
+                # the engine already holds its budget: judge the serving margin, not a fresh start
+                r = serving_margin(r.node, mem["MemAvailable"], int(b.reserve_gib * GIB))
+                r = _r("memory", r.node, r.verdict, "engine running: " + r.reason, r.fix)
             elif b is not None and "MemAvailable" in mem:
                 r = memory_margin("memory", r.node, mem["MemAvailable"], int(b.engine_gib * GIB),
                                   int(b.reserve_gib * GIB), total=mem.get("MemTotal"))

@@ -225,3 +225,22 @@ def test_probe_script_runs_locally_and_parses():
     assert "ckpt_path=/" in secs["disk"].text  # nearest existing parent
     assert "127.0.0.1" in secs["reach"].text
     json.dumps([r.as_dict() for r in d.run_checks([SIM_SPEC], {"node1": HostFacts.from_output("node1", out)})])
+
+
+def test_examine_end_to_end_on_local_connections():
+    """examine() with both inventory nodes reached through local connections (the real probe runs here)."""
+    from pathlib import Path
+
+    from sparkdeploy import inventory
+    from sparkdeploy.remote import Pool, Target
+
+    inv = inventory.load(Path(__file__).parent / "fixtures" / "inventory.sim.yaml")
+    pool = Pool([Target(n.name, "localhost", local=True) for n in inv.nodes])
+    exam = d.examine(inv, checkpoint_dir="/nonexistent/ckpt", pool=pool)
+    by = {(r.node, r.check): r for r in exam.results}
+    names = [c.__name__[6:].replace("_", "-") for c in d.NODE_CHECKS]
+    assert all((n.name, c) in by for n in inv.nodes for c in names)
+    assert {("cluster", "driver-match"), ("cluster", "data-plane-reach"), ("cluster", "clock-skew")} <= set(by)
+    mem = by[("node1", "memory")]
+    assert "reserve 4.0" in mem.reason or "reserve_gib" in mem.reason  # the plan's budget, not a local guess
+    assert json.loads(json.dumps(exam.to_dict()))["verdict"] in ("ok", "warn", "fail")
