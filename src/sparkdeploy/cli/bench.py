@@ -158,16 +158,24 @@ def turn2_cmd(url, inventory, model, prefix_tokens, tokens, runs, warmup, out, a
 @click.option("--baseline", "baselines", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="More results of A's configuration: their repeats join A's noise estimate. Repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
-def compare_cmd(a, b, baselines, as_json):
+@click.option("--fail-on-worse", is_flag=True, help="Exit 1 when any metric is worse beyond noise (a CI gate).")
+def compare_cmd(a, b, baselines, as_json, fail_on_worse):
     """B against A: per metric "better", "worse" or "within noise" (noise measured, never a fixed %)."""
     from sparkdeploy.bench.compare import compare
 
     ra, rb = results.load(a), results.load(b)
     extra = [results.load(p) for p in baselines]
     cmp = compare(ra, rb, extra_baselines=extra)
+    worse = [r["metric"] for r in cmp["rows"] if r["verdict"] == "worse"]
     if as_json:
         click.echo(json.dumps(cmp, indent=2))
-        return
+    else:
+        _print_comparison(cmp, a, b)
+    if fail_on_worse and worse:
+        raise BenchError(f"worse beyond noise: {', '.join(worse)}")
+
+
+def _print_comparison(cmp: dict, a: str, b: str) -> None:
     for note in cmp["comparability"]:
         click.secho(f"not like for like: {note}", fg="yellow", err=True)
     table = Table(title=f"{Path(b).name} against {Path(a).name}")

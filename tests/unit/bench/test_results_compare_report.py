@@ -114,3 +114,11 @@ def test_cli_compare_and_input_errors(tmp_path, capsys):
     assert main(["bench", "probe", "--url", "http://127.0.0.1:9", "--category", "nope"]) == 2
     assert main(["bench", "turn2", "--url", "http://127.0.0.1:9", "--prefix-tokens", "a,b"]) == 2
     assert main(["bench", "probe", "--url", "http://127.0.0.1:9"]) == 1  # nothing listening: BenchError
+
+
+def test_cli_compare_fail_on_worse_is_a_gate(tmp_path):
+    a = results.save(fake_result(), tmp_path / "a.json")
+    slower = results.save(fake_result(tok_s=(80.0, 81.0, 79.0)), tmp_path / "b.json")
+    assert main(["bench", "compare", str(a), str(slower)]) == 0
+    assert main(["bench", "compare", str(a), str(slower), "--fail-on-worse"]) == 1
+    assert main(["bench", "compare", str(a), str(a), "--fail-on-worse"]) == 0

@@ -86,3 +86,30 @@ def test_t_quantile_table():
     assert stats.t_quantile(11) == stats.t_quantile(12)
     assert stats.t_quantile(1000) == pytest.approx(2.576)
     assert stats.t_quantile(0) == float("inf")
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_vals = st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), min_size=2, max_size=8)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(_vals, _vals)
+def test_swapping_sides_mirrors_the_verdict(a, b):
+    fwd, back = stats.verdict("x", a, b), stats.verdict("x", b, a)
+    mirror = {stats.BETTER: stats.WORSE, stats.WORSE: stats.BETTER, stats.WITHIN_NOISE: stats.WITHIN_NOISE,
+              stats.UNKNOWN: stats.UNKNOWN}
+    assert back.verdict == mirror[fwd.verdict]
+    assert fwd.threshold == pytest.approx(back.threshold)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(_vals, st.floats(min_value=-1e3, max_value=1e3), st.floats(min_value=0.01, max_value=100))
+def test_verdicts_do_not_depend_on_units_or_offsets(a, offset, scale):
+    """No fixed percentage: shifting every value, or changing the unit, changes no verdict."""
+    b = [x * 1.1 + 3 for x in a]
+    base = stats.verdict("x", a, b).verdict
+    moved = stats.verdict("x", [x * scale + offset for x in a], [x * scale + offset for x in b]).verdict
+    if base != stats.UNKNOWN and abs(stats.verdict("x", a, b).difference or 0) > 1e-6 * (1 + max(map(abs, a + b))):
+        assert moved == base
