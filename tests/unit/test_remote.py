@@ -159,3 +159,11 @@ def test_local_host_detection():
     assert remote.is_local_host("127.0.0.1")
     assert remote.is_local_host("localhost")
     assert not remote.is_local_host("192.0.2.77")
+
+
+def test_stream_many_fans_out_one_read(ssh, local, tmp_path):
+    gen = ["python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)) * 20000)"]
+    res = remote.stream_many(ssh, gen, [local, ssh], ["sh", "-c", 'test "$(wc -c)" -eq 5120000'])
+    assert res == {"me": 256 * 20000, "n1": 256 * 20000}
+    res = remote.stream_many(ssh, gen, [local], ["sh", "-c", "cat > /dev/null; exit 5"])
+    assert isinstance(res["me"], RemoteError) and "exited 5" in str(res["me"])

@@ -244,15 +244,17 @@ class Cluster:
         src = self.conn(src_name) if src_name else builder
         todo = [n for n in self.names if ids.get(n) != want and n != getattr(src, "name", None)]
 
-        def ship(n: str) -> Outcome:
+        res = {}
+        if todo:
             t1 = time.monotonic()
-            self.log(f"{n}: loading {tag} from {src.name} (docker save | docker load)")
-            moved = img.ship(src, self.conn(n), tag, want)
+            self.log(f"{', '.join(todo)}: loading {tag} from {src.name} (one docker save | docker load on each)")
+            moved = img.ship_many(src, [self.conn(n) for n in todo], tag, want)
             dt = time.monotonic() - t1
-            return Outcome("image", n, CHANGED, f"{moved / 1e6:.0f} MB in {dt:.1f} s ({moved / 1e6 / max(dt, 1e-3):.0f} MB/s)",
-                           [f"ship {tag} from {src.name}"], dt)
-
-        res = self.pool.map(lambda c: ship(c.name), todo) if todo else {}
+            for n in todo:
+                m = moved[n]
+                res[n] = m if isinstance(m, Exception) else Outcome(
+                    "image", n, CHANGED, f"{m / 1e6:.0f} MB in {dt:.1f} s ({m / 1e6 / max(dt, 1e-3):.0f} MB/s)",
+                    [f"ship {tag} from {src.name}"], dt)
         for n in self.names:
             if n in res:
                 r = res[n]

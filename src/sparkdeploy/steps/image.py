@@ -13,7 +13,7 @@ import tarfile
 from typing import Callable
 
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.remote import Conn, LocalConn, Target, stream, stream_bytes
+from sparkdeploy.remote import Conn, LocalConn, Target, stream, stream_bytes, stream_many
 
 
 def image_id(conn: Conn, ref: str) -> str | None:
@@ -51,6 +51,17 @@ def ship(src: Conn, dst: Conn, tag: str, want_id: str) -> int:
     if got != want_id:
         raise RemoteError(f"after docker load, {tag} has ID {got}, expected {want_id}", node=dst.name)
     return moved
+
+
+def ship_many(src: Conn, dsts: list[Conn], tag: str, want_id: str) -> dict[str, int | Exception]:
+    """One `docker save` fanned out to `docker load` on every destination; each verified by image ID."""
+    res = stream_many(src, ["docker", "save", tag], dsts, ["docker", "load", "-q"])
+    for d in dsts:
+        if isinstance(res.get(d.name), int):
+            got = image_id(d, tag)
+            if got != want_id:
+                res[d.name] = RemoteError(f"after docker load, {tag} has ID {got}, expected {want_id}", node=d.name)
+    return res
 
 
 def choose_builder(conns: dict[str, Conn], head: str, base: str, local_factory: Callable[[], Conn]) -> Conn:
