@@ -385,6 +385,10 @@ class Rollout:
                                + ", ".join(f"{n} {vocab_live.version_of(s.configured)}" for n, s in states.items()))
         self.old_sha = configured.pop()
         res.from_sha256, res.from_version = self.old_sha, vocab_live.version_of(self.old_sha)
+        inv_vocab = getattr(self.c.inv, "vocab", None)
+        if inv_vocab is not None and inv_vocab.sha256 != self.cand.sha256:
+            res.notes.append(f"{self.c.inv.file} names list {inv_vocab.sha256[:12]} ({inv_vocab.path.name}): set "
+                             f"`vocab:` to {Path(self.cand.path).name} there, or the next `up` puts that list back")
         for n, s in states.items():
             if s.problem():
                 res.notes.append(f"{n}: {s.problem()}")

@@ -227,3 +227,11 @@ def test_history_and_rollback_command(deployed, capsys):
     actions = [e["action"] for e in h["history"]]
     assert actions.count("auto-rollback") == 4 and "rollout" in actions
     assert all(v["version"] == deployed["b_sha"][:12] for v in h["nodes"].values())
+
+
+def test_rollback_command_puts_the_previous_list_back(deployed, capsys):
+    rc = cli.main(["vocab", "rollback", "-i", str(deployed["inv_path"]), "--max-tokens", "16", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["status"] == "changed", out["message"]
+    assert out["golden_identical"] is True
+    _assert_on(deployed, deployed["inv"].vocab.sha256)  # the inventory's list, live again
