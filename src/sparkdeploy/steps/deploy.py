@@ -92,17 +92,6 @@ def _facts_from_dict(d: dict) -> F.NodeFacts:
     return F.NodeFacts(**d)
 
 
-def _overlay_files() -> dict[str, bytes]:
-    root = paths.overlays_dir()
-    out = {}
-    for f in sorted(root.rglob("*")):
-        rel = f.relative_to(root)
-        if f.is_file() and "__pycache__" not in rel.parts and not rel.parts[0].startswith(".") \
-                and rel.parts[0] != "tests" and not f.name.endswith(".pyc") and ".egg-info" not in str(rel):
-            out[f"overlays/{rel.as_posix()}"] = f.read_bytes()
-    return out
-
-
 class Cluster:
     """Connections + plan for one inventory; the verbs (`up`, `down`, ...) are methods."""
 
@@ -173,9 +162,8 @@ class Cluster:
             facts[n] = r[0]
             out.append(Outcome("facts", n, OK, r[1], [], time.monotonic() - t0))
         self.facts = facts
-        digest = render.__dict__.get("overlays_digest")
         self.plan = P.plan(self.inv, facts, self.opts.nodes, git_commit=paths.git_commit(),
-                           overlays_digest=digest() if callable(digest) else None)
+                           overlays_digest=render.overlays_digest())
         self.files = render.render(self.plan)
         return self.plan
 
@@ -192,10 +180,7 @@ class Cluster:
         return {posixpath.join("/etc/systemd/system", k[len(pre):]): v for k, v in self.files.items() if k.startswith(pre)}
 
     def image_context(self) -> dict[str, bytes]:
-        ctx = {"Dockerfile": self.files["image/Dockerfile"], **_overlay_files()}
-        src = self.plan.image.vocab_source
-        ctx["vocab/current.txt"] = open(src, "rb").read() if src else b""
-        return ctx
+        return img.context(self.plan, self.files)
 
     # -------------------------------------------------------------------------------------------- steps
     def step_stale(self, out: list[Outcome]) -> None:

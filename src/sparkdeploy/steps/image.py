@@ -76,5 +76,49 @@ def choose_builder(conns: dict[str, Conn], head: str, base: str, local_factory: 
     raise RemoteError(f"base image {base} is on neither the head nor this machine; load or build it first", node=head)
 
 
+def overlay_files() -> dict[str, bytes]:
+    """overlays/ as build-context entries (no tests, caches or build debris)."""
+    from sparkdeploy import paths
+
+    root = paths.overlays_dir()
+    out = {}
+    for f in sorted(root.rglob("*")):
+        rel = f.relative_to(root)
+        if f.is_file() and "__pycache__" not in rel.parts and not rel.parts[0].startswith(".") \
+                and rel.parts[0] not in ("tests", "build", "dist") and not f.name.endswith(".pyc") \
+                and not any(p.endswith(".egg-info") for p in rel.parts):
+            out[f"overlays/{rel.as_posix()}"] = f.read_bytes()
+    return out
+
+
+def context(plan, files: dict[str, bytes]) -> dict[str, bytes]:
+    """The serving image's build context: the rendered Dockerfile, overlays/ and vocab/current.txt."""
+    src = plan.image.vocab_source
+    ctx = {"Dockerfile": files["image/Dockerfile"], **overlay_files()}
+    ctx["vocab/current.txt"] = open(src, "rb").read() if src else b""
+    return ctx
+
+
+def serving_context(inv) -> tuple[str, dict[str, bytes]]:
+    """(tag, build context) of the serving image for an inventory, exactly as `up` builds it (the image does
+    not depend on measured facts, so nominal ones are used)."""
+    from sparkdeploy import plan as P
+    from sparkdeploy import render
+
+    chosen, _, _ = P._layout(inv, None)
+    plan = P.plan(inv, {n.name: _roomy(n) for n in chosen}, overlays_digest=render.overlays_digest())
+    return plan.image.tag, context(plan, render.render(plan))
+
+
+def _roomy(node):
+    """Nominal facts with plenty of memory: the image does not depend on memory, the plan must not refuse."""
+    import dataclasses
+
+    from sparkdeploy import facts as F
+
+    f = F.nominal(node)
+    return dataclasses.replace(f, mem_total_bytes=1 << 40, mem_available_bytes=1 << 40)
+
+
 def local_conn() -> Conn:
     return LocalConn(Target("local", "localhost", local=True))
