@@ -65,11 +65,17 @@ def test_start_health_and_stop_kills_the_process_group(fake_python, tmp_path):
     assert not _alive(leader) and not _alive(child)
 
 
-def test_died_before_healthy_reports_log(fake_python, tmp_path):
-    srv = vs.VllmServer("/m", env={"FAKE_PIDS": str(tmp_path / "p"), "FAKE_MODE": "die"}, python=fake_python,
+def test_died_before_healthy_reports_log_and_reaps_orphans(fake_python, tmp_path):
+    pids = tmp_path / "p"
+    srv = vs.VllmServer("/m", env={"FAKE_PIDS": str(pids), "FAKE_MODE": "die"}, python=fake_python,
                         log_path=tmp_path / "log", timeout=30)
     with pytest.raises(vs.ServerError, match="(?s)exited with code 3.*fake vllm starting"):
         srv.start()
+    _, child = map(int, pids.read_text().split())
+    deadline = time.time() + 10
+    while time.time() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(child)  # the leader died first; its child must not be left behind
 
 
 def test_timeout_names_last_state_and_cleans_up(fake_python, tmp_path):

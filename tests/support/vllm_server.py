@@ -153,12 +153,15 @@ class VllmServer:
 
     def stop(self, grace: float = 20.0) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        pgid = proc.pid  # session leader: its pid is the process-group id
+        # session leader: its pid is the process-group id. Signal the group even when the leader has
+        # already exited, so orphaned children (EngineCore, workers) go too.
+        pgid = proc.pid
         try:
             os.killpg(pgid, signal.SIGTERM)
         except ProcessLookupError:
+            proc.poll()
             return
         try:
             proc.wait(timeout=grace)
