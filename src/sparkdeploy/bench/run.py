@@ -165,7 +165,19 @@ def _judge(service: Service, before: metrics.Snapshot, results: list[RequestResu
                        "another request ran during the run", delta)
     if watcher and watcher.excess:
         return outcome(f"stray request: {watcher.excess}", delta)
-    busy = after.value(metrics.RUNNING) + after.value(metrics.WAITING)
-    if busy:
-        return outcome(f"{busy:g} requests still running or waiting at the end of the run", delta)
-    return outcome(None, delta)
+    # the gauges may trail the counters by an engine step: a request still there after the settle time
+    # (or one that finishes meanwhile and moves the success counter) was not ours
+    while True:
+        busy = after.value(metrics.RUNNING) + after.value(metrics.WAITING)
+        if not busy:
+            return outcome(None, delta)
+        if time.monotonic() > deadline:
+            return outcome(f"{busy:g} requests still running or waiting at the end of the run", delta)
+        time.sleep(0.05)
+        after = metrics.scrape(service.url, session=session)
+        try:
+            if metrics.Delta(before, after)(metrics.SUCCESS) != sent:
+                return outcome("vllm:request_success_total moved after the run ended: another request ran "
+                               "during the run", delta)
+        except metrics.CounterReset as err:
+            return outcome(f"counter reset: {err}", None)

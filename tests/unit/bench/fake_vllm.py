@@ -31,6 +31,12 @@ class FakeVllm:
                           decode_count=0)
             self.created = time.time()
             self.cached = set()
+            self.linger_scrapes = 0
+
+    def linger(self, scrapes: int) -> None:
+        """Show one extra running request (not ours) for the next `scrapes` reads of /metrics."""
+        with self.lock:
+            self.linger_scrapes = scrapes
 
     def finish_stray(self, tokens: int = 10) -> None:
         """Account for a request that nobody in the test sent (someone else's traffic)."""
@@ -69,6 +75,9 @@ class FakeVllm:
     def metrics(self) -> str:
         with self.lock:
             c = dict(self.c)
+            if self.linger_scrapes > 0:
+                self.linger_scrapes -= 1
+                c["running"] += 1
         return metrics_text(success=c["success"], drafts=c["drafts"], draft_tokens=c["draft_tokens"],
                             accepted=c["accepted"], per_pos=c["per_pos"], hits=c["hits"], queries=c["queries"],
                             running=c["running"], waiting=c["waiting"], gen_tokens=c["gen_tokens"],

@@ -104,3 +104,19 @@ def test_turn2_refuses_a_prefix_longer_than_the_model(fake):
 def test_unreachable_service_is_a_bench_error():
     with pytest.raises(BenchError, match="cannot list models"):
         client.discover("http://127.0.0.1:9", timeout=1)
+
+
+def test_request_still_running_after_the_run_discards_it(fake, code):
+    # the judge re-reads /metrics every 0.05 s for at most 3 s (60 reads): 80 outlast it, then the next
+    # run's idle wait sees the engine idle again
+    r = probe(client.discover(fake.url), code, tokens=10, runs=2, warmup=0,
+              on_run_start=lambda g, a: a == 1 and fake.linger(80))
+    assert len(r["discarded"]) == 1
+    assert "still running or waiting" in r["discarded"][0]["reason"]
+    assert r["metrics"]["code/ttft_s"]["n"] == 2
+
+
+def test_gauge_lagging_by_a_step_is_not_a_stray(fake, code):
+    r = probe(client.discover(fake.url), code, tokens=10, runs=2, warmup=0,
+              on_run_start=lambda g, a: fake.linger(2))
+    assert not r["discarded"]

@@ -94,7 +94,7 @@ from hypothesis import strategies as st  # noqa: E402
 _vals = st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), min_size=2, max_size=8)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(_vals, _vals)
 def test_swapping_sides_mirrors_the_verdict(a, b):
     fwd, back = stats.verdict("x", a, b), stats.verdict("x", b, a)
@@ -104,7 +104,7 @@ def test_swapping_sides_mirrors_the_verdict(a, b):
     assert fwd.threshold == pytest.approx(back.threshold)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(_vals, st.floats(min_value=-1e3, max_value=1e3), st.floats(min_value=0.01, max_value=100))
 def test_verdicts_do_not_depend_on_units_or_offsets(a, offset, scale):
     """No fixed percentage: shifting every value, or changing the unit, changes no verdict."""
