@@ -155,11 +155,31 @@ def _fmt(v, unit: str = "") -> str:
     return str(v)
 
 
+HOW_TO_READ = """<details><summary>How to read this</summary>
+
+- Every figure is the median of the kept runs after the warm-up; min/max span those runs. A run starts only
+  when `vllm:num_requests_running` and `_waiting` are 0 and is kept only if `vllm:request_success_total` rose by
+  exactly the requests it sent, no counter was reset (server restart) and nothing else was left running.
+- `decode_tok_s`: client side, output tokens after the first over the time after the first, from streamed
+  chunk timestamps; a stream whose tokens arrived in one burst is left out (its timing says nothing).
+  `server_decode_tok_s`: the engine's own figure from `vllm:request_decode_time_seconds` and
+  `vllm:generation_tokens_total` deltas. `ttft_s` / `server_ttft_s` likewise.
+- `acceptance_length` = 1 + accepted / drafts (tokens per verify step); `accept_posN` = accepted at draft
+  position N / drafts; from `vllm:spec_decode_*` counter deltas over the run.
+- `throughput_tok_s` (concurrency groups `cK`): all output tokens of the K streams over the run's wall time.
+- turn2: `prefix_hits_turn2` = `vllm:prefix_cache_hits_total` delta of turn two (tokens served from cache).
+- Comparisons: noise = pooled standard deviation of the repeats of both sides; a difference of medians counts
+  ("better"/"worse") only beyond the two-sided 99% Student-t bound on that noise, never a fixed percentage.
+</details>
+"""
+
+
 def markdown(results: list[tuple[str, dict]], images: list[str], *, title: str, note: str | None,
              comparisons: list[tuple[str, str, dict]] = ()) -> str:
     lines = [f"# {title}", ""]
     if note:
         lines += [f"> {note}", ""]
+    lines += [HOW_TO_READ, ""]
     for label, res in results:
         svc, ctx, st = res["service"], res.get("context") or {}, res["settings"]
         lines += [f"## {label} ({res['kind']}, {res['created']})", "",
