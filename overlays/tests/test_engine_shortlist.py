@@ -11,7 +11,6 @@ in use.
 """
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -22,7 +21,6 @@ from tests.support.vllm_server import VllmServer, require_venv
 
 pytestmark = pytest.mark.engine
 
-REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [
     "def hello_world():",
     "import os\nimport sys\n",
@@ -46,14 +44,8 @@ def venv_python():
 
 
 @pytest.fixture(scope="module")
-def tiny_next(venv_python, tmp_path_factory):
-    cached = os.environ.get("SPARKDEPLOY_TINY_MODELS")
-    if cached and (Path(cached) / "tiny-qwen3-next-mtp" / "config.json").is_file():
-        return Path(cached) / "tiny-qwen3-next-mtp"
-    out = tmp_path_factory.mktemp("models")
-    subprocess.run([str(venv_python), str(REPO / "images/sim-engine/make_tiny_models.py"), "--out", str(out),
-                    "--only", "tiny-qwen3-next-mtp"], check=True, capture_output=True, timeout=600)
-    return out / "tiny-qwen3-next-mtp"
+def tiny_next(tiny_models):
+    return tiny_models / "tiny-qwen3-next-mtp"
 
 
 def _lists(model_dir: Path, tmp: Path):

@@ -1,1 +1,0 @@
-"""Shared test configuration: markers are declared in pyproject.toml."""
