@@ -170,6 +170,7 @@ HOW_TO_READ = """<details><summary>How to read this</summary>
 - turn2: `prefix_hits_turn2` = `vllm:prefix_cache_hits_total` delta of turn two (tokens served from cache).
 - Comparisons: noise = pooled standard deviation of the repeats of both sides; a difference of medians counts
   ("better"/"worse") only beyond the two-sided 99% Student-t bound on that noise, never a fixed percentage.
+  With extra baseline sessions (`--baseline`), the spread of the sessions' medians must be exceeded as well.
 </details>
 """
 
@@ -219,11 +220,14 @@ def markdown(results: list[tuple[str, dict]], images: list[str], *, title: str, 
                   + "; a difference counts only beyond the 99% t bound on that noise.", ""]
         for n in comparison["comparability"]:
             lines.append(f"- not like for like: {n}")
-        lines += ["", "| metric | A | B | B−A | n A/B | noise (sd) | threshold | verdict |",
-                  "|---|---|---|---|---|---|---|---|"]
+        sessions = any(r.get("session_noise") is not None for r in comparison["rows"])
+        lines += ["", "| metric | A | B | B−A | n A/B | noise (sd) |" + (" session sd |" if sessions else "")
+                  + " threshold | verdict |", "|---|---|---|---|---|---|" + ("---|" if sessions else "") + "---|---|"]
         for r in comparison["rows"]:
             lines.append(f"| {r['metric']} | {_fmt(r['a'])} | {_fmt(r['b'])} | {_fmt(r['difference'])} | "
-                         f"{r['n_a']}/{r['n_b']} | {_fmt(r['noise'])} | {_fmt(r['threshold'])} | {r['verdict']} |")
+                         f"{r['n_a']}/{r['n_b']} | {_fmt(r['noise'])} |"
+                         + (f" {_fmt(r.get('session_noise'))} |" if sessions else "")
+                         + f" {_fmt(r['threshold'])} | {r['verdict']} |")
         lines.append("")
     for img in images:
         lines += [f"![{img[:-4]}]({img})", ""]

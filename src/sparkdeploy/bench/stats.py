@@ -5,6 +5,13 @@ repeating the *same* configuration produces. The noise is measured, per metric, 
 side (plus any extra baseline repeats) as a pooled standard deviation; the difference of medians is
 compared with a two-sided 99% Student-t bound on that noise. There is no fixed percentage anywhere: a
 metric that swings 50% on its own needs a large shift to count, a steady one counts a small shift.
+
+Repeats inside one session miss drift between sessions (a busier machine, a warmer cache, a reboot). When the
+baseline was measured more than once (extra baseline files, each a session), the spread of the session
+medians is noise too: B must then beat *every* baseline session's median by more than the repeat noise bound,
+and, from three sessions on (when their spread can be estimated at all), also lie outside a 99% prediction
+bound for one more session's median, t(0.995, k-1) * sd(session medians) * sqrt(1 + 1/k).
+The reported threshold is that bound expressed as a distance from A's median, in the direction of B.
 """
 
 from __future__ import annotations
@@ -82,6 +89,7 @@ class Verdict:
     verdict: str
     n_a: int
     n_b: int
+    session_noise: float | None = None  # stdev of the baseline sessions' medians (with extra baselines)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -108,8 +116,19 @@ def verdict(metric: str, a: list[float], b: list[float], *, higher_is_better: bo
     # a floor for deterministic metrics (sd == 0): float rounding is not a difference
     floor = 1e-9 * max(abs(ma), abs(mb), 1e-12)
     threshold = max(t_quantile(dof) * sd * math.sqrt(1 / len(a) + 1 / len(b)) * _MEDIAN_EFFICIENCY, floor)
+    sessions = [statistics.median(g) for g in groups[:1] + groups[2:] if g]
+    session_sd = None
+    if len(sessions) >= 2:
+        k = len(sessions)
+        session_sd = statistics.stdev(sessions)
+        edge = max(sessions) if diff >= 0 else min(sessions)
+        bound = abs(edge - ma) + threshold
+        if k >= 3:
+            centre = statistics.fmean(sessions)
+            bound = max(bound, abs(centre - ma) + t_quantile(k - 1) * session_sd * math.sqrt(1 + 1 / k))
+        threshold = bound
     if abs(diff) <= threshold:
         word = WITHIN_NOISE
     else:
         word = BETTER if (diff > 0) == higher_is_better else WORSE
-    return Verdict(metric, ma, mb, diff, sd, threshold, word, len(a), len(b))
+    return Verdict(metric, ma, mb, diff, sd, threshold, word, len(a), len(b), session_sd)

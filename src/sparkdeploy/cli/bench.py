@@ -156,7 +156,8 @@ def turn2_cmd(url, inventory, model, prefix_tokens, tokens, runs, warmup, out, a
 @click.argument("a", type=click.Path(exists=True, dir_okay=False))
 @click.argument("b", type=click.Path(exists=True, dir_okay=False))
 @click.option("--baseline", "baselines", multiple=True, type=click.Path(exists=True, dir_okay=False),
-              help="More results of A's configuration: their repeats join A's noise estimate. Repeatable.")
+              help="More sessions of A's configuration: their repeats join the noise estimate and the spread "
+                   "of the sessions' medians must be exceeded too. Repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--fail-on-worse", is_flag=True, help="Exit 1 when any metric is worse beyond noise (a CI gate).")
 def compare_cmd(a, b, baselines, as_json, fail_on_worse):
@@ -179,14 +180,14 @@ def _print_comparison(cmp: dict, a: str, b: str) -> None:
     for note in cmp["comparability"]:
         click.secho(f"not like for like: {note}", fg="yellow", err=True)
     table = Table(title=f"{Path(b).name} against {Path(a).name}")
-    for col in ("metric", "A", "B", "B-A", "n A/B", "noise sd", "threshold", "verdict"):
+    for col in ("metric", "A", "B", "B-A", "n A/B", "noise sd", "session sd", "threshold", "verdict"):
         table.add_column(col)
     f = (lambda v: "–" if v is None else f"{v:.4g}")
     colour = {"better": "green", "worse": "red"}
     for r in cmp["rows"]:
         word = r["verdict"]
         table.add_row(r["metric"], f(r["a"]), f(r["b"]), f(r["difference"]), f"{r['n_a']}/{r['n_b']}",
-                      f(r["noise"]), f(r["threshold"]),
+                      f(r["noise"]), f(r.get("session_noise")), f(r["threshold"]),
                       f"[{colour[word]}]{word}[/]" if word in colour else word)
     _out().print(table)
 

@@ -113,3 +113,17 @@ def test_verdicts_do_not_depend_on_units_or_offsets(a, offset, scale):
     moved = stats.verdict("x", [x * scale + offset for x in a], [x * scale + offset for x in b]).verdict
     if base != stats.UNKNOWN and abs(stats.verdict("x", a, b).difference or 0) > 1e-6 * (1 + max(map(abs, a + b))):
         assert moved == base
+
+
+def test_drift_between_baseline_sessions_counts_as_noise():
+    """A baseline measured twice, far apart: B between the two sessions is not a change."""
+    a, a_again, b = [100.0, 101.0, 99.0], [130.0, 131.0, 129.0], [115.0, 116.0, 114.0]
+    assert stats.verdict("x", a, b).verdict == stats.BETTER  # repeats alone look steady
+    v = stats.verdict("x", a, b, extra_a=[a_again])
+    assert v.verdict == stats.WITHIN_NOISE and v.session_noise == pytest.approx(21.2, abs=0.1)
+    # B must beat every baseline session by more than the repeat noise
+    assert stats.verdict("x", a, [135.0, 136.0, 134.0], extra_a=[a_again]).verdict == stats.BETTER
+    assert stats.verdict("x", a, [90.0, 91.0, 89.0], extra_a=[a_again]).verdict == stats.WORSE
+    # steady sessions leave a real shift detectable
+    steady = [[100.2, 101.0, 99.5], [99.8, 100.5, 100.1], [100.0, 99.6, 100.9]]
+    assert stats.verdict("x", a, [110.0, 111.0, 109.0], extra_a=steady).verdict == stats.BETTER
