@@ -133,7 +133,7 @@ def make_qwen3_next_mtp(out: str, eos_id: int) -> None:
         moe_intermediate_size=64,
         shared_expert_intermediate_size=64,
         linear_num_value_heads=2,
-        linear_num_key_heads=1,
+        linear_num_key_heads=2,  # TP=2 splits the GDN heads: one key head per rank (1 gave 0 per rank)
         linear_key_head_dim=128,
         linear_value_head_dim=128,
         full_attention_interval=2,
