@@ -22,7 +22,7 @@ PAIRS=(--pair "$R/probe-a.json,$R/probe-a-repeat.json")
 FILES=("$R/harness-a.json" "$R/turn2-a.json" "$R/probe-a.json")
 if [ -n "${URL_B:-}" ]; then
   "${SD[@]}" probe --url "$URL_B" "${PROBE[@]}" --out "$R/probe-b.json"
-  PAIRS+=(--pair "$R/probe-a.json,$R/probe-b.json")
+  PAIRS+=(--pair "$R/probe-a.json,$R/probe-b.json" --pair "$R/probe-a.json,$R/probe-b.json,$R/probe-a-repeat.json")
   FILES+=("$R/probe-b.json")
 fi
 "${SD[@]}" report "${FILES[@]}" "${PAIRS[@]}" --out "$OUT" \

@@ -216,10 +216,15 @@ def markdown(results: list[tuple[str, dict]], images: list[str], *, title: str, 
     for label_a, label_b, comparison in comparisons:
         lines += [f"## Comparison: {label_b} against {label_a}", "",
                   f"B against A; noise = pooled standard deviation of the repeats"
-                  + (f" (plus {comparison['extra_baselines']} extra baseline files)" if comparison["extra_baselines"] else "")
+                  + (f", plus {comparison['extra_baselines']} extra baseline session(s): B must beat every "
+                     "baseline session's median" if comparison["extra_baselines"] else "")
                   + "; a difference counts only beyond the 99% t bound on that noise.", ""]
         for n in comparison["comparability"]:
             lines.append(f"- not like for like: {n}")
+        for side in ("a", "b"):
+            only = comparison.get(f"only_in_{side}") or []
+            if only:
+                lines.append(f"- only in {side.upper()} (not compared): " + ", ".join(f"`{m}`" for m in only))
         sessions = any(r.get("session_noise") is not None for r in comparison["rows"])
         lines += ["", "| metric | A | B | B−A | n A/B | noise (sd) |" + (" session sd |" if sessions else "")
                   + " threshold | verdict |", "|---|---|---|---|---|---|" + ("---|" if sessions else "") + "---|---|"]
@@ -235,9 +240,9 @@ def markdown(results: list[tuple[str, dict]], images: list[str], *, title: str, 
 
 
 def write(paths: list[str], out: str | Path, *, title: str = "sparkdeploy bench report", note: str | None = None,
-          with_comparison: bool = False, pairs: list[tuple[str, str]] = (), loaded: list[dict] | None = None) -> Path:
-    """Write out/README.md and the PNGs. `pairs` (A path, B path) add comparisons (loading files not listed
-    in `paths`); `with_comparison` compares the first two files."""
+          with_comparison: bool = False, pairs: list[tuple[str, ...]] = (), loaded: list[dict] | None = None) -> Path:
+    """Write out/README.md and the PNGs. `pairs` (A path, B path, extra baseline paths...) add comparisons
+    (loading files not listed in `paths`); `with_comparison` compares the first two files."""
     from sparkdeploy.bench import results as results_mod
 
     out = Path(out)
@@ -251,10 +256,12 @@ def write(paths: list[str], out: str | Path, *, title: str = "sparkdeploy bench 
         wanted.insert(0, (paths[0], paths[1]))
     by_path = dict(zip(paths, loaded))
     comparisons = []
-    for pa, pb in wanted:
+    for pa, pb, *extra in wanted:
         ra = by_path.get(pa) or results_mod.load(pa)
         rb = by_path.get(pb) or results_mod.load(pb)
-        comparisons.append((Path(pa).stem, Path(pb).stem, compare_mod.compare(ra, rb)))
+        bases = [by_path.get(e) or results_mod.load(e) for e in extra]
+        label_a = Path(pa).stem + "".join(f" + {Path(e).stem}" for e in extra)
+        comparisons.append((label_a, Path(pb).stem, compare_mod.compare(ra, rb, extra_baselines=bases)))
     md = out / "README.md"
     md.write_text(markdown(labelled, images, title=title, note=note, comparisons=comparisons))
     return md

@@ -198,8 +198,9 @@ def _print_comparison(cmp: dict, a: str, b: str) -> None:
 @click.option("--title", default="sparkdeploy bench report", show_default=True)
 @click.option("--note", help="A line under the title, e.g. what the numbers were measured on.")
 @click.option("--compare", "with_comparison", is_flag=True, help="Add the verdicts of the second file against the first.")
-@click.option("--pair", "pairs", multiple=True, metavar="A.json,B.json",
-              help="Add the verdicts of B against A (files need not be plotted). Repeatable.")
+@click.option("--pair", "pairs", multiple=True, metavar="A.json,B.json[,A2.json...]",
+              help="Add the verdicts of B against A, with optional extra baseline sessions of A "
+                   "(files need not be plotted). Repeatable.")
 def report_cmd(files, out, title, note, with_comparison, pairs):
     """Markdown + PNG plots (tok/s per category, acceptance per position, TTFT, turn two, concurrency)."""
     from sparkdeploy.bench import report
@@ -207,9 +208,9 @@ def report_cmd(files, out, title, note, with_comparison, pairs):
     split = []
     for p in pairs:
         parts = p.split(",")
-        if len(parts) != 2 or not all(Path(x).is_file() for x in parts):
-            raise InputError(f"--pair {p}: expected A.json,B.json naming two existing results files")
-        split.append((parts[0], parts[1]))
+        if len(parts) < 2 or not all(Path(x).is_file() for x in parts):
+            raise InputError(f"--pair {p}: expected A.json,B.json[,A2.json...] naming existing results files")
+        split.append(tuple(parts))
     md = report.write(list(files), out, title=title, note=note, with_comparison=with_comparison, pairs=split)
     click.echo(str(md))
 
