@@ -6,17 +6,25 @@ Schema `sparkdeploy.bench/1`:
       "schema": "sparkdeploy.bench/1",
       "kind": "probe" | "harness" | "turn2",
       "created": ISO-8601 UTC,
-      "service": {"url", "model", "vllm_version", "max_model_len"},
-      "context": {"source": "url" | "inventory" | ..., optional "inventory", "release", "image",
-                  "vocab_hash", "patches", "nodes": [...]},        # what is known; absent fields unknown
+      "service": {"url", "model", "vllm_version", "max_model_len"},          # from /v1/models and /version
+      "context": {"source": "url" | "inventory", "url" | "inventory", "cluster", "image": {...},
+                  "patches": [...], "vocab_hash", "vocab": {...}, "profile": {...}, "nodes": [...],
+                  "release_source", optional "release" and live facts from the orchestration seam},
+                                                          # every field optional: absent = unknown
       "settings": {...the command's options...},
-      "runs": [{"group", "index", "warmup", "kept", "discard_reason", "wall_s", "peak_running",
-                "values": {metric: number}, "counters": {...deltas...}, "requests": [{...}]}],
+      "runs": [{"group", "index" (negative for warm-ups), "warmup", "kept", "discard_reason", "wall_s",
+                "peak_running", "watch_samples", "values": {metric: number},
+                "counters": {"request_success", "prompt_tokens", "generation_tokens", "preemptions",
+                             "spec_decode": {...} | null, "prefix_cache": {...}, "server_timing": {...}},
+                "requests": [{"ok", "error", "prompt_tokens", "completion_tokens", "ttft_s", "decode_s",
+                              "total_s", "decode_tok_s", "bunched", "chunks"}]}],
       "metrics": {"<group>/<metric>": {"group", "name", "unit", "higher_is_better",
                                       "values": [kept, non-warm-up runs], "n", "median", "min", "max", "stdev"}},
-      "discarded": [{"group", "index", "reason"}]
+      "discarded": [{"group", "index", "warmup", "reason"}],
+      "peak_check": {"cK": {"concurrency", "peak_running", "min_samples_per_run", "state", "reached"}}  # harness
     }
 
+Groups: prompt categories (probe, harness), `cK` concurrency levels and `overall` (harness), `prefixN` (turn2).
 `metrics` is derived from `runs` (kept, not warm-up); `compare` and `report` read only `metrics`.
 """
 
