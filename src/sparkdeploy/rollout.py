@@ -513,11 +513,13 @@ class Rollout:
                              + ("; it does not answer SSH now (rebooting?)" if errs else "; it answers again"))
             if st.get("boot") and self.boots.get(n) and st["boot"] != self.boots[n]:
                 raise Failed(f"{n} rebooted during the rollout (PID 1 started {st['boot']}, was {self.boots[n]})")
-            if st.get("ActiveState") == "failed" or st.get("SubState") == "auto-restart":
+            # inactive too: a foreground server whose engine died can exit 0 (vLLM's EngineDeadError path)
+            if st.get("ActiveState") in ("failed", "inactive") or st.get("SubState") == "auto-restart":
                 tail = self.conn(n).run(["journalctl", "-u", P.UNIT_NAME, "-n", "4", "--no-pager", "-o", "cat"],
                                         check=False, timeout=20).stdout.strip().replace("\n", " | ")
                 role = "worker" if n != self.c.head else "head"
-                raise Failed(f"{n} ({role}) failed to start on release {self.new_num}: unit {st.get('ActiveState')}/"
+                raise Failed(f"{n} ({role}) failed to start or stopped on release {self.new_num}: unit "
+                             f"{st.get('ActiveState')}/"
                              f"{st.get('SubState')} (exit status {st.get('ExecMainStatus')}): {tail[-300:]}")
 
     def wait_ready(self, timeout: float, watch: bool = True) -> str:
