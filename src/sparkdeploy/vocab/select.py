@@ -69,7 +69,7 @@ def _han_char_scores(tokenizer: Tokenizer, score: np.ndarray) -> list[tuple[floa
         text = tokenizer.token_bytes(i).decode("utf-8", "replace")
         chars = [c for c in text if is_han(c)]
         s = float(score[i])
-        if len(chars) == 1 and text.strip() == chars[0] and text == chars[0]:
+        if len(text) == 1 and chars:
             single[chars[0]] = int(i)
         if s:
             for c in chars:
