@@ -71,13 +71,15 @@ def vocab() -> None:
 @click.option("--coverage", "target", type=float, help="stop adding once this share of corpus tokens is covered")
 @click.option("--cutoff", type=int, default=0, show_default=True, help="also take every id below this")
 @click.option("--reserve", multiple=True, help="han1=K (common single Han chars) or word=K (English words)")
+@click.option("--weight", multiple=True, help="NAME=W: weight of a NAME=PATH group (default 1 each)")
 @click.option("--include", multiple=True, help="glob for files found in directories, e.g. '*.py'")
 @click.option("--jsonl/--no-jsonl", default=None, help="read files as JSON lines (default: *.jsonl only)")
 @click.option("--text-field", default="text", show_default=True, help="JSONL field holding text")
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="list file (.txt/.npy/.d2t.npy)")
 @click.option("--name", help="list name in its manifest (default: file stem)")
 @click.option("--json", "as_json", is_flag=True, help="print the manifest as JSON")
-def build(corpus, spec, size, target, cutoff, reserve, include, jsonl, text_field, out, name, as_json) -> None:
+def build(corpus, spec, size, target, cutoff, reserve, weight, include, jsonl, text_field, out, name,
+          as_json) -> None:
     """Count CORPUS (files, dirs, -, NAME=PATH groups weighted equally) and write a list + manifest."""
     from sparkdeploy.vocab.build import build_list, count_corpus, parse_group
 
@@ -94,8 +96,17 @@ def build(corpus, spec, size, target, cutoff, reserve, include, jsonl, text_fiel
                 status.update(f"counting {g}: {tokens:,} tokens")
             counted[g] = count_corpus(tok, paths, include=include, jsonl=jsonl, text_field=text_field,
                                       progress=progress)
+    weights = {}
+    for w in weight:
+        g, _, v = w.partition("=")
+        try:
+            weights[g] = float(v)
+        except ValueError:
+            raise VocabError(f"--weight {w!r}: expected NAME=NUMBER, e.g. code=2") from None
+        if g not in grouped:
+            raise VocabError(f"--weight {w!r}: no corpus group {g!r} (groups: {', '.join(grouped)})")
     manifest = build_list(tok, counted, out, size=size, coverage=target, cutoff=cutoff,
-                          reserve=_parse_reserve(reserve), name=name)
+                          reserve=_parse_reserve(reserve), weights=weights or None, name=name)
     lines = [f"{out}: {manifest['size']} ids for {tok.name} ({tok.content_hash[:19]})",
              "parts: " + ", ".join(f"{k} {v}" for k, v in manifest["parts"].items())]
     for g, info in manifest["build"]["groups"].items():

@@ -15,10 +15,11 @@ def run(*args):
 def test_build_inspect_validate_split_coverage(tiny_model, corpus, tmp_path, capsys):
     out = tmp_path / "lists" / "tiny.txt"
     assert run("build", f"en={corpus / 'en.txt'}", f"zh={corpus / 'zh.txt'}", "-t", tiny_model, "--size", 420,
-               "--reserve", "han1=5", "-o", out) == 0
+               "--reserve", "han1=5", "--weight", "zh=2", "-o", out) == 0
     manifest = json.loads((tmp_path / "lists" / "tiny.manifest.json").read_text())
     assert manifest["size"] == 420 and set(manifest["build"]["groups"]) == {"en", "zh"}
     assert manifest["tokenizer"]["name"] == str(tiny_model)
+    assert manifest["settings"]["weights"] == {"zh": 2.0}
     capsys.readouterr()
     assert run("validate", out) == 0
     assert "ok, 420 ids" in capsys.readouterr().out
@@ -42,13 +43,14 @@ def test_merge_prints_seed_style_line(tmp_path, capsys):
     assert (tmp_path / "m.txt").read_text() == "1\n2\n3\n4\n"
 
 
-@pytest.mark.parametrize("case", ["unknown_tokenizer", "missing_file", "empty_corpus", "too_small"])
+@pytest.mark.parametrize("case", ["unknown_tokenizer", "missing_file", "empty_corpus", "too_small", "bad_weight"])
 def test_bad_build_input_writes_nothing(case, tiny_model, corpus, tmp_path, capsys):
     out = tmp_path / "out" / "l.txt"
     args = {"unknown_tokenizer": [corpus, "-t", "nope", "--size", 400],
             "missing_file": [tmp_path / "missing.txt", "-t", tiny_model, "--size", 400],
             "empty_corpus": [tmp_path / "empty.txt", "-t", tiny_model, "--size", 400],
-            "too_small": [corpus, "-t", tiny_model, "--size", 3]}[case]
+            "too_small": [corpus, "-t", tiny_model, "--size", 3],
+            "bad_weight": [corpus, "-t", tiny_model, "--size", 400, "--weight", "nope=2"]}[case]
     (tmp_path / "empty.txt").write_text("")
     assert run("build", *args, "-o", out) == 2
     assert "error:" in capsys.readouterr().err
