@@ -290,12 +290,22 @@ class MemoryGuardError(SparkdeployError):
     """Starting now would eat the host reserve on a node (exit 1): the start is refused."""
 
 
-def guard(node: str, mem_available: int, budget) -> doctor.CheckResult:
+def guard(node: str, mem_available: int, budget, *, mem_free: int | None = None) -> doctor.CheckResult:
     """The start-time memory guard on one node. `budget` is the plan's `memory.MemoryBudget` for that node:
-    need = its engine budget (weights + activations + KV), reserve = its reserve."""
+    need = its engine budget (weights + activations + KV), reserve = its reserve.
+
+    On a GB10 CUDA reports MemFree, not MemAvailable, as free device memory, so other page cache still
+    resident makes vLLM's own start check fail even when MemAvailable is fine: a warning with the fix."""
     need = int(round(budget.engine_gib * GIB))
     reserve = int(round(budget.reserve_gib * GIB))
-    return doctor.memory_margin("memory-guard", node, mem_available, need, reserve)
+    res = doctor.memory_margin("memory-guard", node, mem_available, need, reserve)
+    if res.verdict is not doctor.Verdict.FAIL and budget.gpu and mem_free is not None and mem_free < need:
+        return doctor.CheckResult(
+            "memory-guard", node, doctor.Verdict.WARN,
+            res.reason + f"; but MemFree {mem_free / GIB:.1f} GiB < engine {need / GIB:.1f} GiB: CUDA on GB10 counts "
+            "page cache as used, so vLLM's start check may refuse",
+            "drop other caches before the start: `sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`")
+    return res
 
 
 def enforce(results: Sequence[doctor.CheckResult]) -> None:
@@ -304,3 +314,33 @@ def enforce(results: Sequence[doctor.CheckResult]) -> None:
     if bad:
         raise MemoryGuardError("refusing to start: " + "; ".join(f"{r.node}: {r.reason}" for r in bad) +
                         f" -- {bad[0].fix}")
+
+
+def evict_and_guard(pool, plan, directory: str | None) -> tuple[dict[str, dict], list[doctor.CheckResult]]:
+    """Before a start: evict the checkpoint's page cache on every planned node (when there is a host
+    directory), then judge MemAvailable after eviction against each node's planned budget. Returns
+    ({node: evict report}, guard results); `enforce(results)` refuses the start. For `up` and `weights evict`."""
+    names = [np.name for np in plan.nodes]
+    if directory:
+        out = pool.map(lambda c: evict(c, directory), names)
+    else:  # model baked into the image: nothing to evict, still measure
+        def measure(c) -> dict:
+            mem = _meminfo(c)
+            return {"files": 0, "bytes": 0, "cached_before": None, "cached_after": None,
+                    "mem_available_before": mem["MemAvailable"], "mem_available_after": mem["MemAvailable"],
+                    "mem_free_after": mem.get("MemFree")}
+
+        out = pool.map(measure, names)
+    for name, res in out.items():
+        if isinstance(res, Exception):
+            raise res
+    guards = [guard(np.name, out[np.name]["mem_available_after"], np.memory,
+                    mem_free=out[np.name].get("mem_free_after")) for np in plan.nodes]
+    return out, guards
+
+
+def _meminfo(conn) -> dict[str, int]:
+    mem = doctor.parse_meminfo(conn.run(["cat", "/proc/meminfo"], timeout=30).stdout)
+    if "MemAvailable" not in mem:
+        raise RemoteError("no MemAvailable in /proc/meminfo", node=conn.name)
+    return mem

@@ -154,10 +154,10 @@ def _resident(fd, size):
         return None
 
 
-def _mem_available():
+def _mem_available(field="MemAvailable:"):
     with open("/proc/meminfo") as f:
         for line in f:
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     return None
 
@@ -167,6 +167,7 @@ def evict(root):
     if not os.path.isdir(root):
         out["exists"] = False
         out["mem_available_after"] = out["mem_available_before"]
+        out["mem_free_after"] = _mem_available("MemFree:")
         return out
     unknown = False
     for _rel, path in _files(root):
@@ -188,6 +189,7 @@ def evict(root):
     if unknown:
         out["cached_before"] = out["cached_after"] = None
     out["mem_available_after"] = _mem_available()
+    out["mem_free_after"] = _mem_available("MemFree:")
     out["exists"] = True
     return out
 

@@ -115,3 +115,36 @@ def test_twins_addressing():
     assert hs.twins_for("eth0", "10.1.2.3", ()) == [hs.Twin("eth0", "10.1.2.3/24")]
     t = hs.twins_for("enP2p1s0f1np1", "192.168.177.12", ("enP2p1s0f1np1", "enp1s0f1np1"))
     assert t == [hs.Twin("enP2p1s0f1np1", "192.168.177.12/24"), hs.Twin("enp1s0f1np1", "192.168.178.12/24")]
+
+
+class FakeConn:
+    name = "spark1"
+
+    def __init__(self):
+        self.runs, self.puts = [], []
+
+    def run(self, argv, **kw):
+        from sparkdeploy.remote import Result
+
+        self.runs.append(list(argv))
+        return Result(list(argv), 0, "", "", self.name)
+
+    def put(self, path, data, *, mode=0o644, owner=None):
+        self.puts.append((path, data, mode))
+
+
+def test_non_root_login_writes_through_sudo_install():
+    c = FakeConn()
+    hs.write_file(c, "/etc/netplan/40-cx7.yaml", "network: {}\n", 0o600, sudo=hs.sudo_prefix("nvidia"))
+    assert c.puts == [("/tmp/.sparkdeploy-host-40-cx7.yaml", b"network: {}\n", 0o600)]
+    assert ["sudo", "-n", "mkdir", "-p", "/etc/netplan"] in c.runs
+    assert ["sudo", "-n", "install", "-m", "600", "-o", "root", "-g", "root", "/tmp/.sparkdeploy-host-40-cx7.yaml",
+            "/etc/netplan/40-cx7.yaml"] in c.runs
+    items = hs.plan_items("spark1", fresh(), netdev="enp1s0f1np1", data_ip="192.168.177.11")
+    c = FakeConn()
+    done = hs.apply_items(c, items, sudo=["sudo", "-n"])
+    assert [a.status for a in done] == ["changed"] * 4
+    assert all(r[:2] == ["sudo", "-n"] or r[0] == "rm" for r in c.runs)
+    root = FakeConn()
+    hs.write_file(root, hs.EARLYOOM_DEFAULT, "x\n", 0o644)
+    assert root.puts == [(hs.EARLYOOM_DEFAULT, b"x\n", 0o644)]

@@ -78,6 +78,26 @@ def test_helper_manifest_cache_seed_and_evict(tmp_path, local, monkeypatch):
     assert w.manifest(local, str(tmp_path / "nope")).exists is False
 
 
+def test_evict_and_guard_over_local_connections(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from sparkdeploy import inventory, plan as plan_mod
+    from sparkdeploy.remote import Pool
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    inv = inventory.load(Path(__file__).parent / "fixtures" / "inventory.sim.yaml")
+    pl = plan_mod.plan(inv)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "w.bin").write_bytes(b"x" * 10000)
+    with Pool([Target(n.name, "localhost", local=True) for n in inv.nodes]) as pool:
+        pool.open()
+        out, guards = w.evict_and_guard(pool, pl, str(tmp_path / "ckpt"))
+        assert out["node1"]["files"] == 1 and out["node2"]["mem_free_after"] > 0
+        assert [g.node for g in guards] == ["node1", "node2"] and all(g.check == "memory-guard" for g in guards)
+        out, _ = w.evict_and_guard(pool, pl, None)
+        assert out["node1"]["files"] == 0 and out["node1"]["mem_available_after"] > 0
+
+
 def test_helper_unauthorize(tmp_path, local, monkeypatch):
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
@@ -97,6 +117,9 @@ def test_guard_uses_the_plan_budget():
     # 40 GiB of page cache from the rsync still resident: MemAvailable did not drop, but if other memory is held...
     low = w.guard("spark1", int((b.engine_gib + b.reserve_gib - 1) * GIB), b)
     assert low.verdict is doctor.Verdict.FAIL and "reserve 28.0" in low.reason
+    # MemAvailable fine but MemFree short (other page cache): CUDA on GB10 would see too little
+    cached = w.guard("spark1", 116 * GIB, b, mem_free=int(b.engine_gib * GIB) - GIB)
+    assert cached.verdict is doctor.Verdict.WARN and "drop_caches" in cached.fix
     with pytest.raises(w.MemoryGuardError, match="refusing to start: spark1"):
         w.enforce([ok, low])
     w.enforce([ok])

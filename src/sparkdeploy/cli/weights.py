@@ -101,24 +101,21 @@ def evict(inventory_file, directory, as_json, trust_new_hosts):
 
     inv, d = _load(inventory_file, directory)
     with _open(inv, trust_new_hosts) as pool:
-        out = pool.map(lambda c: w.evict(c, d))
         measured = pool.map(lambda c: gather.gather(c, inv.node(c.name)))
-    bad = {k: v for k, v in {**out, **measured}.items() if isinstance(v, Exception)}
-    if bad:
-        name, e = next(iter(bad.items()))
-        raise RemoteError(str(e), node=name)
-    plan = plan_mod.plan(inv, measured)
-    guards = []
-    for np in plan.nodes:
-        ev = out[np.name]
+        bad = {k: v for k, v in measured.items() if isinstance(v, Exception)}
+        if bad:
+            name, e = next(iter(bad.items()))
+            raise RemoteError(str(e), node=name)
+        plan = plan_mod.plan(inv, measured)
+        out, guards = w.evict_and_guard(pool, plan, d)
+    for g in guards:
+        ev = out[g.node]
         cached = "" if ev.get("cached_before") is None else \
             f", page cache {ev['cached_before'] / GIB:.2f} -> {ev['cached_after'] / GIB:.2f} GiB"
-        err.print(f"  {np.name:<9} {ev['files']} files, {ev['bytes'] / GIB:.2f} GiB{cached}; MemAvailable "
+        err.print(f"  {g.node:<9} {ev['files']} files, {ev['bytes'] / GIB:.2f} GiB{cached}; MemAvailable "
                   f"{ev['mem_available_before'] / GIB:.1f} -> {ev['mem_available_after'] / GIB:.1f} GiB")
-        g = w.guard(np.name, ev["mem_available_after"], np.memory)
-        guards.append(g)
         style = {"ok": "green", "warn": "yellow", "fail": "red bold"}.get(g.verdict.value, "")
-        err.print(f"  [{style}]{g.verdict.value:<5}[/{style}] {np.name:<9} memory guard: {g.reason}")
+        err.print(f"  [{style}]{g.verdict.value:<5}[/{style}] {g.node:<9} memory guard: {g.reason}")
     if as_json:
         click.echo(json.dumps({"dir": d, "nodes": out, "guard": [g.as_dict() for g in guards]}, indent=2))
     w.enforce(guards)
