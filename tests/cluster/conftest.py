@@ -52,10 +52,20 @@ def _sim_prereqs():
         pytest.skip(f"sim cluster unavailable: {why}")
 
 
+_TIMINGS: dict[str, float] = {}
+
+
 @pytest.fixture(scope="session")
 def sim_timings() -> dict:
-    """Seconds per setup step, filled by the fixtures (printed by test_report_timings)."""
-    return {}
+    """Seconds per setup step, filled by the fixtures; printed in the terminal summary."""
+    return _TIMINGS
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _TIMINGS:
+        terminalreporter.section("sim cluster setup timings")
+        for step, seconds in _TIMINGS.items():
+            terminalreporter.write_line(f"{step:<48} {seconds:8.1f} s")
 
 
 @pytest.fixture(scope="session")
