@@ -91,7 +91,8 @@ def test_stray_request_during_a_run_is_discarded_not_averaged(service, cats):
             t.start()
             strays.append(t)
 
-    r = probe(service, prompts.select(cats, ["code"]), tokens=64, runs=3, warmup=1, on_run_start=stray)
+    # our request is long (256 tokens) so the stray, sent the moment ours is launched, is sure to overlap it
+    r = probe(service, prompts.select(cats, ["code"]), tokens=256, runs=3, warmup=1, on_run_start=stray)
     for t in strays:
         t.join()
     assert len(r["discarded"]) == 1
