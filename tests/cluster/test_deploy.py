@@ -188,7 +188,7 @@ def test_fault_disk_full_while_writing_a_file(deployed, sim_cluster):
     setup = ("set -e; d=/etc/sparkdeploy/releases; cp -a $d /tmp/rel-copy; "
              "kb=$(du -sk /tmp/rel-copy | cut -f1); mount -t tmpfs -o size=$((kb + 24))k tmpfs $d; "
              "cp -a /tmp/rel-copy/. $d/; rm -rf /tmp/rel-copy; "
-             "head -c $((20 * 1024)) /dev/zero > $d/.filler 2>/dev/null || true")
+             "head -c 64M /dev/zero > $d/.filler 2>/dev/null || true")
     sim_cluster.ssh("node1", ["sh", "-c", setup], check=True)
     try:
         rc, res, err = up_json(inv3)

@@ -104,3 +104,18 @@ def test_image_context_has_dockerfile_overlays_vocab(cluster):
     ctx = cluster.image_context()
     assert ctx["Dockerfile"].startswith(b"# Rendered") and "vocab/current.txt" in ctx
     assert all(not k.startswith("overlays/tests/") and "__pycache__" not in k for k in ctx)
+
+
+def test_failed_or_aborted_newest_release_number_is_reused(cluster):
+    cluster.opts.dry_run = True
+    cluster.facts = {n: None for n in cluster.names}
+    rel = _rel_from(cluster)
+    rel["node2"].complete[3]["files"]["engine.env"] = "0" * 64  # something differs -> a new release
+    rel["node1"].incomplete.append(4)  # an aborted attempt
+    cluster.rel = rel
+    out = []
+    assert cluster.step_release(out) == 4
+    rel["node1"].complete[4] = {}
+    rel["node2"].complete[4] = {}
+    rel["node1"].healthy.add(4)  # 4 once passed its gate: keep it, write 5
+    assert cluster.step_release([]) == 5

@@ -301,7 +301,10 @@ class Cluster:
             num = self.rel[self.head].current
             out += [Outcome("release", n, OK, f"release {num} is current") for n in self.names]
             return num
-        num = max(nr.newest for nr in self.rel.values()) + 1
+        newest = max(nr.newest for nr in self.rel.values())
+        # An aborted or failed attempt (newest number, current nowhere, healthy nowhere) is rewritten in place.
+        reuse = newest and all(nr.current != newest and newest not in nr.healthy for nr in self.rel.values())
+        num = newest if reuse else newest + 1
         meta = {"fingerprint": self.plan.release_id, "image": self.plan.image.tag, "image_id": self.image_id,
                 "nodes": self.names, "kit_version": self.plan.kit_version, "git_commit": paths.git_commit()}
 
