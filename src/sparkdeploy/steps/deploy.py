@@ -309,11 +309,14 @@ class Cluster:
                 "nodes": self.names, "kit_version": self.plan.kit_version, "git_commit": paths.git_commit()}
 
         def diff(n: str) -> list[Action]:
-            c = self.conn(n)
             files = self.release_files(n, num)
-            m = dict(meta, node=n, facts=self.facts[n].to_dict(), reason=why.get(n, "another node changed"))
+
+            def write():
+                m = dict(meta, node=n, facts=self.facts[n].to_dict(), reason=why.get(n, "another node changed"))
+                releases.write(self.conn(n), num, files, m)
+
             return [Action(f"write release {num} ({', '.join(sorted(files))}): {why.get(n, 'another node changed')}",
-                           lambda: releases.write(c, num, files, m))]
+                           write)]
 
         out += run_step("release", self.names, diff, dry_run=self.opts.dry_run, log=self.log)
         return num
