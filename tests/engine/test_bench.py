@@ -37,7 +37,8 @@ def server(tmp_path_factory):
     subprocess.run([str(python), str(script), "--out", str(models), "--only", "tiny-qwen3"], check=True,
                    capture_output=True, timeout=300)
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with VllmServer(models / "tiny-qwen3", max_model_len=MAX_MODEL_LEN, log_path=log,
+    # a generous start timeout: on a loaded 2-core machine engine start has taken over 3 minutes
+    with VllmServer(models / "tiny-qwen3", max_model_len=MAX_MODEL_LEN, log_path=log, timeout=480,
                     args=["--enforce-eager", "--enable-prefix-caching", "--speculative-config", NGRAM]) as srv:
         yield srv
 
