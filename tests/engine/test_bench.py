@@ -6,7 +6,6 @@ plausibility, never wall-clock figures.
 
 from __future__ import annotations
 
-import subprocess
 import threading
 from pathlib import Path
 
@@ -18,27 +17,19 @@ from sparkdeploy.bench.harness import harness
 from sparkdeploy.bench.probe import probe
 from sparkdeploy.bench.turn2 import turn2
 from sparkdeploy.cli import main
-from tests.support.vllm_server import VllmServer, require_venv
+from tests.support.vllm_server import VllmServer
 
 pytestmark = pytest.mark.engine
 
-REPO = Path(__file__).resolve().parents[2]
 NGRAM = '{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":3,"prompt_lookup_min":1}'
 MAX_MODEL_LEN = 2048  # the tiny model's max_position_embeddings; turn2 scales --prefix-tokens down to fit
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    python = require_venv()
-    script = REPO / "images" / "sim-engine" / "make_tiny_models.py"
-    if not script.exists():
-        pytest.skip(f"{script} missing")
-    models = tmp_path_factory.mktemp("models")
-    subprocess.run([str(python), str(script), "--out", str(models), "--only", "tiny-qwen3"], check=True,
-                   capture_output=True, timeout=300)
+def server(tiny_models, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     # a generous start timeout: on a loaded 2-core machine engine start has taken over 3 minutes
-    with VllmServer(models / "tiny-qwen3", max_model_len=MAX_MODEL_LEN, log_path=log, timeout=480,
+    with VllmServer(tiny_models / "tiny-qwen3", max_model_len=MAX_MODEL_LEN, log_path=log, timeout=480,
                     args=["--enforce-eager", "--enable-prefix-caching", "--speculative-config", NGRAM]) as srv:
         yield srv
 
