@@ -7,7 +7,6 @@ plausibility, never wall-clock figures.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
 import requests
