@@ -60,12 +60,13 @@ def deployed(request, tmp_path_factory):
     inv = I.load(inv_path)
     tok = served_tokenizer.resolve(inv)  # from the engine image on this machine
     t0 = time.monotonic()
-    cluster = Cluster(inv, Options(ready_timeout=900, log=print))
-    try:
-        res = cluster.up()
-    finally:
-        cluster.close()
-    assert res.healthy, res.message
+    if not existing:  # an existing sim is used as deployed (`up` would undo an earlier rollout's list)
+        cluster = Cluster(inv, Options(ready_timeout=900, log=print))
+        try:
+            res = cluster.up()
+        finally:
+            cluster.close()
+        assert res.healthy, res.message
     base = np.union1d(np.arange(1024), tok.required_ids)
     lists = {
         "b": rollout.write_list_with_manifest(d / "b.txt", np.union1d(base, np.arange(1024, 2000)), tok),
