@@ -186,7 +186,7 @@ def test_refused_before_any_node_changes(deployed, monkeypatch, capsys):
 def test_dry_run_changes_nothing(deployed):
     before = _state(deployed)
     res = _run(deployed, "b", dry_run=True)
-    assert res.status == "dry-run" and res.diff["new_size"] == 2000 and res.diff["added"] > 0, res.message
+    assert res.status == "dry-run" and res.diff["new_size"] == 2000 and res.diff["removed"] is not None, res.message
     assert _state(deployed) == before
 
 
