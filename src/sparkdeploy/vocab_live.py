@@ -209,3 +209,19 @@ def check(report, node: str, snap: dict) -> None:
                    f"live list {lv.version} differs from "
                    + ", ".join(f"{n} ({version_of(s)})" for n, s in differ.items())
                    + ": every rank must draft from the same list", node)
+
+
+def follow_release(conn: Conn) -> str | None:
+    """Point current.txt at the list the current release expects, when it is stored here and not live yet.
+
+    For release switches made outside a rollout (`rollback`, `up`'s automatic rollback): the release names
+    its list by sha256, the pointer must follow or the engine's shortlist falls back to the stock head.
+    Returns the sha256 switched to, or None when nothing changed (or the list is not stored here).
+    """
+    st = read_state(conn)
+    if not st.configured or st.content == st.configured or st.configured not in st.stored:
+        return None
+    point(conn, st.configured)
+    record(conn, {"action": "follow-release", "sha256": st.configured, "version": version_of(st.configured),
+                  "from": st.content, "release": st.release, "result": "live"})
+    return st.configured

@@ -368,3 +368,24 @@ def test_downtime_is_the_longest_gap_between_successes():
     log = [(0, 1, True), (1, 2, True), (2, 3, False), (3, 9, False), (9, 10, True), (10, 11, True)]
     gap, a, b = mod.downtime(log, 1.5, 10.5)
     assert (gap, a, b) == (8, 2, 10)
+
+
+def test_follow_release_points_at_the_list_the_release_expects(tmp_path, monkeypatch):
+    from sparkdeploy.remote import LocalConn, Target
+
+    conn = LocalConn(Target("n1", "127.0.0.1", local=True))
+    a, b = b"0\n1\n", b"0\n1\n2\n"
+    sa, sb = (__import__("hashlib").sha256(x).hexdigest() for x in (a, b))
+    vdir, etc = tmp_path / "vocab", tmp_path / "etc"
+    (etc / "releases" / "0002").mkdir(parents=True)
+    (etc / "releases" / "0002" / "node-plan.json").write_bytes(_rendered_node_plan(sa, tmp_path))
+    (etc / "current").symlink_to("releases/0002")
+    monkeypatch.setattr(vocab_live, "DIR", str(vdir))
+    real = vocab_live.read_state
+    monkeypatch.setattr(vocab_live, "read_state", lambda c: real(c, str(vdir), str(etc)))
+    vocab_live.store(conn, a, sa, {})
+    vocab_live.store(conn, b, sb, {})
+    vocab_live.point(conn, sb)
+    assert vocab_live.follow_release(conn) == sa
+    assert vocab_live.read_state(conn).problem() is None
+    assert vocab_live.follow_release(conn) is None  # already following
