@@ -390,6 +390,10 @@ class Cluster:
         for n, r in res.items():
             if isinstance(r, Exception):
                 raise RemoteError(f"switching to release {num}: {r}", node=n)
+        # The draft list follows the release (a release made by `vocab rollout` names another list than up's).
+        from sparkdeploy import vocab_live
+
+        self.pool.map(vocab_live.follow_release, self.names)
 
     def wait_ready(self, timeout: float) -> str:
         """Poll the head until a real temperature-0 completion answers; returns its text."""
