@@ -121,6 +121,9 @@ class Conn:
     def close(self) -> None:
         pass
 
+    def alive(self) -> bool:
+        return True
+
     def __enter__(self):
         return self
 
@@ -425,6 +428,10 @@ class SSHConn(Conn):
     def popen(self, argv) -> Proc:
         return _ChanProc(self._chan(argv))
 
+    def alive(self) -> bool:
+        t = self.client.get_transport()
+        return t is not None and t.is_active()
+
     def close(self) -> None:
         self.client.close()
 
@@ -471,9 +478,34 @@ class Pool:
                 self.conns[t.name] = res[i]
         return errors
 
+    def get(self, name: str, *, wait: float = 180.0) -> Conn:
+        """The node's connection; if its SSH session died (node rebooted, link cut), connect again, retrying
+        for up to `wait` seconds while the node comes back."""
+        c = self.conns.get(name)
+        if c is not None and c.alive():
+            return c
+        target = next(t for t in self.targets if t.name == name)
+        if c is not None:
+            c.close()
+            del self.conns[name]
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                c = connect(target, trust_new_hosts=self.trust_new_hosts)
+                self.conns[name] = c
+                return c
+            except RemoteError as err:
+                if "host key" in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+
     def map(self, fn: Callable[[Conn], T], names: Iterable[str] | None = None) -> dict[str, T | Exception]:
         names = list(names) if names is not None else [t.name for t in self.targets if t.name in self.conns]
-        res = parallel([self.conns[n] for n in names], fn)
+
+        def one(n: str):
+            return fn(self.get(n))
+
+        res = parallel(names, one)
         return {n: res[i] for i, n in enumerate(names)}
 
     def close(self) -> None:

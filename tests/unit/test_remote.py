@@ -167,3 +167,12 @@ def test_stream_many_fans_out_one_read(ssh, local, tmp_path):
     assert res == {"me": 256 * 20000, "n1": 256 * 20000}
     res = remote.stream_many(ssh, gen, [local], ["sh", "-c", "cat > /dev/null; exit 5"])
     assert isinstance(res["me"], RemoteError) and "exited 5" in str(res["me"])
+
+
+def test_pool_reconnects_a_dropped_session(sshd, known_hosts):
+    t = _target(sshd, known_hosts)
+    with remote.Pool([t]) as pool:
+        assert pool.open() == {}
+        pool.conns["n1"].client.get_transport().close()  # the node rebooted / the link dropped
+        assert pool.map(lambda c: c.run(["echo", "back"]).stdout.strip()) == {"n1": "back"}
+        assert pool.conns["n1"].alive()

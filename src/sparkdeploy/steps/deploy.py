@@ -115,7 +115,8 @@ class Cluster:
         return self.names[0]
 
     def conn(self, name: str) -> Conn:
-        return self.pool.conns[name]
+        """The node's connection, reconnected if the node rebooted or the link dropped since."""
+        return self.pool.get(name)
 
     # ------------------------------------------------------------------------------------ connect + plan
     def connect(self, out: list[Outcome], names: list[str] | None = None, required: bool = True) -> None:
