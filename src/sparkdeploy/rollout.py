@@ -514,6 +514,9 @@ class Rollout:
         for n, st in res.items():
             if isinstance(st, Exception):
                 errs = self.reconnect([n], wait=0)
+                boot = None if errs else self._boot(self.conn(n))
+                if boot and self.boots.get(n) and boot != self.boots[n]:
+                    raise Failed(f"{n} rebooted during the rollout (PID 1 started {boot}, was {self.boots[n]})")
                 raise Failed(f"{n}: lost the connection during the rollout ({st})"
                              + ("; it does not answer SSH now (rebooting?)" if errs else "; it answers again"))
             if st.get("boot") and self.boots.get(n) and st["boot"] != self.boots[n]:
