@@ -100,3 +100,22 @@ def test_default_inventory_path(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert SimCluster("demo", state_dir=tmp_path / "s").default_inventory() == Path(tmp_path) / "inventory.sim.yaml"
     assert SimCluster("ci", state_dir=tmp_path / "s").default_inventory() == tmp_path / "s" / "inventory.sim.yaml"
+
+
+def test_inventory_pins_the_engine_base_by_image_id(tmp_path):
+    """A rebuilt engine base must change the serving-image tag, so the base is pinned by content, not tag."""
+    from sparkdeploy import inventory, plan
+    from sparkdeploy.sim.inventory_file import write_inventory
+
+    state = SimState(name="t", subnet="172.30.151.0/24", network="n", image="i", key=str(tmp_path / "id_ed25519"),
+                     known_hosts=str(tmp_path / "known_hosts"), inventory=None, profile="sim-tiny",
+                     nodes=[SimNode("node1", "172.30.151.11", "c1", "v1", "head"),
+                            SimNode("node2", "172.30.151.12", "c2", "v2", "worker")])
+    tags = []
+    for image_id in ("sha256:" + "a" * 64, "sha256:" + "b" * 64):
+        path = tmp_path / f"{image_id[-1]}.yaml"
+        assert write_inventory(state, path, image_id) is None
+        inv = inventory.load(path)
+        assert inv.image.base == image_id
+        tags.append(plan.plan(inv).image.tag)
+    assert tags[0] != tags[1]

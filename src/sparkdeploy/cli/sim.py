@@ -81,12 +81,13 @@ def up(count, node_names, name, inventory, profile, subnet, engine_image, rebuil
     t0 = time.monotonic()
     cluster = _cluster(name, reporter)
     names = [n.strip() for n in node_names.split(",") if n.strip()] if node_names else None
-    state = cluster.up(len(names) if names else count, names=names, inventory=Path(inventory) if inventory else None,
-                       subnet=subnet, profile=profile, rebuild=rebuild)
+    base_image_id = None
     if engine_image:
         from sparkdeploy.sim import images
 
-        images.ensure_engine_image(reporter)
+        base_image_id = images.image_id(images.ensure_engine_image(reporter).ref)
+    state = cluster.up(len(names) if names else count, names=names, inventory=Path(inventory) if inventory else None,
+                       subnet=subnet, profile=profile, rebuild=rebuild, base_image_id=base_image_id)
     total = round(time.monotonic() - t0, 1)
     if as_json:
         click.echo(json.dumps({**state.to_dict(), "timings": reporter.timings, "total_seconds": total}, indent=2))

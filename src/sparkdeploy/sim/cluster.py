@@ -182,8 +182,12 @@ class SimCluster:
 
     # ------------------------------------------------------------------------------------------- up
     def up(self, nodes: int = 2, *, names: Sequence[str] | None = None, inventory: Path | None = None,
-           subnet: str | None = None, profile: str = "sim-tiny", rebuild: bool = False) -> SimState:
-        """Build (or reuse) the node image, start the nodes, wait for systemd + SSH + docker, write the inventory."""
+           subnet: str | None = None, profile: str = "sim-tiny", rebuild: bool = False,
+           base_image_id: str | None = None) -> SimState:
+        """Build (or reuse) the node image, start the nodes, wait for systemd + SSH + docker, write the inventory.
+
+        `base_image_id` pins the inventory's serving-image base to the engine base image's ID.
+        """
         images.check_docker()
         need_tool("ssh", "openssh-client")
         need_tool("ssh-keygen", "openssh-client")
@@ -225,7 +229,7 @@ class SimCluster:
         from sparkdeploy.sim.inventory_file import write_inventory
 
         with self.reporter.phase("write inventory", str(inv_path)):
-            problem = write_inventory(state, inv_path)
+            problem = write_inventory(state, inv_path, base_image_id)
         if problem:
             self.reporter.note(problem)
         self._save_state(state)

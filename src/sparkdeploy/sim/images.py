@@ -110,6 +110,11 @@ def image_label(ref: str, label: str) -> str | None:
     return labels.get(label, "")
 
 
+def image_id(ref: str) -> str:
+    """The local image's content ID (`sha256:...`)."""
+    return run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], what="docker image inspect").out.strip()
+
+
 def image_exists(ref: str) -> bool:
     return run(["docker", "image", "inspect", ref], what="docker image inspect", check=False).rc == 0
 

@@ -12,7 +12,7 @@ HEADER = ("# written by `sparkdeploy sim up` (cluster {name!r}, {when}); `sparkd
           "# Every command accepts it: --inventory {path}\n")
 
 
-def inventory_dict(state, vocab: Path | None = None) -> dict:
+def inventory_dict(state, vocab: Path | None = None, base_image_id: str | None = None) -> dict:
     """The inventory mapping for a sim cluster's state (nodes, SSH key, known_hosts, the sim profile)."""
     nodes = []
     for node in state.nodes:
@@ -35,6 +35,9 @@ def inventory_dict(state, vocab: Path | None = None) -> dict:
         "ports": {"api": 8000, "master": 29500},
         "memory": {"reserve_gib": 4},  # a sim node shares the host's RAM; the CPU engine needs ~3 GB per rank
     }
+    if base_image_id:
+        # Pinned by content: a rebuilt engine base gives a new serving-image tag instead of a stale image.
+        data["image"]["base"] = base_image_id
     if vocab is not None:
         data["vocab"] = str(vocab)
     return data
@@ -47,10 +50,10 @@ def write_stand_in_vocab(path: Path, size: int = 1024) -> Path:
     return path
 
 
-def write_inventory(state, path: Path) -> str | None:
+def write_inventory(state, path: Path, base_image_id: str | None = None) -> str | None:
     """Write the file; return why the inventory loader rejects it (e.g. node count vs profile), or None."""
     vocab = write_stand_in_vocab(Path(state.key).parent / "vocab-tiny-1k.txt")
-    data = inventory_dict(state, vocab)
+    data = inventory_dict(state, vocab, base_image_id)
     text = HEADER.format(name=state.name, when=time.strftime("%Y-%m-%d %H:%M:%S"), path=path)
     text += yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
     path.parent.mkdir(parents=True, exist_ok=True)
