@@ -87,7 +87,7 @@ def test_dockerfile_has_provenance_and_the_overlay_check():
 def test_unit_is_supervised_foreground_with_backoff_and_start_limit():
     files = render.render(GOLDEN_CASES["pair"]())
     unit = files["spark1/unit/sparkdeploy-engine.service"].decode()
-    for line in ("After=docker.service network-online.target", "Requires=docker.service", "Restart=on-failure",
+    for line in ("After=docker.service network-online.target", "Requires=docker.service", "Restart=always",
                  "ExecStart=/etc/sparkdeploy/current/launch.sh", "StartLimitBurst=5", "RestartMaxDelaySec=300"):
         assert line in unit.splitlines()
     launch = files["spark1/release/launch.sh"].decode()
