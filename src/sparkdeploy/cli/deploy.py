@@ -182,7 +182,7 @@ def logs(inventory, node, follow, lines, journal, trust_new_hosts):
         if isinstance(c, LocalConn):
             subprocess.run(argv)
             return
-        p = c.popen(argv + (["2>&1"] if False else []))
+        p = c.popen(["sh", "-c", 'exec "$@" 2>&1', "logs", *argv])  # vLLM logs to stderr: merge, stream live
         p.close_stdin()
         try:
             while True:
