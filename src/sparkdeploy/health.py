@@ -141,8 +141,11 @@ def check_node(report: Report, exp: NodeExpect, snap: dict, stale: list[str]) ->
         mem = int(float(snap.get("mem") or 0))
     except ValueError:
         mem = 0
-    report.add("memory", mem >= exp.reserve_bytes,
-               f"MemAvailable {mem / 2**30:.1f} GiB vs reserve {exp.reserve_bytes / 2**30:.1f} GiB", n)
+    from sparkdeploy import doctor
+
+    margin = doctor.serving_margin(n, mem, exp.reserve_bytes)  # below the reserve fails; a thin margin warns
+    warning = f" -- warning: {margin.fix}" if margin.verdict is doctor.Verdict.WARN else ""
+    report.add("memory", margin.verdict is not doctor.Verdict.FAIL, margin.reason + warning, n)
     cur = snap.get("current", "")
     want = f"releases/{exp.release:04d}" if exp.release is not None else None
     boot_ok = en == "enabled" and snap.get("docker_enabled") == "enabled" and bool(cur) and (want is None or cur == want)

@@ -25,7 +25,13 @@ def verdicts(snap, stale=()):
 def test_good_node_is_healthy():
     rep, v = verdicts(GOOD)
     assert rep.healthy, rep.failed()
-    assert v["memory"][1].startswith("MemAvailable 10.0 GiB vs reserve 2.0 GiB")
+    assert v["memory"][1].startswith("MemAvailable 10.0 GiB, reserve 2.0 GiB, margin +8.0 GiB")
+
+
+def test_thin_memory_margin_warns_without_failing():
+    rep, v = verdicts({**GOOD, "mem": str(int(2.2 * (1 << 30)))})
+    assert rep.healthy and v["memory"][0]
+    assert "warning" in v["memory"][1]
 
 
 @pytest.mark.parametrize("change,check,words", [

@@ -17,8 +17,6 @@ byte for byte with the current release's: nothing differs -> no new release, no 
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import posixpath
 import time
 from dataclasses import dataclass, field
@@ -380,7 +378,15 @@ class Cluster:
                 raise RemoteError(f"stopping the engine: {r}", node=n)
 
     def start_all(self) -> None:
-        """Workers first (they wait for the head's rendezvous), the head last."""
+        """Evict the checkpoint's page cache and refuse a start the plan's memory budget cannot hold (the
+        field's OOM cascades); then workers first (they wait for the head's rendezvous), the head last."""
+        from sparkdeploy import weights
+
+        _, guards = weights.evict_and_guard(self.pool, self.plan, self.inv.profile.host_dir)
+        for g in guards:
+            if g.verdict.value != "ok":
+                self.log(f"{g.node}: memory guard {g.verdict.value}: {g.reason}")
+        weights.enforce(guards)
         for node in self.plan.start_order:
             self.conn(node.name).run(["systemctl", "reset-failed", P.UNIT_NAME], check=False)
             self.conn(node.name).run(["systemctl", "start", P.UNIT_NAME], timeout=120)
