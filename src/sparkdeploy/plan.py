@@ -195,6 +195,18 @@ def _additional_config(inv: Inventory, features: tuple[Feature, ...]) -> dict[st
     return {"spark_overlays": cfg}
 
 
+def _speculative_config(profile, features: tuple[Feature, ...], tp: int) -> dict[str, Any] | None:
+    """The profile's speculative config; with the shortlist overlay on under TP, greedy drafts take the
+    overlay's local argmax (`get_top_tokens`: 2 x TP values per token cross the link instead of the draft
+    logits). A profile that sets `use_local_argmax_reduction` or probabilistic drafting keeps its choice."""
+    spec = profile.speculative.config()
+    shortlist = next((f for f in features if f.name == "shortlist"), None)
+    if spec and tp > 1 and shortlist and shortlist.enabled and shortlist.mode == "overlay" \
+            and spec.get("draft_sample_method") != "probabilistic":
+        spec.setdefault("use_local_argmax_reduction", True)
+    return spec
+
+
 def _check_facts(node: Node, index: int, facts: NodeFacts) -> None:
     where = f"nodes[{index}]"
     if node.has_gpu and not facts.has_gpu:
@@ -376,7 +388,7 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     mode_of, flags_of = compat or _compat_mode()
     features = _features(inv, mode_of)
     additional = _additional_config(inv, features)
-    spec = p.speculative.config()
+    spec = _speculative_config(p, features, tp)
     image = _image(inv, features, git_commit, overlays_digest)
     head = chosen[0]
     scale = tp * pp
