@@ -8,10 +8,13 @@ page cache is dropped before every run so both read from disk. Median of --repea
   sync        `weights.sync`: target manifest, one-time key, rsync of the missing files, hash-cache seeding and
               verification (the head's manifest is cached, as it is after the first sync of a checkpoint)
   transfer    the rsync process alone, inside the same sync
-  raw         cat FILES | ssh node 'cat > one file'
+  raw         cat FILES | ssh node 'cat > one file' (one stream, as one copies by hand)
+
+The sync runs as `weights sync` does by default: files spread over --streams parallel rsync streams (one
+SSH stream is bound by one core's cipher speed). `--streams 1` compares stream for stream.
 
 Prints MB/s for each and the ratios sync/raw and transfer/raw (goal >= 0.8).
-Usage: bench/weights_sync.py [--inventory SIM_INVENTORY] [--mb 400] [--files 4] [--repeats 3]
+Usage: bench/weights_sync.py [--inventory SIM_INVENTORY] [--mb 500] [--files 4] [--repeats 7] [--streams 4]
 Without --inventory it brings up its own two-node sim cluster (name `wbench`, jumbo frames) and removes it after.
 """
 
@@ -59,10 +62,11 @@ def jumbo_sim(name: str, state_dir: Path):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--inventory")
-    ap.add_argument("--mb", type=int, default=400, help="checkpoint size in MB (default 400)")
+    ap.add_argument("--mb", type=int, default=500, help="checkpoint size in MB (default 500)")
     ap.add_argument("--files", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--streams", type=int, default=1, help="parallel rsync streams for the sync (default 1)")
+    ap.add_argument("--repeats", type=int, default=7, help="interleaved pairs (this link is noisy: default 7)")
+    ap.add_argument("--streams", type=int, default=w.DEFAULT_STREAMS,
+                    help=f"parallel rsync streams for the sync (default {w.DEFAULT_STREAMS}, as `weights sync`)")
     args = ap.parse_args()
     cluster = None
     tmp = tempfile.TemporaryDirectory(prefix="wbench-")
@@ -133,6 +137,7 @@ def main() -> int:
     print(f"  rsync alone    {mbps(mx):8.1f} MB/s  ({mx:.2f} s; runs {', '.join(f'{x:.2f}' for x in xfer_s)})")
     print(f"  raw ssh cat    {mbps(mr):8.1f} MB/s  ({mr:.2f} s; runs {', '.join(f'{x:.2f}' for x in raw_s)})")
     print(f"ratio sync/raw {mr / ms:.2f}   rsync/raw {mr / mx:.2f}   (goal >= 0.8)")
+    print(f"fixed cost per sync (manifests, one-time key, verification): {ms - mx:.2f} s")
     return 0
 
 

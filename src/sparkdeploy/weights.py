@@ -36,6 +36,7 @@ from sparkdeploy.remote import parallel
 HELPER_SOURCE = (Path(__file__).with_name("weights_node.py")).read_text()
 GIB = 1 << 30
 SSH_CIPHER = "aes128-gcm@openssh.com"  # AES-GCM: hardware-accelerated on x86 and on the GB10's Arm cores
+DEFAULT_STREAMS = 4  # parallel rsync streams: one SSH stream is bound by one core's cipher speed, a CX-7 is not
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ def _open(inv, trust_new_hosts) -> Pool:
 @_inventory
 @_dir
 @click.option("--dry-run", is_flag=True, help="compare manifests and say what would be copied; copy nothing")
-@click.option("--streams", type=click.IntRange(1, 16), default=4, show_default=True,
+@click.option("--streams", type=click.IntRange(1, 16), default=w.DEFAULT_STREAMS, show_default=True,
               help="parallel rsync streams (one SSH stream is bound by one core's cipher speed)")
 @click.option("--json", "as_json", is_flag=True, help="print the result per node as JSON on stdout")
 @_trust
