@@ -15,7 +15,7 @@ import re
 import torch
 import torch.nn.functional as F
 
-from ._util import fail_closed, info
+from ._util import info
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -77,12 +77,7 @@ def enable(model: torch.nn.Module, vllm_config, vllm_version: str) -> None:
     from . import compat
     from . import settings as _settings
 
-    try:
-        cfg = _settings.parse_feature(getattr(vllm_config, "additional_config", None), "fp8_gdn")
-    except _settings.SettingsError as e:
-        fail_closed("fp8_gdn", str(e))
-        return
-    if not cfg.enabled:
+    if _settings.switched_on(getattr(vllm_config, "additional_config", None), "fp8_gdn") is None:
         return
     if compat.mode(vllm_version, "fp8_gdn") == compat.NATIVE:
         info("fp8_gdn: native on vLLM %s (render %s); overlay not applied", vllm_version,

@@ -11,7 +11,7 @@ scheduler and the KV manager keep agreeing on where the state lives.
 
 from __future__ import annotations
 
-from ._util import fail_closed, info
+from ._util import info
 
 _state = {"patched": False}
 
@@ -92,14 +92,9 @@ def patch(vllm_version: str) -> bool:
 def _scheduler_settings(scheduler) -> dict | bool:
     from . import settings as _settings
 
-    try:
-        cfg = _settings.parse_feature(scheduler.vllm_config.additional_config, "prefix_align")
-    except _settings.SettingsError as e:
-        fail_closed("prefix_align", str(e))
-        return False
-    except AttributeError:
-        return False
-    if not cfg.enabled:
+    vllm_config = getattr(scheduler, "vllm_config", None)
+    cfg = _settings.switched_on(getattr(vllm_config, "additional_config", None), "prefix_align")
+    if cfg is None:
         return False
     info("prefix_align: chunk stops aligned (block %d, look-ahead %d)", scheduler.cache_config.block_size,
          _lookahead(scheduler, cfg.lookahead))

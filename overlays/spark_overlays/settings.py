@@ -108,6 +108,19 @@ def parse_feature(additional_config: Any, name: str) -> Any:
     return _feature(name, root.get(name, {}))
 
 
+def switched_on(additional_config: Any, name: str) -> Any | None:
+    """The feature's settings when it is on, else None. A bad setting switches it off (fail closed, logged):
+    every process that loads the plugin parses the same config, so all of them agree."""
+    from ._util import fail_closed
+
+    try:
+        cfg = parse_feature(additional_config, name)
+    except SettingsError as e:
+        fail_closed(name, str(e))
+        return None
+    return cfg if cfg.enabled else None
+
+
 def parse(additional_config: Any) -> Settings:
     """All four features at once (raises on the first bad key)."""
     return Settings(**{name: parse_feature(additional_config, name) for name in _KEYS})

@@ -54,12 +54,8 @@ class ShortlistHeadMixin:
 
     def _spark_setup(self, vllm_config, prefix: str) -> None:
         feature = "shortlist"
-        try:
-            cfg = _settings.parse_feature(vllm_config.additional_config, feature)
-        except _settings.SettingsError as e:
-            fail_closed(feature, str(e))
-            return
-        if not cfg.enabled:
+        cfg = _settings.switched_on(vllm_config.additional_config, feature)
+        if cfg is None:
             return
         hf = self.config
         vocab, hidden = int(hf.vocab_size), int(hf.hidden_size)

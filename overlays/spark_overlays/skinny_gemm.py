@@ -145,14 +145,8 @@ def swap(model: torch.nn.Module, capability, plans=skinny_plans.PLANS) -> list[s
 
 def enable(model: torch.nn.Module, vllm_config, capability="auto") -> None:
     from . import settings as _settings
-    from ._util import fail_closed
 
-    try:
-        cfg = _settings.parse_feature(getattr(vllm_config, "additional_config", None), "skinny_gemm")
-    except _settings.SettingsError as e:
-        fail_closed("skinny_gemm", str(e))
-        return
-    if not cfg.enabled:
+    if _settings.switched_on(getattr(vllm_config, "additional_config", None), "skinny_gemm") is None:
         return
     cap = _capability() if capability == "auto" else capability
     if cap is None:

@@ -38,3 +38,13 @@ def test_other_features_unaffected_by_one_bad_feature():
     assert S.parse_feature(raw, "skinny_gemm").enabled
     with pytest.raises(S.SettingsError):
         S.parse_feature(raw, "shortlist")
+
+
+def test_switched_on_fails_closed_on_a_bad_setting(caplog):
+    good = {"spark_overlays": {"skinny_gemm": {"enabled": True}, "prefix_align": {"enabled": False}}}
+    assert S.switched_on(good, "skinny_gemm") == S.SkinnyGemm(enabled=True)
+    assert S.switched_on(good, "prefix_align") is None  # off
+    assert S.switched_on(None, "fp8_gdn") is None  # no config: every feature off
+    with caplog.at_level("WARNING", logger="vllm.spark_overlays"):
+        assert S.switched_on({"spark_overlays": {"fp8_gdn": {"enabled": "yes"}}}, "fp8_gdn") is None
+    assert "fp8_gdn DISABLED" in caplog.text and "fp8_gdn.enabled" in caplog.text
