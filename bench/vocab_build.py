@@ -201,7 +201,7 @@ def main() -> int:
             big = int(args.big_gb * 1024 * MB)
             small_path = make_big(text_file, big // 8, work / "eighth.txt")
             big_path = make_big(text_file, big, work / "big.txt")
-            print(f"peak RSS (fresh subprocess each; corpus = the sample repeated)")
+            print("peak RSS (fresh subprocess each; corpus = the sample repeated)")
             for label, p in ((f"{big // 8 / MB:.0f} MB", small_path), (f"{big / MB:.0f} MB", big_path)):
                 r = rss_run(args.tokenizer[0], p)
                 print(f"  {label:>8}: {r['tokens']:>13,} tokens in {r['seconds']:6.1f} s "

@@ -92,7 +92,7 @@ def main() -> int:
                    f'head -c {per} /dev/urandom > {DIR}/model-$i.safetensors; done'], timeout=600)
             files = [f"{DIR}/model-{i}.safetensors" for i in range(1, args.files + 1)]
             total = per * args.files
-            src = w.manifest(h, DIR)  # hashed once here, cached afterwards (as for any real checkpoint)
+            w.manifest(h, DIR)  # hashed once here, cached afterwards (as for any real checkpoint)
             E = lambda c, n: w.Endpoint(c, n.name, n.data_ip, n.ssh.user)  # noqa: E731
 
             def reset():
@@ -117,7 +117,7 @@ def main() -> int:
             sync_s, xfer_s, raw_s = [], [], []
             with w.data_plane_channel(h, head.data_ip, t, node.data_ip) as ch:
                 one_raw(ch)  # warm-up
-                one_sync_warm = one_sync()  # noqa: F841 - warm-up
+                one_sync()  # warm-up
                 for _ in range(args.repeats):  # interleaved so drift hits both alike
                     s, x = one_sync()
                     sync_s.append(s)

@@ -18,7 +18,6 @@ guard   Refuse to start when MemAvailable after eviction is below weights + acti
 from __future__ import annotations
 
 import json
-import posixpath
 import re
 import secrets
 import shlex

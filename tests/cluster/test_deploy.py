@@ -9,7 +9,6 @@ asserted.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -127,7 +126,7 @@ def test_planted_old_stack_unit_is_reported_and_disabled(deployed, sim_cluster):
     unit = ("[Unit]\nDescription=old hand-made vLLM stack\n[Service]\n"
             "ExecStart=/bin/sh -c 'echo vllm serve /models/old --port 8000; exec sleep infinity'\n"
             "[Install]\nWantedBy=multi-user.target\n")
-    sim_cluster.ssh("node2", ["sh", "-c", f"printf '%s' \"$1\" > /etc/systemd/system/old-vllm.service && "
+    sim_cluster.ssh("node2", ["sh", "-c", "printf '%s' \"$1\" > /etc/systemd/system/old-vllm.service && "
                               "systemctl daemon-reload && systemctl enable --now old-vllm.service", "x", unit], check=True)
     rc, rep = health_json(deployed["inv"])
     assert rc == 1 and any("old-vllm.service" in f for f in rep["failed"])
@@ -213,7 +212,6 @@ def test_fault_health_gate_timeout_rolls_back(deployed, sim_cluster):
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0002"
     assert health_json(deployed["inv"])[0] == 0
     # the failed release stays on disk (unhealthy), and is not what `rollback` picks
-    nr = releases.NodeReleases()
     listing = sim_cluster.ssh("node1", ["ls", releases.RELEASES]).out.split()
     assert "0003" in listing and "0002" in listing
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparkdeploy import cli, rollout, served_tokenizer, vocab_live
+from sparkdeploy import cli, rollout, served_tokenizer
 from sparkdeploy import inventory as I
 from sparkdeploy.remote import connect as _connect
 

@@ -6,10 +6,8 @@ Regenerate the golden files after an intended change with:
 
 from __future__ import annotations
 
-import copy
 import os
 import re
-import shlex
 import subprocess
 from pathlib import Path
 

@@ -215,7 +215,7 @@ def markdown(results: list[tuple[str, dict]], images: list[str], *, title: str, 
         lines.append("")
     for label_a, label_b, comparison in comparisons:
         lines += [f"## Comparison: {label_b} against {label_a}", "",
-                  f"B against A; noise = pooled standard deviation of the repeats"
+                  "B against A; noise = pooled standard deviation of the repeats"
                   + (f", plus {comparison['extra_baselines']} extra baseline session(s): B must beat every "
                      "baseline session's median" if comparison["extra_baselines"] else "")
                   + "; a difference counts only beyond the 99% t bound on that noise.", ""]

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from sparkdeploy import paths
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD
-from sparkdeploy.steps.deploy import Cluster, Options, load_cluster
+from sparkdeploy.steps.deploy import Options, load_cluster
 
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
@@ -116,7 +116,7 @@ def health(inventory, as_json, probe_timeout, trust_new_hosts):
             mark = "[green]ok  [/green]" if c.ok else "[red bold]FAIL[/red bold]"
             err.print(f"  {mark} {c.node or 'service':<10} {c.name:<17} {c.reason}")
         err.print("[green]healthy[/green]" if rep.healthy else
-                  f"[red bold]UNHEALTHY[/red bold]: " + "; ".join(f"{c.node or 'service'} {c.name}" for c in rep.failed()))
+                  "[red bold]UNHEALTHY[/red bold]: " + "; ".join(f"{c.node or 'service'} {c.name}" for c in rep.failed()))
     raise click.exceptions.Exit(0 if rep.healthy else 1)
 
 

@@ -8,7 +8,6 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-from sparkdeploy import doctor
 from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import paths
 from sparkdeploy import weights as w

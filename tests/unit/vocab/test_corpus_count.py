@@ -4,7 +4,6 @@ import io
 import json
 import sys
 
-import numpy as np
 import pytest
 
 from sparkdeploy.errors import VocabError
