@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -5,6 +6,19 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_kernels_runs_end_to_end_on_the_cpu_at_small_scale():
+    """The GPU script is rarely run (a device is lent to few sessions): its whole path must work beforehand."""
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, str(REPO / "bench/gpu_kernels.py"), "--cpu-smoke", "--iters", "2",
+                          "--rounds", "1", "--m", "1,3,5", "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    shapes = {(r["N"], r["K"]) for r in report["rows"]}
+    assert len(shapes) >= 8 and len(report["rows"]) == 3 * len(shapes)
+    assert not report["failures"] and all(r["linear_err"] < 2e-2 for r in report["rows"])
+    assert report["copy_GBps"] > 0 and all(r["skinny_us"] is None for r in report["rows"])  # no kernel on the CPU
 
 
 def test_gpu_kernels_exits_0_with_a_message_without_cuda():
