@@ -143,3 +143,26 @@ def test_cli_probe_then_compare_and_report(server, tmp_path):
     assert main(["bench", "report", str(a), str(b), "--compare", "--out", str(tmp_path / "rep")]) == 0
     md = (tmp_path / "rep" / "README.md").read_text()
     assert "## Comparison" in md and (tmp_path / "rep" / "acceptance_per_position.png").exists()
+
+
+def test_watchdog_probes_an_idle_engine_but_adds_nothing_to_real_traffic(server):
+    """The head's watchdog (a node file, stdlib only) against the real server: a bench's counter deltas must
+    not carry the watchdog's probes, so it probes only when no completion has finished since its last tick."""
+    import importlib.util
+
+    from sparkdeploy import paths
+
+    spec = importlib.util.spec_from_file_location("wd", paths.repo_root() / "src/sparkdeploy/steps/node_files/watchdog.py")
+    wd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wd)
+    url = server.base_url
+
+    first = wd.probe_api(url, "tiny", None, 30)  # no earlier tick: probe
+    assert first["health_ok"] and first["probe_ok"] and first["probed"] and first["served_total"] is not None
+    idle = wd.probe_api(url, "tiny", first["served_total"], 30)  # nothing since: probe again (its own is not traffic)
+    assert idle["probed"] and idle["probe_ok"] and idle["served_total"] == first["served_total"] + 1
+
+    server.completion("def main():", max_tokens=4)  # real traffic between two ticks
+    busy = wd.probe_api(url, "tiny", idle["served_total"], 30)
+    assert busy["probe_ok"] and not busy["probed"]
+    assert busy["served_total"] == idle["served_total"] + 1  # exactly our request: the watchdog sent none

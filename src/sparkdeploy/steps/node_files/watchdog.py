@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """sparkdeploy coupled-rank watchdog: runs on the head from a systemd timer (stdlib only; copied to the node).
 
-Each tick: probe a real short completion on the local API. If the pair is wedged or a rank died, restart
+Each tick: is the engine serving? Completions counted since the last tick prove it (no probe is added to
+real traffic, so a benchmark's counter deltas stay clean); with none, probe a real short completion on the
+local API. If the pair is wedged or a rank died, restart
 BOTH ranks, workers first, head last, with exponential backoff and a retry cap; after the cap, stop the
 service and record why (read by `sparkdeploy health`). Design and reasons: docs/supervision.md.
 
@@ -112,6 +114,37 @@ def _http(url: str, body: dict | None, timeout: float) -> bool:
         return False
 
 
+def served_total(api: str) -> float | None:
+    """Sum of `vllm:request_success_total` over its labels, or None when /metrics cannot be read."""
+    try:
+        with urllib.request.urlopen(f"{api}/metrics", timeout=5) as r:
+            text = r.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    values = [line.rsplit(" ", 1)[-1] for line in text.splitlines() if line.startswith("vllm:request_success_total")]
+    try:
+        return sum(float(v) for v in values) if values else None
+    except ValueError:
+        return None
+
+
+def probe_api(api: str, model: str, last_total: float | None, timeout: float) -> dict:
+    """health_ok, probe_ok, probed (False: completions since `last_total` already proved it) and served_total
+    (read after our own probe, so the next tick does not take the probe for traffic)."""
+    out = {"health_ok": _http(f"{api}/health", None, 5), "probe_ok": False, "probed": False, "served_total": None}
+    if not out["health_ok"]:
+        return out
+    total = served_total(api)
+    if total is not None and last_total is not None and total > last_total:
+        out.update(probe_ok=True, served_total=total)
+        return out
+    out["probed"] = True
+    out["probe_ok"] = _http(f"{api}/v1/completions",
+                            {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}, timeout)
+    out["served_total"] = served_total(api)
+    return out
+
+
 def _started(text: str) -> float | None:
     """docker's StartedAt (RFC 3339, nanoseconds) -> epoch seconds."""
     text = text.strip()
@@ -148,14 +181,10 @@ def _log(msg: str) -> None:
     print(msg, flush=True)  # journald via the service's stdout
 
 
-def observe(cfg: dict) -> dict:
+def observe(cfg: dict, last_total: float | None) -> dict:
     c = dict(DEFAULTS, **cfg)
-    api = cfg["api_url"]
     obs = {"head_enabled": subprocess.run(["systemctl", "is-enabled", "--quiet", cfg["unit"]]).returncode == 0}
-    obs["health_ok"] = _http(f"{api}/health", None, 5)
-    obs["probe_ok"] = obs["health_ok"] and _http(
-        f"{api}/v1/completions", {"model": cfg["model"], "prompt": "ping", "max_tokens": 1, "temperature": 0},
-        c["probe_timeout_s"])
+    obs.update(probe_api(cfg["api_url"], cfg["model"], last_total, c["probe_timeout_s"]))
     obs["head_started"] = _container_started(cfg["container"])
     ws = []
     for w in cfg.get("workers", []):
@@ -189,8 +218,9 @@ def tick(cfg_path: str, state_path: str = STATE) -> str:
     state = _load(state_path)
     if state.get("release") != cfg.get("release"):
         state = {"release": cfg.get("release")}  # a new release starts with a clean slate
-    obs = observe(cfg)
+    obs = observe(cfg, state.get("served_total"))
     action, state, why = decide(state, obs, cfg, time.time())
+    state["served_total"] = obs["served_total"]
     state["last_tick"] = time.time()
     state["last_action"] = action
     state["last_why"] = why
