@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import requests
 
@@ -173,6 +174,43 @@ def generate(api_url: str, model: str, *, timeout: float = 30, prompt: str = PRO
                       json={"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": 0})
     r.raise_for_status()
     return r.json()["choices"][0]["text"]
+
+
+class NotAnswering(Exception):
+    """The service did not answer within the wait; `last` is what was seen last."""
+
+    def __init__(self, last: str):
+        super().__init__(last)
+        self.last = last
+
+
+def wait_answering(api_url: str, model: str, *, timeout: float, probe_timeout: float = 30,
+                   log: Callable[[str], None] = print, every: Callable[[], None] | None = None,
+                   every_s: float = 10.0, poll_s: float = 2.0) -> str:
+    """Poll `/health` until it answers 200 and a temperature-0 completion comes back; return its text.
+
+    Progress goes to `log` every 15 s; `every` (e.g. "are the ranks still up?") runs every `every_s` s and may
+    raise to stop the wait early. Raises NotAnswering after `timeout` s."""
+    t0 = time.monotonic()
+    last, next_every, next_note = "nothing yet", 0.0, 0.0
+    while True:
+        el = time.monotonic() - t0
+        try:
+            r = requests.get(f"{api_url}/health", timeout=5)
+            if r.status_code == 200:
+                return generate(api_url, model, timeout=probe_timeout)
+            last = f"/health HTTP {r.status_code}"
+        except (requests.RequestException, ValueError, KeyError) as err:
+            last = type(err).__name__
+        if every is not None and el >= next_every:
+            every()
+            next_every = el + every_s
+        if el > timeout:
+            raise NotAnswering(last)
+        if el >= next_note:
+            log(f"waiting for {api_url} ({el:.0f}/{timeout:.0f} s): {last}")
+            next_note = el + 15
+        time.sleep(poll_s)
 
 
 def check_api(report: Report, exp: ServiceExpect, *, probe_timeout: float = 30) -> str | None:

@@ -37,7 +37,7 @@ import requests
 from sparkdeploy import health, releases, render, vocab_live
 from sparkdeploy.bench import metrics as M
 from sparkdeploy.bench import prompts as bench_prompts
-from sparkdeploy.errors import HealthError, RemoteError, SparkdeployError, VocabError
+from sparkdeploy.errors import RemoteError, SparkdeployError, VocabError
 
 Log = Callable[[str], None]
 
@@ -531,27 +531,14 @@ class Rollout:
                              f"{st.get('SubState')} (exit status {st.get('ExecMainStatus')}): {tail[-300:]}")
 
     def wait_ready(self, timeout: float, watch: bool = True) -> str:
-        url, model = self.exp.api_url, self.exp.served_model
-        t0 = time.monotonic()
-        last, next_check, next_note = "nothing yet", 0.0, 0.0
-        while True:
-            el = time.monotonic() - t0
-            try:
-                r = requests.get(f"{url}/health", timeout=5)
-                if r.status_code == 200:
-                    return health.generate(url, model, timeout=self.opts.probe_timeout)
-                last = f"/health HTTP {r.status_code}"
-            except (requests.RequestException, ValueError, KeyError) as err:
-                last = type(err).__name__
-            if watch and el >= next_check:
-                self._check_ranks()
-                next_check = el + self.opts.rank_check_s
-            if el > timeout:
-                raise Failed(f"health gate timed out after {timeout:.0f} s: last saw {last} at {url}")
-            if el >= next_note:
-                self.log(f"waiting for {url} ({el:.0f}/{timeout:.0f} s): {last}")
-                next_note = el + 15
-            time.sleep(1)
+        url = self.exp.api_url
+        try:
+            return health.wait_answering(url, self.exp.served_model, timeout=timeout,
+                                         probe_timeout=self.opts.probe_timeout, log=self.log,
+                                         every=self._check_ranks if watch else None,
+                                         every_s=self.opts.rank_check_s, poll_s=1.0)
+        except health.NotAnswering as err:
+            raise Failed(f"health gate timed out after {timeout:.0f} s: last saw {err.last} at {url}") from None
 
     def _gate(self, res: RolloutResult) -> None:
         t0 = time.monotonic()
@@ -677,17 +664,13 @@ def rollout(inventory, list_path: str, opts: RolloutOptions, *, tokenizer_spec: 
     """Validate locally (VocabError before any connection), then roll out on the inventory's cluster."""
     tok, cand = validate_locally(inventory, list_path, tokenizer_spec=tokenizer_spec,
                                  allow_no_manifest=allow_no_manifest)
-    cluster = _cluster(inventory, opts, trust_new_hosts)
-    try:
+    with _cluster(inventory, opts, trust_new_hosts) as cluster:
         return Rollout(cluster, cand, opts, tok).run()
-    finally:
-        cluster.close()
 
 
 def history(inventory, *, trust_new_hosts: bool = False) -> dict:
     """History lines (from the head), stored versions and the live list per node."""
-    cluster = _cluster(inventory, RolloutOptions(), trust_new_hosts)
-    try:
+    with _cluster(inventory, RolloutOptions(), trust_new_hosts) as cluster:
         cluster.connect([])
         cluster.expect()
         head = cluster.conn(cluster.head)
@@ -695,8 +678,6 @@ def history(inventory, *, trust_new_hosts: bool = False) -> dict:
         stored = [dict(vocab_live.meta(head, s), sha256=s, version=s[:12]) for s in states[cluster.head].stored]
         return {"history": vocab_live.history(head), "stored": stored,
                 "nodes": {n: s.to_dict() for n, s in states.items()}}
-    finally:
-        cluster.close()
 
 
 def pick_version(entries: list[dict], stored: list[str], live: str | None, wanted: str | None) -> str:
@@ -723,8 +704,7 @@ def rollback(inventory, version: str | None, opts: RolloutOptions, *, tokenizer_
 
     tok = served_tokenizer.resolve(inventory, tokenizer_spec)
     opts.action = "rollback"
-    cluster = _cluster(inventory, opts, trust_new_hosts)
-    try:
+    with _cluster(inventory, opts, trust_new_hosts) as cluster:
         cluster.connect([])
         cluster.expect()
         head = cluster.conn(cluster.head)
@@ -739,8 +719,6 @@ def rollback(inventory, version: str | None, opts: RolloutOptions, *, tokenizer_
         m = vocab_live.meta(head, sha)
         cand = Candidate(m.get("source") or f"{sha[:12]}.txt", data, ids, sha, tok.content_hash, None)
         return Rollout(cluster, cand, opts, tok).run()
-    finally:
-        cluster.close()
 
 
 def write_list_with_manifest(path: str | Path, ids, tokenizer, *, name: str | None = None, note: str = "") -> Path:

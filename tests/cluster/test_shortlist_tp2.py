@@ -38,11 +38,8 @@ def _deploy(sim, d: Path, name: str, shortlist: bool) -> dict:
     path = d / f"inventory-{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     inv = I.load(path)
-    cluster = Cluster(inv, Options(ready_timeout=900, log=print))
-    try:
+    with Cluster(inv, Options(ready_timeout=900, log=print)) as cluster:
         res = cluster.up()
-    finally:
-        cluster.close()
     assert res.healthy, res.message
     url = f"http://{inv.head.ssh.host}:{inv.ports.api}"
     golden = rollout.capture(url, inv.profile.served_name, rollout.golden_prompts(per_category=2),

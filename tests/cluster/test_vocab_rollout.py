@@ -61,11 +61,8 @@ def deployed(request, tmp_path_factory):
     tok = served_tokenizer.resolve(inv)  # from the engine image on this machine
     t0 = time.monotonic()
     if not existing:  # an existing sim is used as deployed (`up` would undo an earlier rollout's list)
-        cluster = Cluster(inv, Options(ready_timeout=900, log=print))
-        try:
+        with Cluster(inv, Options(ready_timeout=900, log=print)) as cluster:
             res = cluster.up()
-        finally:
-            cluster.close()
         assert res.healthy, res.message
     base = np.union1d(np.arange(1024), tok.required_ids)
     lists = {
@@ -81,11 +78,8 @@ def deployed(request, tmp_path_factory):
         return  # left running (e.g. for bench/rollout_downtime.py)
     from sparkdeploy.steps.deploy import Cluster as C2
 
-    c2 = C2(inv, Options())
-    try:
+    with C2(inv, Options()) as c2:
         c2.down()
-    finally:
-        c2.close()
 
 
 def _state(deployed) -> dict:
@@ -115,11 +109,8 @@ def _run(deployed, which: str, **kw) -> rollout.RolloutResult:
 def _health(deployed):
     from sparkdeploy.steps.deploy import Cluster, Options
 
-    c = Cluster(deployed["inv"], Options())
-    try:
+    with Cluster(deployed["inv"], Options()) as c:
         return c.health()
-    finally:
-        c.close()
 
 
 def _assert_on(deployed, sha: str, res=None):

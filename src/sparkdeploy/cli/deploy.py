@@ -65,11 +65,8 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
     opts = Options(nodes=nodes, dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout,
                    watchdog_grace=watchdog_grace, watchdog_backoff_s=watchdog_backoff, watchdog_cap=watchdog_cap,
                    log=_log)
-    cluster = load_cluster(_inv(inventory), opts)
-    try:
+    with load_cluster(_inv(inventory), opts) as cluster:
         res = cluster.up()
-    finally:
-        cluster.close()
     _print_outcomes(res.outcomes)
     style = "green" if res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes)) else "red bold"
     err.print(f"[{style}]{res.message}[/{style}]  ({res.changes} change(s), {res.seconds:.1f} s)")
@@ -85,20 +82,14 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
 @_trust_option
 def down(inventory, keep_enabled, trust_new_hosts):
     """Stop the service (watchdog, head, then workers); units are disabled unless --keep-enabled."""
-    cluster = load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, log=_log))
-    try:
+    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, log=_log)) as cluster:
         out = cluster.down(keep_enabled=keep_enabled)
-    finally:
-        cluster.close()
     _print_outcomes(out)
 
 
 def _health(inventory, trust_new_hosts, probe_timeout=60.0):
-    cluster = load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, probe_timeout=probe_timeout))
-    try:
+    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, probe_timeout=probe_timeout)) as cluster:
         return cluster.health()
-    finally:
-        cluster.close()
 
 
 @click.command()
@@ -147,11 +138,8 @@ def status(inventory, as_json, trust_new_hosts):
 @_trust_option
 def rollback(inventory, number, ready_timeout, trust_new_hosts):
     """Switch every node back to release NUMBER (default: the last healthy one before the current) and restart."""
-    cluster = load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log))
-    try:
+    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log)) as cluster:
         res = cluster.rollback(number)
-    finally:
-        cluster.close()
     err.print(("[green]" if res.healthy else "[red bold]") + res.message)
     raise click.exceptions.Exit(0 if res.healthy else 1)
 
@@ -168,8 +156,7 @@ def logs(inventory, node, follow, lines, journal, trust_new_hosts):
     from sparkdeploy import plan as P
     from sparkdeploy.remote import LocalConn
 
-    cluster = load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts))
-    try:
+    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts)) as cluster:
         name = node or cluster.inv.head.name
         try:
             cluster.inv.node(name)
@@ -195,8 +182,6 @@ def logs(inventory, node, follow, lines, journal, trust_new_hosts):
             p.kill()
         rc, stderr = p.wait(30)
         sys.stdout.write(stderr)  # docker logs writes the container's stderr there
-    finally:
-        cluster.close()
 
 
 COMMANDS = [up, down, status, health, logs, rollback]

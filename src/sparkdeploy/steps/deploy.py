@@ -108,6 +108,12 @@ class Cluster:
     def close(self):
         self.pool.close()
 
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @property
     def head(self) -> str:
         return self.names[0]
@@ -404,28 +410,16 @@ class Cluster:
 
     def wait_ready(self, timeout: float) -> str:
         """Poll the head until a real temperature-0 completion answers; returns its text."""
-        url, model = self.plan.api_url, _served(self.plan)
-        t0 = time.monotonic()
-        last, next_note = "nothing yet", 0.0
-        while True:
-            el = time.monotonic() - t0
-            try:
-                r = requests.get(f"{url}/health", timeout=5)
-                if r.status_code == 200:
-                    return health.generate(url, model, timeout=self.opts.probe_timeout)
-                last = f"/health HTTP {r.status_code}"
-            except requests.RequestException as err:
-                last = f"{type(err).__name__}"
-            if el > timeout:
-                states = self.pool.map(lambda c: c.run(["docker", "inspect", "-f", "{{.State.Status}}",
-                                                        P.CONTAINER_NAME], check=False).stdout.strip() or "absent",
-                                       self.names)
-                raise HealthError(f"not ready after {timeout:.0f} s: last saw {last} at {url}; containers: "
-                                  + ", ".join(f"{n} {s}" for n, s in states.items()))
-            if el >= next_note:
-                self.log(f"waiting for {url} ({el:.0f}/{timeout:.0f} s): {last}")
-                next_note = el + 15
-            time.sleep(2)
+        url = self.plan.api_url
+        try:
+            return health.wait_answering(url, _served(self.plan), timeout=timeout,
+                                         probe_timeout=self.opts.probe_timeout, log=self.log)
+        except health.NotAnswering as err:
+            states = self.pool.map(lambda c: c.run(["docker", "inspect", "-f", "{{.State.Status}}",
+                                                    P.CONTAINER_NAME], check=False).stdout.strip() or "absent",
+                                   self.names)
+            raise HealthError(f"not ready after {timeout:.0f} s: last saw {err.last} at {url}; containers: "
+                              + ", ".join(f"{n} {s}" for n, s in states.items())) from None
 
     def gate(self, num: int, out: list[Outcome]) -> str:
         """Readiness + a temperature-0 probe (twice: it must be deterministic); record it as HEALTHY."""
