@@ -528,30 +528,9 @@ def stream(src: Conn, src_argv: Sequence[str], dst: Conn, dst_argv: Sequence[str
 
     Ends input with an explicit EOF; returns the bytes moved; raises RemoteError naming the side that failed.
     """
-    p_src = src.popen(src_argv)
-    p_dst = dst.popen(dst_argv)
-    moved = 0
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            chunk = p_src.read(CHUNK)
-            if not chunk:
-                break
-            p_dst.write(chunk)
-            moved += len(chunk)
-            if time.monotonic() > deadline:
-                raise RemoteError(f"stream to {dst.name} did not finish within {timeout:.0f} s", node=dst.name)
-        p_dst.close_stdin()
-        rc_src, err_src = p_src.wait(60)
-        rc_dst, err_dst = p_dst.wait(max(60.0, deadline - time.monotonic()))
-    except (OSError, paramiko.SSHException, EOFError, TimeoutError) as err:
-        p_src.kill()
-        p_dst.kill()
-        raise RemoteError(f"stream {src.name} -> {dst.name} broke after {moved} bytes: {err}", node=dst.name) from None
-    if rc_src != 0:
-        raise RemoteError(f"`{shlex.join(src_argv)}` exited {rc_src}: {err_src.strip()[-300:]}", node=src.name)
-    if rc_dst != 0:
-        raise RemoteError(f"`{shlex.join(dst_argv)}` exited {rc_dst}: {err_dst.strip()[-300:]}", node=dst.name)
+    moved = stream_many(src, src_argv, [dst], dst_argv, timeout=timeout)[dst.name]
+    if isinstance(moved, Exception):
+        raise moved
     return moved
 
 

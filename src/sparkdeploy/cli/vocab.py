@@ -40,14 +40,15 @@ def _tokenizer_for(manifest: dict | None, spec: str | None, path: Path):
     raise VocabError(f"{path}: no manifest names its tokenizer; pass --tokenizer")
 
 
-def _parse_reserve(values: tuple[str, ...]) -> dict[str, int]:
+def _key_values(values: tuple[str, ...], option: str, convert, expected: str) -> dict:
+    """`KEY=VALUE` options into a dict; VocabError naming the option and the expected form."""
     out = {}
     for v in values:
-        kind, _, n = v.partition("=")
+        key, _, value = v.partition("=")
         try:
-            out[kind] = int(n)
+            out[key] = convert(value)
         except ValueError:
-            raise VocabError(f"--reserve {v!r}: expected KIND=COUNT, e.g. han1=6000") from None
+            raise VocabError(f"{option} {v!r}: expected {expected}") from None
     return out
 
 
@@ -88,6 +89,12 @@ def build(corpus, spec, size, target, cutoff, reserve, weight, include, jsonl, t
     for arg in corpus:
         g, p = parse_group(arg)
         grouped.setdefault(g, []).append(p)
+    # options are checked before the (long) counting
+    reserves = _key_values(reserve, "--reserve", int, "KIND=COUNT, e.g. han1=6000")
+    weights = _key_values(weight, "--weight", float, "NAME=NUMBER, e.g. code=2")
+    for g in weights:
+        if g not in grouped:
+            raise VocabError(f"--weight {g}={weights[g]:g}: no corpus group {g!r} (groups: {', '.join(grouped)})")
     counted = {}
     console = _console()
     for g, paths in grouped.items():
@@ -96,17 +103,8 @@ def build(corpus, spec, size, target, cutoff, reserve, weight, include, jsonl, t
                 status.update(f"counting {g}: {tokens:,} tokens")
             counted[g] = count_corpus(tok, paths, include=include, jsonl=jsonl, text_field=text_field,
                                       progress=progress)
-    weights = {}
-    for w in weight:
-        g, _, v = w.partition("=")
-        try:
-            weights[g] = float(v)
-        except ValueError:
-            raise VocabError(f"--weight {w!r}: expected NAME=NUMBER, e.g. code=2") from None
-        if g not in grouped:
-            raise VocabError(f"--weight {w!r}: no corpus group {g!r} (groups: {', '.join(grouped)})")
-    manifest = build_list(tok, counted, out, size=size, coverage=target, cutoff=cutoff,
-                          reserve=_parse_reserve(reserve), weights=weights or None, name=name)
+    manifest = build_list(tok, counted, out, size=size, coverage=target, cutoff=cutoff, reserve=reserves,
+                          weights=weights or None, name=name)
     lines = [f"{out}: {manifest['size']} ids for {tok.name} ({tok.content_hash[:19]})",
              "parts: " + ", ".join(f"{k} {v}" for k, v in manifest["parts"].items())]
     for g, info in manifest["build"]["groups"].items():
