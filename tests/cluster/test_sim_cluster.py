@@ -111,6 +111,7 @@ def test_cli_status_json_and_ssh_exit_code(sim_cluster):
         assert n["docker"] == "active" and n["booted_at"] > 0
     rc = _cli(sim_cluster, "ssh", "node2", "--", "sh", "-c", "echo hi; exit 7")
     assert rc.returncode == 7 and rc.stdout.strip() == "hi"
+    assert "exited" not in rc.stderr  # the remote command's code passes through without a message, as with ssh
     missing = _cli(sim_cluster, "ssh", "node9", "--", "true")
     assert missing.returncode == 1 and "node9" in missing.stderr
 

@@ -164,10 +164,12 @@ def ssh(node, command, name) -> None:
         command = command[1:]
     cluster = _cluster(name, Reporter())
     rc = cluster.ssh(node, command or None, interactive=not command)
-    if rc != 0:
-        err = SimError(f"{node}: {'ssh' if rc == 255 else 'the command'} exited with {rc}")
-        err.exit_code = rc  # the CLI exits with the remote command's own code
+    if rc == 255:  # ssh's own failure: say so; a command's exit code passes through silently, as with ssh
+        err = SimError(f"{node}: ssh exited with 255 (is the node up? `sparkdeploy sim status`)")
+        err.exit_code = rc
         raise err
+    if rc != 0:
+        raise click.exceptions.Exit(rc)
 
 
 @sim.command("image")
