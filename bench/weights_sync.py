@@ -22,10 +22,8 @@ Without --inventory it brings up its own two-node sim cluster (name `wbench`, ju
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,22 +39,12 @@ RAW = "/srv/sparkdeploy-bench/raw.blob"
 
 
 def jumbo_sim(name: str, state_dir: Path):
-    """A two-node sim cluster whose network has MTU 9000 (the sim reuses a network that already exists)."""
-    from sparkdeploy.sim.cluster import CLUSTER_LABEL, SimCluster
+    """A two-node sim cluster whose network has MTU 9000, as a CX-7 data plane."""
+    from sparkdeploy.sim.cluster import SimCluster
 
     c = SimCluster(name, state_dir=state_dir)
     c.down()
-    taken = c._taken_subnets()
-    for cand in c._subnet_candidates():
-        net = ipaddress.ip_network(cand)
-        if any(net.overlaps(t) for t in taken):
-            continue
-        done = subprocess.run(["docker", "network", "create", "--driver", "bridge", "--subnet", str(net),
-                               "--gateway", str(net.network_address + 1), "--opt", "com.docker.network.driver.mtu=9000",
-                               "--label", f"{CLUSTER_LABEL}={name}", c.network], capture_output=True, text=True)
-        if done.returncode == 0:
-            break
-    state = c.up(2, inventory=state_dir / "inventory.sim.yaml")
+    state = c.up(2, inventory=state_dir / "inventory.sim.yaml", mtu=9000)
     return c, Path(state.inventory)
 
 

@@ -10,7 +10,6 @@ RLIMIT_AS; earlyoom inside a node can only see and kill that node's processes.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import subprocess
@@ -37,24 +36,6 @@ class Nodes:
         return done.out
 
 
-def _jumbo_network(cluster, name: str) -> None:
-    """Create the cluster's network with MTU 9000 before `up` (which reuses an existing network)."""
-    from sparkdeploy.sim.cluster import CLUSTER_LABEL
-
-    taken = cluster._taken_subnets()
-    for cand in cluster._subnet_candidates():
-        net = ipaddress.ip_network(cand)
-        if any(net.overlaps(t) for t in taken):
-            continue
-        done = subprocess.run(["docker", "network", "create", "--driver", "bridge", "--subnet", str(net),
-                               "--gateway", str(net.network_address + 1),
-                               "--opt", "com.docker.network.driver.mtu=9000",
-                               "--label", f"{CLUSTER_LABEL}={name}", cluster.network], capture_output=True, text=True)
-        if done.returncode == 0:
-            return
-    pytest.fail("no free subnet for the hostsafety sim network")
-
-
 @pytest.fixture(scope="module")
 def nodes(sim_node_image, tmp_path_factory):
     from sparkdeploy.sim.cluster import SimCluster
@@ -63,8 +44,7 @@ def nodes(sim_node_image, tmp_path_factory):
     state_dir = tmp_path_factory.mktemp("hostsafety")
     cluster = SimCluster(name, state_dir=state_dir)
     cluster.down()
-    _jumbo_network(cluster, name)
-    state = cluster.up(2, inventory=state_dir / "inventory.sim.yaml")
+    state = cluster.up(2, inventory=state_dir / "inventory.sim.yaml", mtu=9000)  # jumbo frames, as on a CX-7
     # the sim inventory + a host reserve that fits a small CI machine (the default 28 GiB is a GB10's)
     data = yaml.safe_load(Path(state.inventory).read_text())
     data["memory"] = {"reserve_gib": 1}

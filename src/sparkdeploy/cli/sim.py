@@ -69,11 +69,13 @@ def sim() -> None:
                    "state directory)")
 @click.option("--profile", default="sim-tiny", show_default=True, help="model profile named in the inventory")
 @click.option("--subnet", help="IPv4 /24 for the sim network (default: a free 172.30.x.0/24)")
+@click.option("--mtu", type=click.IntRange(576, 9216),
+              help="MTU of the sim network when it is created (9000: jumbo frames, as the CX-7 data plane wants)")
 @click.option("--engine-image/--no-engine-image", default=True, show_default=True,
               help="also build (or reuse) the vLLM CPU engine base image the serving image builds on")
 @click.option("--rebuild", is_flag=True, help="rebuild the node image even if cached")
 @click.option("--json", "as_json", is_flag=True, help="print the cluster (nodes, IPs, key, inventory) as JSON")
-def up(count, node_names, name, inventory, profile, subnet, engine_image, rebuild, as_json) -> None:
+def up(count, node_names, name, inventory, profile, subnet, mtu, engine_image, rebuild, as_json) -> None:
     """Build (once) the node image and start the nodes; wait until each runs systemd, sshd and dockerd."""
     from pathlib import Path
 
@@ -87,7 +89,7 @@ def up(count, node_names, name, inventory, profile, subnet, engine_image, rebuil
 
         base_image_id = images.image_id(images.ensure_engine_image(reporter).ref)
     state = cluster.up(len(names) if names else count, names=names, inventory=Path(inventory) if inventory else None,
-                       subnet=subnet, profile=profile, rebuild=rebuild, base_image_id=base_image_id)
+                       subnet=subnet, profile=profile, rebuild=rebuild, base_image_id=base_image_id, mtu=mtu)
     total = round(time.monotonic() - t0, 1)
     if as_json:
         click.echo(json.dumps({**state.to_dict(), "timings": reporter.timings, "total_seconds": total}, indent=2))

@@ -183,10 +183,11 @@ class SimCluster:
     # ------------------------------------------------------------------------------------------- up
     def up(self, nodes: int = 2, *, names: Sequence[str] | None = None, inventory: Path | None = None,
            subnet: str | None = None, profile: str = "sim-tiny", rebuild: bool = False,
-           base_image_id: str | None = None) -> SimState:
+           base_image_id: str | None = None, mtu: int | None = None) -> SimState:
         """Build (or reuse) the node image, start the nodes, wait for systemd + SSH + docker, write the inventory.
 
-        `base_image_id` pins the inventory's serving-image base to the engine base image's ID.
+        `base_image_id` pins the inventory's serving-image base to the engine base image's ID. `mtu` (e.g. 9000,
+        as on a CX-7 data plane) applies when the network is created; an existing network keeps its own.
         """
         images.check_docker()
         need_tool("ssh", "openssh-client")
@@ -205,7 +206,7 @@ class SimCluster:
         self._ensure_key()
         previous = self._existing_state()
         with self.reporter.phase("network") as info:
-            net_subnet = self._ensure_network(subnet or (previous.subnet if previous else None))
+            net_subnet = self._ensure_network(subnet or (previous.subnet if previous else None), mtu)
             info["detail"] = f"{self.network} {net_subnet}"
         net = ipaddress.ip_network(net_subnet)
         nodes_: list[SimNode] = []
@@ -248,7 +249,7 @@ class SimCluster:
             run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"sparkdeploy-sim-{self.name}", "-f",
                  str(self.key_path)], what="ssh-keygen")
 
-    def _ensure_network(self, want: str | None) -> str:
+    def _ensure_network(self, want: str | None, mtu: int | None = None) -> str:
         done = _docker("network", "inspect", self.network, "--format", "{{range .IPAM.Config}}{{.Subnet}}{{end}}",
                        what="docker network inspect", check=False)
         if done.rc == 0 and done.out.strip():
@@ -262,9 +263,10 @@ class SimCluster:
                     raise SimError(f"subnet {want} overlaps an existing Docker network; pick another with --subnet")
                 continue
             gateway = str(net.network_address + 1)
+            opts = ["--opt", f"com.docker.network.driver.mtu={mtu}"] if mtu else []
             created = _docker("network", "create", "--driver", "bridge", "--subnet", str(net), "--gateway", gateway,
-                              "--label", f"{CLUSTER_LABEL}={self.name}", self.network, what="docker network create",
-                              check=False)
+                              *opts, "--label", f"{CLUSTER_LABEL}={self.name}", self.network,
+                              what="docker network create", check=False)
             if created.rc == 0:
                 return str(net)
             if want or "overlap" not in created.err.lower():
