@@ -10,12 +10,13 @@ page cache is dropped before every run so both read from disk. Median of --repea
   transfer    the rsync process alone, inside the same sync
   raw         cat FILES | ssh node 'cat > one file' (one stream, as one copies by hand)
 
-The sync runs as `weights sync` does by default: files spread over --streams parallel rsync streams (one
-SSH stream is bound by one core's cipher speed). `--streams 1` compares stream for stream.
+The sync runs as `weights sync` does by default: files spread over parallel rsync streams, one per 4 head
+cores (`weights.auto_streams`; one SSH stream is bound by one core's cipher speed, but each stream costs CPU on
+both ends). `--streams N` forces N.
 
 Prints MB/s for each and the ratios sync/raw and transfer/raw (goal >= 0.8), as ratios of the medians and as
 the median of the ratios of each interleaved pair (robust to the drift of a shared host).
-Usage: bench/weights_sync.py [--inventory SIM_INVENTORY] [--mb 500] [--files 4] [--repeats 7] [--streams 4]
+Usage: bench/weights_sync.py [--inventory SIM_INVENTORY] [--mb 500] [--files 4] [--repeats 7] [--streams N]
 Without --inventory it brings up its own two-node sim cluster (name `wbench`, jumbo frames) and removes it after.
 """
 
@@ -54,8 +55,8 @@ def main() -> int:
     ap.add_argument("--mb", type=int, default=500, help="checkpoint size in MB (default 500)")
     ap.add_argument("--files", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=7, help="interleaved pairs (this link is noisy: default 7)")
-    ap.add_argument("--streams", type=int, default=w.DEFAULT_STREAMS,
-                    help=f"parallel rsync streams for the sync (default {w.DEFAULT_STREAMS}, as `weights sync`)")
+    ap.add_argument("--streams", type=int, default=None,
+                    help="parallel rsync streams for the sync (default: as `weights sync`, from the head's cores)")
     args = ap.parse_args()
     cluster = None
     tmp = tempfile.TemporaryDirectory(prefix="wbench-")
@@ -88,10 +89,13 @@ def main() -> int:
                 t.run(["sh", "-c", f"rm -rf {DIR} {RAW} $HOME/.cache/sparkdeploy/manifest-*.json; sync"])
                 w.evict(h, DIR)
 
+            used = {}
+
             def one_sync():
                 reset()
                 r = w.sync(E(h, head), [E(t, node)], DIR, head_manifest=w.manifest(h, DIR), streams=args.streams)[0]
                 assert r.status == "synced" and r.bytes == total, r
+                used["streams"] = r.streams
                 return r.seconds, r.transfer_seconds
 
             def one_raw(ch):
@@ -121,7 +125,7 @@ def main() -> int:
     mbps = lambda s: total / s / 1e6  # noqa: E731
     ms, mx, mr = statistics.median(sync_s), statistics.median(xfer_s), statistics.median(raw_s)
     print(f"checkpoint {total / 1e6:.0f} MB in {args.files} files, {head.name} -> {node.name} ({node.data_ip}), "
-          f"cipher {w.SSH_CIPHER}, {args.streams} rsync stream(s), median of {args.repeats}")
+          f"cipher {w.SSH_CIPHER}, {used['streams']} rsync stream(s), median of {args.repeats}")
     print(f"  weights sync   {mbps(ms):8.1f} MB/s  ({ms:.2f} s; runs {', '.join(f'{x:.2f}' for x in sync_s)})")
     print(f"  rsync alone    {mbps(mx):8.1f} MB/s  ({mx:.2f} s; runs {', '.join(f'{x:.2f}' for x in xfer_s)})")
     print(f"  raw ssh cat    {mbps(mr):8.1f} MB/s  ({mr:.2f} s; runs {', '.join(f'{x:.2f}' for x in raw_s)})")

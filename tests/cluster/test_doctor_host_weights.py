@@ -236,9 +236,10 @@ def test_weights_sync_moves_then_skips_then_sends_only_the_change(nodes, host_se
     base = ["--inventory", str(nodes.inventory), "--dir", CKPT_DIR, "--json"]
     rc, dry = run_cli(capsys, "weights", "sync", *base, "--dry-run")
     assert rc == 0 and dry["nodes"][0]["status"] == "would sync" and dry["nodes"][0]["files"] == 4
-    rc, first = run_cli(capsys, "weights", "sync", *base)
+    rc, first = run_cli(capsys, "weights", "sync", *base, "--streams", "3")
     r = first["nodes"][0]
     assert rc == 0 and (r["node"], r["status"], r["files"], r["bytes"]) == ("node2", "synced", 4, 300000003)
+    assert r["streams"] == 3  # 4 files over 3 parallel rsync streams
     same = "cd %s && sha256sum $(ls) " % CKPT_DIR
     assert nodes.sh("node1", same) == nodes.sh("node2", same)
     assert "sparkdeploy-weights" not in nodes.sh("node2", "cat /root/.ssh/authorized_keys")  # one-time key gone
@@ -248,7 +249,8 @@ def test_weights_sync_moves_then_skips_then_sends_only_the_change(nodes, host_se
     nodes.sh("node2", f"printf 'X' | dd of={CKPT_DIR}/model-00002-of-00003.safetensors bs=1 seek=5 conv=notrunc "
                       "status=none; touch -d '2001-01-01' " + f"{CKPT_DIR}/model-00002-of-00003.safetensors")
     rc, third = run_cli(capsys, "weights", "sync", *base)
-    assert rc == 0 and (third["nodes"][0]["status"], third["nodes"][0]["files"]) == ("synced", 1)
+    assert rc == 0 and (third["nodes"][0]["status"], third["nodes"][0]["files"], third["nodes"][0]["streams"]) == (
+        "synced", 1, 1)
     assert nodes.sh("node1", same) == nodes.sh("node2", same)
     # eviction: the page cache of the checkpoint is dropped on every node, then the guard judges memory
     nodes.sh("node2", f"cat {CKPT_DIR}/* > /dev/null")

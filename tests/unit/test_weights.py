@@ -123,3 +123,7 @@ def test_guard_uses_the_plan_budget():
     with pytest.raises(w.MemoryGuardError, match="refusing to start: spark1"):
         w.enforce([ok, low])
     w.enforce([ok])
+
+
+def test_auto_streams_one_per_four_cores_capped():
+    assert [w.auto_streams(c) for c in (1, 2, 4, 7, 8, 16, 20, 128)] == [1, 1, 1, 1, 2, 4, 4, 4]

@@ -52,8 +52,9 @@ def _open(inv, trust_new_hosts) -> Pool:
 @_inventory
 @_dir
 @click.option("--dry-run", is_flag=True, help="compare manifests and say what would be copied; copy nothing")
-@click.option("--streams", type=click.IntRange(1, 16), default=w.DEFAULT_STREAMS, show_default=True,
-              help="parallel rsync streams (one SSH stream is bound by one core's cipher speed)")
+@click.option("--streams", type=click.IntRange(1, 16), default=None,
+              help=f"parallel rsync streams (default: one per {w.CORES_PER_STREAM} head cores, at most "
+                   f"{w.MAX_STREAMS}: one SSH stream is bound by one core's cipher speed)")
 @click.option("--json", "as_json", is_flag=True, help="print the result per node as JSON on stdout")
 @_trust
 def sync(inventory_file, directory, dry_run, streams, as_json, trust_new_hosts):
