@@ -288,9 +288,10 @@ def sync(head: Endpoint, targets: Sequence[Endpoint], directory: str, *, dry_run
                                 mkdir=directory) as ch:
             argv = rsync_argv(directory, t.user, t.data_ip, directory, ch.ssh)
             cb = (lambda done, total, n=t.name: progress(n, done, total)) if progress else None
+            sizes = {f: src.files[f][0] for f in send}
+            groups = split_streams(sizes, streams)
             t1 = time.monotonic()
-            run_streams(head.conn, argv, split_streams({f: src.files[f][0] for f in send}, streams),
-                        {f: src.files[f][0] for f in send}, cb)
+            run_streams(head.conn, argv, groups, sizes, cb)
             transfer = time.monotonic() - t1
             # one round trip: record the hashes rsync verified, revoke the key, list the result
             fin = helper(t.conn, "finish", directory, ch.marker,
@@ -301,9 +302,8 @@ def sync(head: Endpoint, targets: Sequence[Endpoint], directory: str, *, dry_run
         if still:
             raise RemoteError(f"after rsync {len(still)} files still differ from the head's: {', '.join(still[:3])}",
                               node=t.name)
-        groups = min(streams, len(send))
         results.append(SyncResult(t.name, "synced", len(send), nbytes, time.monotonic() - t0, transfer, extra,
-                                  f"{len(send)} files, {groups} rsync stream(s)", groups))
+                                  f"{len(send)} files, {len(groups)} rsync stream(s)", len(groups)))
     return results
 
 
