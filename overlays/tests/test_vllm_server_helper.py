@@ -1,7 +1,6 @@
 """tests/support/vllm_server.py without vLLM: a fake 'python' that serves /health, with a child process."""
 
 import os
-import signal
 import stat
 import sys
 import time

@@ -442,6 +442,18 @@ def connect(target: Target, *, trust_new_hosts: bool = False) -> Conn:
     return LocalConn(target) if local else SSHConn(target, trust_new_hosts=trust_new_hosts)
 
 
+def host_key_line(conn: Conn, host: str, port: int = 22) -> str:
+    """A known_hosts line for `conn`'s sshd reached as host:port, from the key our own verified connection saw
+    (no trust-on-first-use by whoever uses the line)."""
+    if isinstance(conn, SSHConn):
+        key = conn.client.get_transport().get_remote_server_key()
+        kt, kb = key.get_name(), key.get_base64()
+    else:
+        kt, kb = conn.run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout.split()[:2]
+    name = host if port == 22 else f"[{host}]:{port}"
+    return f"{name} {kt} {kb}"
+
+
 def parallel(items: Iterable[T], fn: Callable[[T], object], *, max_workers: int = 8) -> dict[int, object]:
     """Run `fn` over items at once; returns {index: result or the exception raised}. Never raises itself."""
     items = list(items)

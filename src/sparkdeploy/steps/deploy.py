@@ -28,7 +28,7 @@ from sparkdeploy import facts as F
 from sparkdeploy import gather, health, paths, releases, render
 from sparkdeploy import plan as P
 from sparkdeploy.errors import HealthError, RemoteError, SparkdeployError
-from sparkdeploy.remote import Conn, LocalConn, Pool, Target
+from sparkdeploy.remote import Conn, LocalConn, Pool, Target, host_key_line
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps import stale, supervise
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD, Action, Outcome, StepFailed, run_step
@@ -353,7 +353,7 @@ class Cluster:
             pub = supervise.ensure_key(head)
         out += run_step("supervision", workers, lambda n: supervise.worker_actions(self.conn(n), pub),
                         dry_run=self.opts.dry_run, log=self.log) if workers else []
-        known = [supervise.host_key_line(self.conn(n), self.plan.node(n).ssh.host, self.plan.node(n).ssh.port)
+        known = [host_key_line(self.conn(n), self.plan.node(n).ssh.host, self.plan.node(n).ssh.port)
                  for n in workers]
         knobs = supervise.settings(start_grace_s=self.opts.watchdog_grace or self.opts.ready_timeout,
                                    backoff_base_s=self.opts.watchdog_backoff_s, retry_cap=self.opts.watchdog_cap)
@@ -574,7 +574,10 @@ class Cluster:
                 if to is None:
                     raise HealthError(f"no healthy release older than the current one ({cur}) on every node")
             if to not in common:
-                raise HealthError(f"release {to} is not complete on every node (have: {sorted(common)})")
+                lacking = {n: sorted(self.rel[n].complete) for n in self.names if to not in self.rel[n].complete}
+                raise HealthError(f"release {to} is not complete on every node: "
+                                  + "; ".join(f"{n} holds {h}" for n, h in lacking.items())
+                                  + f" (complete everywhere: {sorted(common)})")
             meta = self.rel[self.head].complete[to]
             self.plan = P.plan(self.inv, {n: _facts_from_dict(self.rel[n].complete[to]["facts"]) for n in self.names},
                                self.opts.nodes)

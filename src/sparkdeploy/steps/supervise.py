@@ -14,7 +14,7 @@ from pathlib import Path
 import jinja2
 
 from sparkdeploy import paths
-from sparkdeploy.remote import Conn, SSHConn
+from sparkdeploy.remote import Conn
 from sparkdeploy.steps.base import Action
 
 LIB = "/usr/local/lib/sparkdeploy"
@@ -70,17 +70,6 @@ def ensure_key(head: Conn) -> str:
         head.run(["mkdir", "-p", "-m", "0700", KEY_DIR])
         head.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", KEY_COMMENT, "-f", KEY])
     return head.run(["cat", f"{KEY}.pub"]).stdout.strip()
-
-
-def host_key_line(worker: Conn, host: str, port: int) -> str:
-    """The worker's host key, read over our own verified connection (no trust-on-first-use from the head)."""
-    if isinstance(worker, SSHConn):
-        key = worker.client.get_transport().get_remote_server_key()
-        kt, kb = key.get_name(), key.get_base64()
-    else:
-        kt, kb = worker.run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout.split()[:2]
-    name = host if port == 22 else f"[{host}]:{port}"
-    return f"{name} {kt} {kb}"
 
 
 def worker_actions(worker: Conn, pubkey: str) -> list[Action]:
