@@ -4,11 +4,11 @@ sync    Manifests first (size + sha256 per file, hashed on each node by `weights
         size/mtime/inode, so an unchanged checkpoint is listed without reading it). Identical manifests: skip.
         Otherwise rsync runs *on the head* and pushes only the differing files to the other node's data_ip
         (the CX-7 link, not the management NIC), whole-file, temp-then-rename per file, resumable
-        (`--partial-dir`). The head reaches the node with a one-time key: generated on the head, authorized on
-        the node with `from="<head data_ip>",restrict` and removed afterwards; the node's host key is read
-        over the kit's own (verified) connection and pinned, so host-key checking stays on. After the copy the
-        node's hash cache is seeded with the head's hashes (rsync verified every file it wrote) and the node's
-        manifest is compared with the head's once more.
+        (`--partial-dir`). The head reaches the node with a one-time key: generated here, placed on the head,
+        authorized on the node with `from="<head data_ip>",restrict` and removed afterwards; the node's host
+        key is the one the kit's own (verified) connection saw, pinned, so host-key checking stays on. After
+        the copy the node's hash cache is seeded with the head's hashes (rsync verified every file it wrote)
+        and the node's manifest is compared with the head's once more.
 evict   posix_fadvise(DONTNEED) on every file of the checkpoint (after fdatasync), on every node; no root.
         On GB10 the page cache of a just-read checkpoint counts as used GPU memory (cudaMemGetInfo = MemFree).
 guard   Refuse to start when MemAvailable after eviction is below weights + activations + KV + the reserve:
@@ -23,14 +23,14 @@ import secrets
 import shlex
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from sparkdeploy import doctor
 from sparkdeploy.errors import PlanError, RemoteError, SparkdeployError
-from sparkdeploy.remote import parallel
+from sparkdeploy.remote import host_key_line, parallel
 
 HELPER_SOURCE = (Path(__file__).with_name("weights_node.py")).read_text()
 GIB = 1 << 30
@@ -44,14 +44,6 @@ def auto_streams(cores: int) -> int:
     (a CX-7 is not), but every stream also costs CPU on both ends: on a 2-core host 1 stream moved 0.82-0.90 of
     `cat | ssh`'s rate and 4 streams 0.68-0.75 (bench/weights_sync.py). A GB10's 20 cores get 4. Pure."""
     return max(1, min(MAX_STREAMS, cores // CORES_PER_STREAM))
-
-
-def head_cores(conn) -> int:
-    res = conn.run(["nproc"], check=False, timeout=30)
-    try:
-        return max(1, int(res.stdout.strip()))
-    except ValueError:
-        return 1
 
 
 @dataclass(frozen=True)
@@ -122,47 +114,86 @@ def parse_progress(text: str) -> tuple[int, int, str] | None:
     return last
 
 
+def one_time_key(comment: str) -> tuple[bytes, str]:
+    """A fresh ed25519 key pair made here, so no node spends a round trip on ssh-keygen:
+    (OpenSSH private key, public key line ending in `comment`)."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.OpenSSH, ser.NoEncryption())
+    public = key.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH).decode()
+    return private, f"{public} {comment}"
+
+
+# On the head: a private directory holding the key (stdin) and the pinned host key ($1); prints it and nproc.
+_HEAD_SETUP = ('d=$(mktemp -d /tmp/sparkdeploy-sync-XXXXXX) && umask 077 && cat > "$d/key" && '
+               'printf %s "$1" > "$d/known_hosts" && echo "$d" && nproc')
+
+
 @dataclass
 class Channel:
     """What the head needs to reach one node over the data plane: key, pinned host key, ssh argv."""
 
+    head: object  # remote.Conn
+    node: object  # remote.Conn
     tmpdir: str
-    ssh: list[str]
     marker: str
-    revoked: bool = False  # set when the caller already removed the key on the node (saves a round trip)
+    head_cores: int
+    manifest: Manifest | None  # the node's manifest of the directory named when opening, if any
+    closed: bool = False
 
+    @property
+    def ssh(self) -> list[str]:
+        return ssh_command(f"{self.tmpdir}/key", f"{self.tmpdir}/known_hosts")
 
-def known_hosts_text(ip: str, hostkeys: str) -> str:
-    return "".join(f"{ip} {' '.join(line.split()[:2])}\n" for line in hostkeys.splitlines() if len(line.split()) >= 2)
+    def finish(self, directory: str, verified: Mapping[str, Sequence]) -> Manifest:
+        """Seed the node's hash cache with what rsync verified, revoke the key, list the result; the head's key
+        directory goes at the same time. Returns the node's manifest."""
+        out = self._close(lambda: helper(self.node, "finish", directory, self.marker,
+                                         input=json.dumps(verified).encode()))
+        return Manifest.from_json(out["manifest"])
+
+    def close(self) -> None:
+        if not self.closed:
+            self._close(lambda: helper(self.node, "unauthorize", self.marker, timeout=30))
+
+    def _close(self, at_node: Callable[[], dict]) -> dict:
+        self.closed = True
+        res = parallel([at_node, lambda: self.head.run(["rm", "-rf", self.tmpdir], check=False, timeout=30)],
+                       lambda fn: fn())
+        if isinstance(res[0], Exception):
+            raise res[0]
+        return res[0]
 
 
 @contextmanager
-def data_plane_channel(head, head_ip: str, node, node_ip: str, *, hostkeys: str | None = None,
-                       mkdir: str = "") -> Iterator[Channel]:
-    """A one-time key on the head authorized on `node` only from `head_ip`, with the node's host key pinned
-    (read over the kit's own verified connection, or given); removed on exit, even on failure."""
+def data_plane_channel(head, head_ip: str, node, node_ip: str, *, directory: str | None = None) -> Iterator[Channel]:
+    """A one-time key for the head, authorized on `node` only from `head_ip`, with the node's host key pinned
+    (as our own verified connection saw it); revoked and removed on exit, even on failure. With `directory`
+    the node also creates it and lists it (Channel.manifest). Opening and closing are one round trip each:
+    head and node are reached at the same time."""
     marker = f"sparkdeploy-weights-{secrets.token_hex(6)}"
-    if hostkeys is None:
-        hostkeys = node.run(["sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub"], timeout=30).stdout
-    kh = known_hosts_text(node_ip, hostkeys)
-    if not kh:
-        raise RemoteError("no SSH host keys readable in /etc/ssh", node=node.name)
-    out = head.run(["sh", "-c", 'd=$(mktemp -d /tmp/sparkdeploy-sync-XXXXXX) && '
-                   'ssh-keygen -q -t ed25519 -N "" -C "$1" -f "$d/key" && printf %s "$2" > "$d/known_hosts" && '
-                    'echo "$d" && cat "$d/key.pub"', "keygen", marker, kh], timeout=60).stdout.split("\n")
-    tmpdir, pub = out[0].strip(), out[1].strip()
-    ch = Channel(tmpdir, ssh_command(f"{tmpdir}/key", f"{tmpdir}/known_hosts"), marker)
+    private, public = one_time_key(marker)
+    known = host_key_line(node, node_ip) + "\n"
+    line = f'from="{head_ip}",restrict {public}\n'.encode()
+    res = parallel([lambda: head.run(["sh", "-c", _HEAD_SETUP, "setup", known], input=private, timeout=60),
+                    lambda: helper(node, "authorize", *([directory] if directory else []), input=line)],
+                   lambda fn: fn())
+    at_head, at_node = res[0], res[1]
+    if isinstance(at_head, Exception):
+        with suppress(SparkdeployError):  # the head's error is the one to report
+            helper(node, "unauthorize", marker, timeout=30)
+        raise at_head
+    tmpdir, cores = at_head.stdout.split()[:2]
+    ch = Channel(head, node, tmpdir, marker, max(1, int(cores)),
+                 None if isinstance(at_node, Exception) or not directory else Manifest.from_json(at_node))
     try:
-        line = f'from="{head_ip}",restrict {pub}\n'
-        node.run(["sh", "-c", 'umask 077; mkdir -p "$HOME/.ssh"; cat >> "$HOME/.ssh/authorized_keys"; '
-                  '[ -z "$1" ] || mkdir -p "$1"', "authorize", mkdir], input=line.encode(), timeout=30)
+        if isinstance(at_node, Exception):
+            raise at_node
         yield ch
     finally:
-        try:
-            if not ch.revoked:
-                helper(node, "unauthorize", marker, timeout=30)
-        finally:
-            head.run(["rm", "-rf", tmpdir], check=False, timeout=30)
+        ch.close()
 
 
 def run_rsync(head, argv: Sequence[str], files: Sequence[str], total: int,
@@ -270,41 +301,36 @@ def sync(head: Endpoint, targets: Sequence[Endpoint], directory: str, *, dry_run
     results = []
     for t in targets:
         t0 = time.monotonic()
-        prep = helper(t.conn, "prepare", directory)
-        dst = Manifest.from_json(prep)
-        send, extra = diff_manifests(src, dst)
-        nbytes = sum(src.files[f][0] for f in send)
-        if not send:
-            results.append(SyncResult(t.name, "skipped", 0, 0, time.monotonic() - t0, 0.0, extra,
-                                      f"identical: {len(src.files)} files, {src.bytes / GIB:.2f} GiB"))
-            continue
         if dry_run:
-            results.append(SyncResult(t.name, "would sync", len(send), nbytes, 0.0, 0.0, extra,
-                                      f"{len(send)} of {len(src.files)} files differ or are missing"))
+            send, extra = diff_manifests(src, manifest(t.conn, directory))
+            results.append(_skipped(t.name, src, extra, t0) if not send else
+                           SyncResult(t.name, "would sync", len(send), sum(src.files[f][0] for f in send), 0.0, 0.0,
+                                      extra, f"{len(send)} of {len(src.files)} files differ or are missing"))
             continue
-        if streams is None:
-            streams = auto_streams(head_cores(head.conn))
-        with data_plane_channel(head.conn, head.data_ip, t.conn, t.data_ip, hostkeys=prep.get("hostkeys"),
-                                mkdir=directory) as ch:
-            argv = rsync_argv(directory, t.user, t.data_ip, directory, ch.ssh)
-            cb = (lambda done, total, n=t.name: progress(n, done, total)) if progress else None
+        with data_plane_channel(head.conn, head.data_ip, t.conn, t.data_ip, directory=directory) as ch:
+            send, extra = diff_manifests(src, ch.manifest)
+            if not send:
+                results.append(_skipped(t.name, src, extra, t0))
+                continue
             sizes = {f: src.files[f][0] for f in send}
-            groups = split_streams(sizes, streams)
+            groups = split_streams(sizes, streams or auto_streams(ch.head_cores))
+            cb = (lambda done, total, n=t.name: progress(n, done, total)) if progress else None
             t1 = time.monotonic()
-            run_streams(head.conn, argv, groups, sizes, cb)
+            run_streams(head.conn, rsync_argv(directory, t.user, t.data_ip, directory, ch.ssh), groups, sizes, cb)
             transfer = time.monotonic() - t1
-            # one round trip: record the hashes rsync verified, revoke the key, list the result
-            fin = helper(t.conn, "finish", directory, ch.marker,
-                         input=json.dumps({f: list(src.files[f]) for f in send}).encode())
-            ch.revoked = True
-        after = Manifest.from_json(fin["manifest"])
+            after = ch.finish(directory, {f: list(src.files[f]) for f in send})
         still, _ = diff_manifests(src, after)
         if still:
             raise RemoteError(f"after rsync {len(still)} files still differ from the head's: {', '.join(still[:3])}",
                               node=t.name)
-        results.append(SyncResult(t.name, "synced", len(send), nbytes, time.monotonic() - t0, transfer, extra,
-                                  f"{len(send)} files, {len(groups)} rsync stream(s)", len(groups)))
+        results.append(SyncResult(t.name, "synced", len(send), sum(sizes.values()), time.monotonic() - t0, transfer,
+                                  extra, f"{len(send)} files, {len(groups)} rsync stream(s)", len(groups)))
     return results
+
+
+def _skipped(node: str, src: Manifest, extra: list[str], t0: float) -> SyncResult:
+    return SyncResult(node, "skipped", 0, 0, time.monotonic() - t0, 0.0, extra,
+                      f"identical: {len(src.files)} files, {src.bytes / GIB:.2f} GiB")
 
 
 # ----------------------------------------------------------------------------------------------- guard

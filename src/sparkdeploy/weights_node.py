@@ -8,7 +8,8 @@
   evict DIR            drop DIR's page cache (fdatasync + posix_fadvise DONTNEED); no root needed.
                        {"files", "bytes", "cached_before", "cached_after", "mem_available_before", "mem_available_after"}
   unauthorize MARKER   remove the authorized_keys line ending in MARKER (the sync's temporary key)
-  prepare DIR          manifest DIR plus "hostkeys": this node's /etc/ssh/ssh_host_*_key.pub (one round trip)
+  authorize [DIR]      append the authorized_keys line on stdin (the sync's temporary key); with DIR also
+                       create it and answer its manifest (one round trip)
   finish DIR MARKER    seed (stdin) + unauthorize MARKER + manifest DIR, as {"seeded", "removed", "manifest"}
 
 Prints one JSON object on stdout.
@@ -194,6 +195,16 @@ def evict(root):
     return out
 
 
+def authorize(line):
+    ssh_dir = os.path.join(os.path.expanduser("~"), ".ssh")
+    os.makedirs(ssh_dir, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(ssh_dir, "authorized_keys"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode() if line.endswith("\n") else (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 def unauthorize(marker):
     path = os.path.join(os.path.expanduser("~"), ".ssh", "authorized_keys")
     try:
@@ -221,14 +232,12 @@ def main(argv):
         res = evict(argv[1])
     elif cmd == "unauthorize":
         res = unauthorize(argv[1])
-    elif cmd == "prepare":
-        res = manifest(argv[1])
-        keys = []
-        for name in sorted(os.listdir("/etc/ssh")) if os.path.isdir("/etc/ssh") else []:
-            if name.startswith("ssh_host_") and name.endswith("_key.pub"):
-                with open(os.path.join("/etc/ssh", name)) as f:
-                    keys.append(f.read().strip())
-        res["hostkeys"] = "\n".join(keys)
+    elif cmd == "authorize":
+        authorize(sys.stdin.read())
+        res = {}
+        if len(argv) > 1:
+            os.makedirs(argv[1], exist_ok=True)
+            res = manifest(argv[1])
     elif cmd == "finish":
         given = json.load(sys.stdin)
         res = {"seeded": seed(argv[1], given)["seeded"], "removed": unauthorize(argv[2])["removed"]}

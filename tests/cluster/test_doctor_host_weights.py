@@ -245,6 +245,9 @@ def test_weights_sync_moves_then_skips_then_sends_only_the_change(nodes, host_se
     assert "sparkdeploy-weights" not in nodes.sh("node2", "cat /root/.ssh/authorized_keys")  # one-time key gone
     rc, second = run_cli(capsys, "weights", "sync", *base)
     assert rc == 0 and second["nodes"][0]["status"] == "skipped"
+    # the skip, too, leaves no key behind: not authorized on the worker, no key directory on the head
+    assert "sparkdeploy-weights" not in nodes.sh("node2", "cat /root/.ssh/authorized_keys")
+    assert nodes.sh("node1", "ls -d /tmp/sparkdeploy-sync-* 2>/dev/null; true").strip() == ""
     # one shard damaged on the worker (same size, other bytes): only that file goes again
     nodes.sh("node2", f"printf 'X' | dd of={CKPT_DIR}/model-00002-of-00003.safetensors bs=1 seek=5 conv=notrunc "
                       "status=none; touch -d '2001-01-01' " + f"{CKPT_DIR}/model-00002-of-00003.safetensors")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
 
 import pytest
 
@@ -107,6 +108,27 @@ def test_helper_unauthorize(tmp_path, local, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     assert w.helper(local, "unauthorize", "sparkdeploy-weights-abc") == {"removed": 1}
     assert ak.read_text() == "ssh-ed25519 AAAA user@laptop\n" and (ak.stat().st_mode & 0o777) == 0o600
+
+
+def test_helper_authorize_then_unauthorize_round_trip(tmp_path, local, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    private, public = w.one_time_key("sparkdeploy-weights-xyz")
+    line = f'from="10.0.0.1",restrict {public}\n'
+    ckpt = tmp_path / "ckpt"
+    got = w.helper(local, "authorize", str(ckpt), input=line.encode())
+    assert got["files"] == {} and ckpt.is_dir()  # created and listed in the same round trip
+    ak = home / ".ssh" / "authorized_keys"
+    assert ak.read_text() == line and (ak.stat().st_mode & 0o777) == 0o600
+    assert ((home / ".ssh").stat().st_mode & 0o077) == 0
+    # the private half is a key OpenSSH reads, and its public half is the line we authorized
+    keyfile = tmp_path / "key"
+    keyfile.write_bytes(private)
+    keyfile.chmod(0o600)
+    derived = subprocess.run(["ssh-keygen", "-y", "-f", str(keyfile)], capture_output=True, text=True, check=True)
+    assert derived.stdout.split()[:2] == public.split()[:2] and public.startswith("ssh-ed25519 ")
+    assert w.helper(local, "unauthorize", "sparkdeploy-weights-xyz") == {"removed": 1}
+    assert ak.read_text() == ""
 
 
 def test_guard_uses_the_plan_budget():
