@@ -55,20 +55,30 @@ class NodeReleases:
 
 # One round trip: list release dirs, which have release.json / HEALTHY, print metas, and resolve `current`.
 _SCAN = r"""
-cd "$1" 2>/dev/null || exit 0
+cd "$1" 2>/dev/null || { echo END; exit 0; }
 for d in [0-9][0-9][0-9][0-9]; do
   [ -d "$d" ] || continue
   if [ -f "$d/release.json" ]; then printf 'META %s ' "$d"; tr -d '\n' < "$d/release.json"; echo; else echo "PART $d"; fi
   [ -f "$d/HEALTHY" ] && echo "OKAY $d"
 done
 printf 'CURR %s\n' "$(readlink "$2" 2>/dev/null)"
+echo END
 """
 
 
 def scan(conn: Conn) -> NodeReleases:
-    out = conn.run(["sh", "-c", _SCAN, "scan", RELEASES, CURRENT], timeout=30).stdout
+    return parse_scan(conn.run(["sh", "-c", _SCAN, "scan", RELEASES, CURRENT], timeout=30).stdout, conn.name)
+
+
+def parse_scan(out: str, node: str) -> NodeReleases:
+    """Output cut short must never pass for a node's state: a half-read META line would look like an
+    incomplete release, and prune removes those."""
+    lines = out.splitlines()
+    if not lines or lines[-1] != "END":
+        raise RemoteError("the list of releases came back cut short (output lost on the way); run it again",
+                          node=node)
     nr = NodeReleases()
-    for line in out.splitlines():
+    for line in lines[:-1]:
         tag, _, rest = line.partition(" ")
         if tag == "META":
             num, _, js = rest.partition(" ")

@@ -283,7 +283,7 @@ class _ChanProc(Proc):
     def wait(self, timeout: float | None = None) -> tuple[int, str]:
         deadline = None if timeout is None else time.monotonic() + timeout
         err = bytearray()
-        while not self.chan.exit_status_ready():
+        while not (self.chan.exit_status_ready() and (self.chan.eof_received or self.chan.closed)):
             if self.chan.recv_stderr_ready():
                 err += self.chan.recv_stderr(CHUNK)
             elif self.chan.recv_ready():
@@ -367,8 +367,8 @@ class SSHConn(Conn):
                 if chan.recv_stderr_ready():
                     err += chan.recv_stderr(CHUNK)
                     continue
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
+                if chan.exit_status_ready() and (chan.eof_received or chan.closed):
+                    break  # not on the exit status alone: sshd sends it when the child exits, output may follow
                 if chan.closed or self.client.get_transport() is None or not self.client.get_transport().is_active():
                     raise RemoteError(f"ssh connection dropped while running `{shlex.join(argv)}`", node=self.name)
                 if time.monotonic() > deadline:

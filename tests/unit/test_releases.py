@@ -64,3 +64,14 @@ def test_last_healthy_is_common_to_all_nodes():
     assert releases.last_healthy({"a": a, "b": b}) == 2
     assert releases.last_healthy({"a": a, "b": b}, before=2) == 1
     assert releases.last_healthy({"a": a, "b": releases.NodeReleases()}) is None
+
+
+def test_scan_cut_short_is_an_error_not_an_incomplete_release(conn):
+    releases.write(conn, 1, {"a": (b"1", 0o644)}, {"fingerprint": "abc"})
+    releases.switch(conn, 1)
+    whole = conn.run(["sh", "-c", releases._SCAN, "scan", releases.RELEASES, releases.CURRENT]).stdout
+    assert releases.parse_scan(whole, "n").complete[1]["fingerprint"] == "abc"
+    # the same output losing its tail (a META line read halfway, no CURR, no END) must not read as
+    # "release 1 incomplete, none current": prune would delete the running release
+    with pytest.raises(RemoteError, match="cut short"):
+        releases.parse_scan(whole[: whole.index("abc")], "n")
