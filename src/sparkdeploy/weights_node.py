@@ -200,7 +200,7 @@ def authorize(line):
     os.makedirs(ssh_dir, mode=0o700, exist_ok=True)
     fd = os.open(os.path.join(ssh_dir, "authorized_keys"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, line.encode() if line.endswith("\n") else (line + "\n").encode())
+        os.write(fd, line.encode())
     finally:
         os.close(fd)
 

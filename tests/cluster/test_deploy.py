@@ -196,11 +196,9 @@ def test_fault_disk_full_while_writing_a_file(deployed, sim_cluster):
         assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0002"
         assert health_json(deployed["inv"])[0] == 0  # still serving the last good release
     finally:
-        # umount refuses while anything (a watchdog tick reading through `current`) has a file open there; a
-        # tmpfs left behind would hide the real releases from every later test: retry, then detach lazily
-        sim_cluster.ssh("node1", ["sh", "-c", "d=/etc/sparkdeploy/releases; for i in $(seq 10); do "
-                                  "mountpoint -q $d || exit 0; umount $d && exit 0; sleep 1; done; umount -l $d; "
-                                  "! mountpoint -q $d"], check=True)
+        # lazily: a plain umount refuses while anything (a watchdog tick reading through `current`) has a file
+        # open there, and a tmpfs left behind would hide the real releases from every later test
+        sim_cluster.ssh("node1", ["umount", "-l", "/etc/sparkdeploy/releases"], check=True)
     for node in ("node1", "node2"):  # the releases the user had are all still there, complete
         held = sim_cluster.ssh(node, ["sh", "-c", f"ls {releases.RELEASES}/*/{releases.META}"]).out
         assert f"0001/{releases.META}" in held and f"0002/{releases.META}" in held, (node, held)
@@ -225,9 +223,7 @@ def test_fault_health_gate_timeout_rolls_back(deployed, sim_cluster):
 
 def test_rollback_command(deployed, sim_cluster):
     rc, out, err = cli("rollback", "-i", str(deployed["inv"]), "1", "--ready-timeout", READY)
-    listing = {n: sim_cluster.ssh(n, ["sh", "-c", f"ls -la {releases.RELEASES} {releases.RELEASES}/*; mount | "
-                                      "grep sparkdeploy"]).out for n in ("node1", "node2")}
-    assert rc == 0, f"{err[-2000:]}\n{listing}"
+    assert rc == 0, err[-2000:]  # names the node lacking the release and what it holds
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0001"
     assert health_json(deployed["inv"])[0] == 0
     # and up brings the inventory's release back (it exists: switch + restart, no rewrite needed)
