@@ -1,4 +1,4 @@
-"""spark_overlays: the vLLM plugin carrying sparkdeploy's four performance patches.
+"""spark_overlays: the vLLM plugin carrying sparkdeploy's overlay patches (shortlist, skinny GEMM).
 
 Loaded through the ``vllm.general_plugins`` entry point (``spark_overlays = "spark_overlays:register"``)
 in every vLLM process: API server, engine core, each worker, the model-inspection subprocess; sometimes
@@ -16,9 +16,8 @@ Settings (``--additional-config``; every key optional, a feature is off unless `
                        "require_ids": [151643, 151645]},               # optional; EOS and the tokenizer's
                                                                        # special tokens are always required
       "skinny_gemm":  {"enabled": true},
-      "fp8_gdn":      {"enabled": true},      # acts only where compat says "overlay"
-      "prefix_align": {"enabled": true,       # acts only where compat says "overlay"
-                       "lookahead": null}     # tokens MTP re-fills; null = the scheduler's own value
+      "fp8_gdn":      {"enabled": false},     # native vLLM flags on every supported pin: no overlay code;
+      "prefix_align": {"enabled": false}      # accepted so the planner's table stays uniform
     }}
 
 Unknown keys or features, a list that is unsorted, has duplicates, lies outside the vocabulary, lacks a
@@ -26,8 +25,7 @@ required id or fails its hash: that feature fails closed (stock behaviour, reaso
 rank together.
 
 Files, one per patch: ``shortlist.py`` (+ ``shortlist_qwen35.py``, ``shortlist_qwen4.py``, ``vocab_list.py``), ``skinny_gemm.py``
-(+ ``skinny_plans.py``), ``fp8_gdn.py``, ``prefix_align.py``; ``loader_hook.py`` runs the after-load
-ones; ``compat.py`` says per vLLM version which features are native flags and which are overlays;
+(+ ``skinny_plans.py``); ``loader_hook.py`` runs skinny GEMM after each model load; ``compat.py`` says per vLLM version which features are native flags and which are overlays;
 ``check.py`` (``python -m spark_overlays check``) verifies the installed vLLM or a source tree against it.
 """
 
@@ -77,16 +75,9 @@ def register() -> None:
     try:
         from . import loader_hook
 
-        loader_hook.install(vllm_version)
-        done.append("skinny_gemm/fp8_gdn")
+        loader_hook.install()
+        done.append("skinny_gemm")
     except Exception as e:  # noqa: BLE001
-        fail_closed("skinny_gemm/fp8_gdn", f"loader hook failed: {type(e).__name__}: {e}")
-    try:
-        from . import prefix_align
-
-        if prefix_align.patch(vllm_version):
-            done.append("prefix_align")
-    except Exception as e:  # noqa: BLE001
-        fail_closed("prefix_align", f"scheduler patch failed: {type(e).__name__}: {e}")
+        fail_closed("skinny_gemm", f"loader hook failed: {type(e).__name__}: {e}")
     _loaded["ok"] = True
     info("loaded %s on vLLM %s (hooks: %s) %s", __version__, vllm_version, ", ".join(done), process_tag())

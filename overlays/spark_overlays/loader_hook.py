@@ -1,7 +1,7 @@
-"""Run the after-load overlays (skinny GEMM, FP8 GDN) on every model vLLM loads: target and draft.
+"""Run the after-load overlay (skinny GEMM) on every model vLLM loads: target and draft.
 
 Wraps ``BaseModelLoader.load_model`` at class level once per process; ``get_model`` goes through it for
-the target model and for the MTP draft (both runners). Any error in an overlay is logged and the
+the target model and for the MTP draft (both runners). An error in the overlay is logged and the
 loaded model is returned unchanged (fail closed).
 """
 
@@ -12,7 +12,7 @@ from ._util import fail_closed
 _state = {"installed": False}
 
 
-def install(vllm_version: str) -> None:
+def install() -> None:
     if _state["installed"]:
         return
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
@@ -24,7 +24,7 @@ def install(vllm_version: str) -> None:
 
     def load_model(self, vllm_config, model_config, *args, **kwargs):
         model = original(self, vllm_config, model_config, *args, **kwargs)
-        after_load(model, vllm_config, vllm_version)
+        after_load(model, vllm_config)
         return model
 
     load_model._spark_overlay = True  # type: ignore[attr-defined]
@@ -33,13 +33,10 @@ def install(vllm_version: str) -> None:
     _state["installed"] = True
 
 
-def after_load(model, vllm_config, vllm_version: str) -> None:
-    from . import fp8_gdn, skinny_gemm
+def after_load(model, vllm_config) -> None:
+    from . import skinny_gemm
 
-    # FP8 first: converted layers are no longer UnquantizedLinearMethod, so skinny leaves them alone.
-    for feature, fn in (("fp8_gdn", lambda: fp8_gdn.enable(model, vllm_config, vllm_version)),
-                        ("skinny_gemm", lambda: skinny_gemm.enable(model, vllm_config))):
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - fail closed, keep the loaded model
-            fail_closed(feature, f"{type(e).__name__}: {e}")
+    try:
+        skinny_gemm.enable(model, vllm_config)
+    except Exception as e:  # noqa: BLE001 - fail closed, keep the loaded model
+        fail_closed("skinny_gemm", f"{type(e).__name__}: {e}")

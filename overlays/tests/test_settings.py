@@ -13,10 +13,10 @@ def test_full_schema_round_trip():
     raw = S.additional_config(
         shortlist={"enabled": True, "path": "/opt/sparkdeploy/vocab/current.txt", "sha256": "ab" * 32,
                    "require_ids": [0, 2]},
-        skinny_gemm={"enabled": True}, fp8_gdn={"enabled": False}, prefix_align={"enabled": True, "lookahead": 2})
+        skinny_gemm={"enabled": True}, fp8_gdn={"enabled": False}, prefix_align={"enabled": False})
     cfg = S.parse(raw)
     assert cfg.shortlist.enabled and cfg.shortlist.require_ids == (0, 2)
-    assert cfg.prefix_align.lookahead == 2 and not cfg.fp8_gdn.enabled
+    assert not cfg.prefix_align.enabled and not cfg.fp8_gdn.enabled
 
 
 @pytest.mark.parametrize("raw, where", [
@@ -24,7 +24,7 @@ def test_full_schema_round_trip():
     ({"spark_overlays": {"shortlist": {"enabled": True, "pth": "x"}}}, "shortlist.pth"),
     ({"spark_overlays": {"shortlist": {"enabled": True}}}, "shortlist.path"),
     ({"spark_overlays": {"skinny_gemm": {"enabled": "yes"}}}, "skinny_gemm.enabled"),
-    ({"spark_overlays": {"prefix_align": {"lookahead": True}}}, "prefix_align.lookahead"),
+    ({"spark_overlays": {"prefix_align": {"lookahead": 2}}}, "prefix_align.lookahead"),  # removed with the overlay
     ({"spark_overlays": {"shortlist": {"require_ids": [-1]}}}, "require_ids"),
     ({"spark_overlays": []}, "spark_overlays"),
 ])
