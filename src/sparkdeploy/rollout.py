@@ -13,7 +13,7 @@ nothing but speed.
                                               ones; start workers, then the head
     gate                                      a real completion answers (watching every rank's unit and boot)
     verify                                    greedy outputs byte-identical to golden; acceptance after
-    finish                                    HEALTHY mark, history line on every node, watchdog back on
+    finish                                    HEALTHY mark, history line on every node, watchdog as it was
 
 Any failure after the switch rolls back to the previous release and list, waits for health, checks the
 golden outputs again and reports why. `vocab rollback [VERSION]` is a rollout of a stored version.
@@ -280,6 +280,7 @@ class Rollout:
         self.tok = tokenizer
         self.log = opts.log
         self.switched = False
+        self.watchdog_was: bool | None = None  # the timer's state before the rollout stopped it
         self.boots: dict[str, str] = {}
         self.golden: Golden | None = None
 
@@ -336,8 +337,8 @@ class Rollout:
             if not self._prepare(res):
                 return res
             # The watchdog's probes would land inside the golden metric deltas; it is stopped for the switch anyway.
+            self.watchdog_was = self.c.watchdog_active()
             self.c.watchdog(False)
-            self.watchdog_stopped = True
             self._capture_before(res)
             self._distribute(res)
             self._hook("distributed")
@@ -353,8 +354,8 @@ class Rollout:
                 self._roll_back(res, reason)
             else:
                 self._discard(res)
-                if getattr(self, "watchdog_stopped", False):
-                    self.c.watchdog(True)
+                if self.watchdog_was is not None:
+                    self.c.watchdog(self.watchdog_was)
                 res.status = "failed"
                 res.message = f"rollout stopped before any node switched: {reason}"
         finally:
@@ -490,8 +491,8 @@ class Rollout:
         t0 = time.monotonic()
         self.log(f"switching to release {self.new_num} (list {self.cand.version}): stop head, workers; start "
                  "workers, head")
+        self.switched = True  # from the first stop on, a failure puts the previous release back (not a discard)
         self.c.stop_all()
-        self.switched = True
         self._each(lambda c: (vocab_live.point(c, self.cand.sha256), releases.switch(c, self.new_num)), "switching")
         self.c.start_all()
         self.started_at = time.monotonic()
@@ -580,7 +581,7 @@ class Rollout:
                  "from": self.old_sha, "release": self.new_num, "previous_release": self.prev,
                  "size": self.cand.size, "source": Path(self.cand.path).name, "result": "live"}
         self._each(lambda c: vocab_live.record(c, entry), "recording history")
-        self.c.watchdog(True)
+        self.c.watchdog(self.watchdog_was)
         for n in self.names:
             try:
                 c = self.conn(n)
@@ -619,7 +620,7 @@ class Rollout:
                 again = capture(self.exp.api_url, self.exp.served_model, self.prompts,
                                 max_tokens=self.opts.max_tokens, timeout=self.opts.probe_timeout, metrics=False)
                 same = not mismatches(self.golden.outputs, again.outputs)
-            self.c.watchdog(True)
+            self.c.watchdog(self.watchdog_was)
             self.c.pool.map(lambda c: c.put(f"{releases.rdir(self.new_num)}/FAILED", (reason + "\n").encode()),
                             self.names)
             entry = {"action": "auto-rollback", "sha256": self.old_sha, "version": res.from_version,

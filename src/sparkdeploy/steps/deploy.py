@@ -25,7 +25,7 @@ from typing import Callable
 import requests
 
 from sparkdeploy import facts as F
-from sparkdeploy import gather, health, paths, releases, render
+from sparkdeploy import faults, gather, health, paths, releases, render
 from sparkdeploy import plan as P
 from sparkdeploy.errors import HealthError, RemoteError, SparkdeployError
 from sparkdeploy.remote import Conn, LocalConn, Pool, Target, host_key_line
@@ -371,6 +371,9 @@ class Cluster:
         else:
             c.run(["systemctl", "stop", supervise.TIMER, supervise.SERVICE], check=False, timeout=330)
 
+    def watchdog_active(self) -> bool:
+        return self.conn(self.head).run(["systemctl", "is-active", "--quiet", supervise.TIMER], check=False).ok
+
     def stop_all(self, names: list[str] | None = None) -> None:
         """Head first (it holds the rendezvous and the API), then the workers in parallel."""
         names = names or self.names
@@ -392,6 +395,7 @@ class Cluster:
         for g in guards:
             if g.verdict.value != "ok":
                 self.log(f"{g.node}: memory guard {g.verdict.value}: {g.reason}")
+        faults.hit("memory-guard")
         weights.enforce(guards)
         for node in self.plan.start_order:
             self.conn(node.name).run(["systemctl", "reset-failed", P.UNIT_NAME], check=False)
@@ -483,25 +487,33 @@ class Cluster:
                                    self.names)
             need_start = res.new_release or not all(v is True for v in active.values()) or any(
                 o.step == "retire" and o.status == CHANGED for o in out)
-            if need_start:
-                prev = self.rel[self.head].current
-                self.log(f"switching to release {num} (was {prev}): stop head, stop workers, switch, start workers, head")
-                self.stop_all()
-                self.switch(num)
-                self.start_all()
-                res.restarted = True
-                out.append(Outcome("start", self.head, CHANGED, f"release {num} started workers-first",
-                                   [f"restart on release {num}"]))
-            healthy_rec = releases.read_healthy(self.conn(self.head), num)
+            watchdog_was = self.watchdog_active()
+            stage = "start"
+            # From the first stop on, any failure (memory guard, a node lost mid-switch, the gate) ends in
+            # _auto_rollback: the last release that passed its gate serving again, or the service stopped.
             try:
+                if need_start:
+                    prev = self.rel[self.head].current
+                    self.log(f"switching to release {num} (was {prev}): stop head, stop workers, switch, start "
+                             "workers, head")
+                    self.stop_all()
+                    faults.hit("after-stop")
+                    self.switch(num)
+                    faults.hit("after-switch")
+                    self.start_all()
+                    res.restarted = True
+                    out.append(Outcome("start", self.head, CHANGED, f"release {num} started workers-first",
+                                       [f"restart on release {num}"]))
+                stage = "health gate"
+                healthy_rec = releases.read_healthy(self.conn(self.head), num)
                 if need_start or not healthy_rec:
                     res.probe = self.gate(num, out)
                 else:
                     res.probe = healthy_rec.get("probe")
                     out.append(Outcome("health gate", self.head, OK, f"release {num} already passed its gate"))
-            except (HealthError, RemoteError, requests.RequestException, ValueError, KeyError) as err:
-                out.append(Outcome("health gate", self.head, FAILED, str(err)))
-                self._auto_rollback(num, str(err), res)
+            except (SparkdeployError, requests.RequestException, ValueError, KeyError) as err:
+                out.append(Outcome(stage, self.head, FAILED, str(err)))
+                self._auto_rollback(num, f"{stage}: {err}", res, watchdog_was)
                 return res
             self.watchdog(True)
             self.prune()
@@ -519,29 +531,55 @@ class Cluster:
         finally:
             res.seconds = time.monotonic() - t0
 
-    def _auto_rollback(self, failed: int, reason: str, res: UpResult) -> None:
-        self.scan()
-        good = releases.last_healthy({n: self.rel[n] for n in self.names}, before=failed)
-        if good is None:
-            self.stop_all()
-            res.message = (f"release {failed} failed its health gate ({reason}); no earlier healthy release to roll "
-                           "back to: the service is STOPPED (units stay enabled); fix and re-run `up`")
-            return
-        self.log(f"release {failed} failed its health gate: rolling back to release {good}")
-        self.stop_all()
-        self.switch(good)
-        self.start_all()
-        res.rolled_back_to = good
+    def _auto_rollback(self, failed: int, reason: str, res: UpResult, watchdog_was: bool) -> None:
+        """After a failure past the first stop: the newest release older than `failed` that passed its gate on
+        every node serves again under its own plan, with the watchdog as it was; with none, the service is
+        stopped and disabled (a reboot must not start a release that never passed its gate)."""
+        what = f"release {failed} failed ({reason})"
         try:
+            self.scan()
+        except SparkdeployError as err:
+            res.message = f"{what}; the releases on the nodes could not be read to roll back: {err}"
+            return
+        self._serve_again(what, releases.last_healthy({n: self.rel[n] for n in self.names}, before=failed), res,
+                          watchdog_was)
+
+    def _serve_again(self, what: str, good: int | None, res: UpResult, watchdog_was: bool) -> None:
+        """Put release `good` (passed its gate on every node) back: stop, switch, start under its plan, watchdog
+        as it was, wait for it; with no good release, stop and disable the service. The message says which."""
+        try:
+            if good is None:
+                self.stop_and_disable()
+                res.message = (f"{what}; no healthy release to go back to: the service is STOPPED and disabled; "
+                               "fix and re-run `up`")
+                return
+            self.log(f"{what}: rolling back to release {good}")
+            self.stop_all()
+            self.switch(good)
+            self.plan = self.release_plan(good)
+            self.start_all()
+            res.rolled_back_to = good
+            self.watchdog(watchdog_was)
             rec = releases.read_healthy(self.conn(self.head), good) or {}
             text = self.wait_ready(self.opts.rollback_timeout)
             ok = text == rec.get("probe", text)
-            self.watchdog(True)
-            res.message = (f"release {failed} failed its health gate ({reason}); ROLLED BACK to release {good}"
+            res.message = (f"{what}; ROLLED BACK to release {good}"
                            + (" which is healthy again" if ok else f" but its probe now differs: {text!r}"))
-        except (HealthError, requests.RequestException, ValueError, KeyError) as err:
-            res.message = (f"release {failed} failed its health gate ({reason}); rolled back to release {good}, "
-                           f"which did not become ready either: {err}")
+        except (SparkdeployError, requests.RequestException, ValueError, KeyError) as err:
+            res.message = (f"{what}; rolling back to release {good} did not complete either: {err}"
+                           if good is not None else f"{what}; and stopping the service failed: {err}")
+
+    def release_plan(self, num: int) -> P.Plan:
+        """The plan a recorded release ran under: this inventory with the facts that release recorded."""
+        return P.plan(self.inv, {n: _facts_from_dict(self.rel[n].complete[num]["facts"]) for n in self.names},
+                      self.opts.nodes)
+
+    def stop_and_disable(self) -> None:
+        """Engine stopped everywhere, its unit and the watchdog timer disabled (what `down` leaves)."""
+        self.stop_all()
+        for n in self.names:
+            self.conn(n).run(["systemctl", "disable", P.UNIT_NAME], check=False)
+        self.conn(self.head).run(["systemctl", "disable", supervise.TIMER], check=False)
 
     def prune(self) -> None:
         nrs = self.scan()
@@ -579,17 +617,24 @@ class Cluster:
                                   + "; ".join(f"{n} holds {h}" for n, h in lacking.items())
                                   + f" (complete everywhere: {sorted(common)})")
             meta = self.rel[self.head].complete[to]
-            self.plan = P.plan(self.inv, {n: _facts_from_dict(self.rel[n].complete[to]["facts"]) for n in self.names},
-                               self.opts.nodes)
-            self.stop_all()
-            self.switch(to)
-            self.start_all()
-            res.release, res.restarted = to, True
-            res.rolled_back_to = to
-            rec = releases.read_healthy(self.conn(self.head), to)
-            res.probe = self.wait_ready(self.opts.ready_timeout)
-            if not rec:
-                self.gate(to, res.outcomes)
+            self.plan = self.release_plan(to)
+            watchdog_was = self.watchdog_active()
+            try:
+                self.stop_all()
+                self.switch(to)
+                self.start_all()
+                res.release, res.restarted = to, True
+                res.rolled_back_to = to
+                rec = releases.read_healthy(self.conn(self.head), to)
+                res.probe = self.wait_ready(self.opts.ready_timeout)
+                if not rec:
+                    self.gate(to, res.outcomes)
+            except (SparkdeployError, requests.RequestException, ValueError, KeyError) as err:
+                # The release that was serving goes back, if it had passed its gate everywhere.
+                back = cur if cur is not None and all(cur in self.rel[n].healthy for n in self.names) else None
+                res.release = res.rolled_back_to = None
+                self._serve_again(f"rollback to release {to} failed ({err})", back, res, watchdog_was)
+                return res
             self.watchdog(True)
             res.healthy = True
             res.message = f"rolled back from release {cur} to {to} ({meta.get('image')}); healthy"

@@ -1,0 +1,75 @@
+"""A failure after `up` stopped the engine ends on the last good release (docs/failures.md), on the simulated
+cluster with the real vLLM CPU engine: the release that served before serves again, `current` points at it on
+every node, the watchdog is in the state it had, and a re-run of the same `up` converges.
+
+The faults come through the SPARKDEPLOY_FAULT seam (sparkdeploy.faults): a memory guard refusal needs a node
+short of memory at the moment of the start, which a shared test host cannot arrange safely, and "after the
+stop, before the switch" is a point no real fault hits on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.cluster.test_deploy import UP_FLAGS, current, variant
+
+pytestmark = pytest.mark.cluster
+
+TIMER = "sparkdeploy-watchdog.timer"
+
+
+def up(inv, fault: str | None = None) -> tuple[int, dict]:
+    env = dict(os.environ)
+    env.pop("SPARKDEPLOY_FAULT", None)
+    if fault:
+        env["SPARKDEPLOY_FAULT"] = fault
+    p = subprocess.run([sys.executable, "-m", "sparkdeploy", "up", "-i", str(inv), "--json", *UP_FLAGS],
+                       capture_output=True, text=True, timeout=1500, env=env)
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    try:
+        return p.returncode, json.loads(p.stdout)
+    except ValueError:
+        raise AssertionError(f"up printed no JSON (rc {p.returncode}): {p.stderr[-3000:]}") from None
+
+
+def timer_state(sim) -> str:
+    return sim.ssh("node1", ["systemctl", "is-active", TIMER]).out.strip()
+
+
+@pytest.fixture(scope="module")
+def serving(sim_cluster, sim_engine_loaded, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("failures")
+    inv = variant(sim_cluster.inventory, tmp, "base", 2.0)
+    rc, res = up(inv)
+    assert rc == 0 and res["healthy"], res["message"]
+    yield {"inv": inv, "tmp": tmp}
+    subprocess.run([sys.executable, "-m", "sparkdeploy", "down", "-i", str(inv)], capture_output=True, timeout=600)
+
+
+@pytest.mark.parametrize("fault,reserve", [("memory-guard", 2.5), ("after-stop", 3.0)])
+def test_failure_after_the_stop_serves_the_last_good_release(serving, sim_cluster, fault, reserve):
+    rc, before = up(serving["inv"])  # what the previous case left (no change): the release to come back to
+    assert rc == 0 and before["healthy"], before["message"]
+    good = f"releases/{before['release']:04d}"
+    watchdog_before = timer_state(sim_cluster)
+
+    changed = variant(serving["inv"], serving["tmp"], f"{fault}-{reserve}", reserve)
+    rc, res = up(changed, fault)
+    assert rc != 0 and not res["healthy"], res["message"]
+    assert res["rolled_back_to"] == before["release"], res["message"]
+    assert f"injected fault at {fault}" in res["message"] and "ROLLED BACK" in res["message"], res["message"]
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == good
+    assert timer_state(sim_cluster) == watchdog_before
+    for node in ("node1", "node2"):
+        assert sim_cluster.ssh(node, ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() == "active"
+
+    rc, again = up(changed)  # the same command without the fault converges on the new release
+    assert rc == 0 and again["healthy"] and again["release"] != before["release"], again["message"]
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == f"releases/{again['release']:04d}"
+    assert timer_state(sim_cluster) == "active"
+    serving["inv"] = changed
