@@ -37,9 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
-from sparkdeploy import paths
+from sparkdeploy import paths, yamlfile
 from sparkdeploy.errors import InventoryError
 
 FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align")
@@ -305,22 +303,7 @@ def _suggest(key: str, allowed: tuple[str, ...]) -> str:
 
 
 def _read_yaml(path: Path, what: str) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InventoryError(f"{what} file not found", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InventoryError(f"cannot read {what}: {err}", file=str(path)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise InventoryError(f"YAML syntax error{where}: {problem}", file=str(path)) from None
-    if data is None:
-        raise InventoryError(f"{what} is empty", file=str(path))
-    return data
+    return yamlfile.load(path, what)
 
 
 # ------------------------------------------------------------------------------------------- sections
