@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import copy
 import importlib.util
 import json
 import re
@@ -140,6 +141,16 @@ def _params(fn) -> list[str]:
     return [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
 
 
+def _code(node) -> str:
+    """The definition's source as ``ast.unparse`` writes it, docstring dropped, whitespace collapsed."""
+    body = getattr(node, "body", None)
+    if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+            and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        node = copy.copy(node)
+        node.body = body[1:] or [ast.Pass()]
+    return " ".join(ast.unparse(node).split())
+
+
 def check_target(src: Source, t: compat.Target) -> tuple[bool, str]:
     if src.tree(t.module) is None:
         return False, f"module {t.module} not found"
@@ -164,6 +175,9 @@ def check_target(src: Source, t: compat.Target) -> tuple[bool, str]:
         got = _params(node)
         if got[: len(t.params)] != list(t.params):
             return False, f"{t.qualname} signature changed: expected ({', '.join(t.params)}, ...), found ({', '.join(got)})"
+    missing = [c for c in t.code if c not in _code(node)]
+    if missing:
+        return False, f"{t.qualname} no longer contains {missing[0]!r} (the behaviour the overlay relies on)"
     return True, ""
 
 

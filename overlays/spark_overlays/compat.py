@@ -33,12 +33,15 @@ class Target:
 
     ``module`` is a dotted module path; ``qualname`` is ``""`` (the module itself), ``Name`` or
     ``Class.attr``. ``params`` are the leading parameter names the callable must have, in order
-    (``self`` included for methods); ``None`` means "only check existence".
+    (``self`` included for methods); ``None`` means "only check existence". ``code`` are fragments the
+    definition's source must contain (compared after ``ast.unparse`` with whitespace collapsed, docstring
+    dropped): the behaviour an overlay relies on, e.g. that a runner honours ``has_own_lm_head``.
     """
 
     module: str
     qualname: str = ""
     params: tuple[str, ...] | None = None
+    code: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         name = f"{self.module}:{self.qualname}" if self.qualname else self.module
@@ -66,7 +69,6 @@ _SHORTLIST_COMMON = (
     Target("vllm.model_executor.layers.logits_processor", "LogitsProcessor.__init__", ("self", "vocab_size")),
     Target("vllm.model_executor.layers.logits_processor", "LogitsProcessor.get_top_tokens",
            ("self", "lm_head", "hidden_states")),
-    Target("vllm.model_executor.models.interfaces", "LocalArgmaxMixin.get_top_tokens"),
     Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.__init__", ("self",)),
     Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.compute_logits", ("self", "hidden_states")),
     Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.load_weights", ("self", "weights")),
@@ -80,14 +82,26 @@ _SHORTLIST_COMMON = (
     Target("vllm.distributed.parallel_state", "model_parallel_is_initialized"),
     Target("vllm.distributed.parallel_state", "GroupCoordinator.cpu_group"),
     # the runner keeps a draft head of its own when the class has this attribute (V2 and V1 paths)
-    Target("vllm.v1.worker.gpu.spec_decode.eagle.utils", "_should_share"),
-    Target("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._maybe_share_lm_head"),
+    Target("vllm.v1.worker.gpu.spec_decode.eagle.utils", "_should_share", ("eagle", "flag", "draft", "target"),
+           code=("if not getattr(eagle, flag, False): return True",)),
+    Target("vllm.v1.worker.gpu.spec_decode.eagle.utils", "load_eagle_model",
+           code=("_should_share(eagle_model, 'has_own_lm_head', draft_lm_head, target_lm_head)",)),
+    Target("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._maybe_share_lm_head",
+           code=("if hasattr(self.model, 'has_own_lm_head'):",
+                 "if not self.model.has_own_lm_head: share_lm_head = True")),
+    # the full head reaches load_weights (it is gathered there), the ids map back through d2t
+    Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.is_unused_checkpoint_weight", code=("'lm_head'",)),
+    Target(f"{_MTP}.qwen3_5_mtp", "Qwen3_5MTP.is_unused_checkpoint_weight", code=("'lm_head'",)),
+    Target("vllm.model_executor.models.interfaces", "LocalArgmaxMixin.get_top_tokens", ("self", "hidden_states"),
+           code=("top = top + d2t[top]",)),
 )
 _QWEN4_MTP = (
     Target("vllm.models.qwen4_exp.nvidia.mtp", "Qwen4ExpMTP.__init__", ("self",)),
     Target("vllm.models.qwen4_exp.nvidia.mtp", "Qwen4ExpMTP.compute_logits", ("self", "hidden_states")),
     Target("vllm.models.qwen4_exp.nvidia.mtp", "Qwen4ExpMTP.load_weights", ("self", "weights")),
+    Target("vllm.models.qwen4_exp.nvidia.mtp", "_remap_mtp_weight_name", code=("name.startswith('lm_head.')",)),
 )
+_KERNEL = "vllm.model_executor.kernels.linear.cute_dsl.skinny_gemm"
 _SKINNY = (
     Target("vllm.model_executor.layers.linear", "LinearBase"),
     Target("vllm.model_executor.layers.linear", "UnquantizedLinearMethod.apply", ("self", "layer", "x", "bias")),
@@ -97,10 +111,29 @@ _SKINNY = (
     Target("vllm.model_executor.model_loader.base_loader", "BaseModelLoader.load_model",
            ("self", "vllm_config", "model_config")),
     Target("vllm.utils.torch_utils", "direct_register_custom_op", ("op_name", "op_func")),
+    # the kernel the op calls, its config's field order and its entry points
+    Target(_KERNEL, "SkinnyGemmConfig", code=(
+        "num_rows: int block_size: int outputs_per_block: int k_unroll: int = 1 vector_width: int = 8 "
+        "static_k: int | None = None",)),
+    Target(_KERNEL, "shape_dynamic_skinny_gemm", code=("shape_dynamic_skinny_gemm = ShapeDynamicSkinnyGemm()",)),
+    Target(_KERNEL, "ShapeDynamicSkinnyGemm.__call__", ("self", "a", "b", "config")),
+    Target(_KERNEL, "ShapeDynamicSkinnyGemm.is_available"),
+)
+_QWEN4_PLANS = "vllm.models.qwen4_exp.nvidia.low_latency_gemm"
+_SKINNY_033 = _SKINNY + (
+    # upstream's GB10 table, extended in place by the overlay: read per call, keyed (N, K) -> {M: config}
+    Target(_QWEN4_PLANS, "QWEN4_EXP_SM121_GEMM_PLANS"),
+    Target(_QWEN4_PLANS, "QWEN4_EXP_GEMM_PLANS_BY_CAPABILITY", code=("(12, 1): QWEN4_EXP_SM121_GEMM_PLANS",)),
+    Target(_QWEN4_PLANS, "_qwen4_exp_low_latency_gemm", ("x", "weight"), code=(
+        "plans = QWEN4_EXP_GEMM_PLANS_BY_CAPABILITY.get(current_platform.get_device_capability(), {})",
+        "config = None if plan is None else plan.get(x.shape[0])")),
+    Target(_QWEN4_PLANS, "enable_qwen4_exp_low_latency_gemm", ("module", "dtype"),
+           code=("child.quant_method = Qwen4ExpLowLatencyLinearMethod()",)),
 )
 _FP8_FLAGS_TARGETS = (
     Target("vllm.config.quantization", "QuantizationConfigArgs.targets"),
-    Target("vllm.config.quantization", "_ONLINE_SHORTHANDS"),
+    Target("vllm.config.quantization", "_ONLINE_SHORTHANDS",
+           code=("'fp8_per_channel': QuantizationConfigArgs(linear=QuantSpec(weight=kFp8StaticChannelSym)",)),
     Target("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "QwenGatedDeltaNetAttention.create_qkvz_proj"),
 )
 _ALIGN_NATIVE_033 = (
@@ -137,8 +170,9 @@ TABLE: dict[str, dict[str, Support]] = {
     "0.33": {
         "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON + _QWEN4_MTP,
                              note="no MTP vocabulary shortlist upstream"),
-        "skinny_gemm": Support(OVERLAY, targets=_SKINNY,
-                               note="qwen4_exp GB10 plans lack M=3,5 and the shortlist N; other models none"),
+        "skinny_gemm": Support(OVERLAY, targets=_SKINNY_033,
+                               note="qwen4_exp GB10 plans lack M=3,5, the GDN shapes and the shortlist N "
+                                    "(extended in place); no other model has any"),
         "fp8_gdn": Support(NATIVE, flags=_FP8_FLAGS, targets=_FP8_FLAGS_TARGETS),
         "prefix_align": Support(NATIVE, flags=("--enable-prefix-caching",), targets=_ALIGN_NATIVE_033,
                                 note="align mode is automatic with prefix caching; MTP look-ahead hashed"),

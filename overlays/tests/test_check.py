@@ -77,6 +77,50 @@ def test_planted_drift_fails_naming_the_target(tmp_path):
     assert "Qwen3NextMTP.compute_logits" in out.stderr and "DRIFT shortlist" in out.stderr
 
 
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path}: {old!r} not found (vLLM changed: update the planted break)"
+    path.write_text(text.replace(old, new))
+
+
+def _kernel_deleted(vllm: Path) -> None:
+    (vllm / "model_executor/kernels/linear/cute_dsl/skinny_gemm.py").unlink()
+
+
+def _share_ignores_own_head(vllm: Path) -> None:
+    _edit(vllm / "v1/worker/gpu/spec_decode/eagle/utils.py", "if not getattr(eagle, flag, False):", "if True:")
+
+
+def _lm_head_unused(vllm: Path) -> None:
+    for name in ("qwen3_next_mtp.py", "qwen3_5_mtp.py"):
+        _edit(vllm / "model_executor/models" / name, '["embed_tokens", "lm_head"]', '["embed_tokens"]')
+
+
+def _shorthand_renamed(vllm: Path) -> None:
+    _edit(vllm / "config/quantization.py", '"fp8_per_channel": QuantizationConfigArgs(', '"fp8_channel": QuantizationConfigArgs(')
+
+
+@pytest.mark.parametrize("plant, feature, names", [
+    (_kernel_deleted, "skinny_gemm", "cute_dsl.skinny_gemm"),
+    (_share_ignores_own_head, "shortlist", "_should_share"),
+    (_lm_head_unused, "shortlist", "is_unused_checkpoint_weight"),
+    (_shorthand_renamed, "fp8_gdn", "_ONLINE_SHORTHANDS"),
+])
+def test_planted_semantic_break_exits_1(tmp_path, plant, feature, names):
+    """The four breaks the 0.33 audit planted, which an existence-only check passed."""
+    src = SOURCES["0.33 (wheel source)"]
+    if src is None:
+        pytest.skip("vLLM 0.33.0 source not unpacked")
+    tree = _minimal_copy(src, tmp_path)
+    plant(tree / "vllm")
+    out = subprocess.run([sys.executable, "-m", "spark_overlays", "check", "--vllm-source", str(tree)],
+                         capture_output=True, text=True)
+    assert out.returncode == 1, out.stdout
+    drift = [line for line in out.stderr.splitlines() if line.startswith("DRIFT")]
+    assert drift and all(line.startswith(f"DRIFT {feature}:") for line in drift), out.stderr
+    assert names in out.stderr
+
+
 def test_signature_drift_is_reported(tmp_path):
     tree = _minimal_copy(_any_source(), tmp_path)
     f = tree / "vllm" / "model_executor" / "layers" / "linear.py"
