@@ -62,8 +62,7 @@ class ImageSpec:
     python: str
     pip: str
     local_base: bool
-    vocab_sha256: str | None
-    vocab_source: str | None  # host path of the list copied into the build context as vocab/current.txt
+    vocab_source: str | None  # host path of the draft list: runtime data on the nodes (bind-mounted), not in the image
     labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -334,8 +333,7 @@ def _image(inv: Inventory, features: tuple[Feature, ...], git_commit: str, overl
     im = inv.image
     enabled = ",".join(f.name for f in features if f.requested)
     identity = _json({"base": im.base, "vllm": im.vllm_version, "python": im.python, "pip": im.pip,
-                      "patches": enabled, "vocab": inv.vocab.sha256 if inv.vocab else None,
-                      "overlays": overlays_digest, "kit": __version__})
+                      "patches": enabled, "overlays": overlays_digest, "kit": __version__})
     digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
     base_digest = im.base.split("@", 1)[1] if "@" in im.base else (im.base if im.base.startswith("sha256:") else "")
     labels = {
@@ -347,12 +345,10 @@ def _image(inv: Inventory, features: tuple[Feature, ...], git_commit: str, overl
         "io.sparkdeploy.kit-version": __version__,
         "io.sparkdeploy.vllm-version": im.vllm_version,
         "io.sparkdeploy.patches": enabled,
-        "io.sparkdeploy.vocab-sha256": inv.vocab.sha256 if inv.vocab else "",
         "io.sparkdeploy.overlays-digest": overlays_digest or "",
     }
     return ImageSpec(tag=f"{im.repository}:{im.vllm_version}-{digest}", repository=im.repository, base=im.base,
                      vllm_version=im.vllm_version, python=im.python, pip=im.pip, local_base=im.local,
-                     vocab_sha256=inv.vocab.sha256 if inv.vocab else None,
                      vocab_source=str(inv.vocab.path) if inv.vocab else None, labels=dict(sorted(labels.items())))
 
 

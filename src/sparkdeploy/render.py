@@ -6,7 +6,7 @@ Templates (jinja2, StrictUndefined): `images/serving.Dockerfile.j2`, `deploy/tem
 Output layout (what `sparkdeploy render --out DIR` writes):
 
     plan.json                                   the whole plan (sparkdeploy plan --json)
-    image/Dockerfile                            serving image; context = image/ + overlays/ + vocab/current.txt
+    image/Dockerfile                            serving image; context = image/ + overlays/ (no list)
     <node>/release/engine.env                   docker --env-file (KEY=VALUE, literal, this node's values only)
     <node>/release/launch.sh                    foreground `exec docker run ...` (mode 0755)
     <node>/release/node-plan.json               this node's part of the plan (argv, env, memory budget)

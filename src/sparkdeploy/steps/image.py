@@ -2,7 +2,7 @@
 
 Build happens on the head when the head's engine has the base image (a real Spark with the pinned vLLM image
 pulled); otherwise on whichever machine has it (this machine, when the base is a local-only image such as the
-simulated cluster's). The build context (rendered Dockerfile, overlays/, vocab) streams in as a tar on stdin;
+simulated cluster's). The build context (rendered Dockerfile, overlays/) streams in as a tar on stdin;
 no registry anywhere. Nodes that already hold the tag with the same image ID are left alone.
 """
 
@@ -92,11 +92,9 @@ def overlay_files() -> dict[str, bytes]:
 
 
 def context(plan, files: dict[str, bytes]) -> dict[str, bytes]:
-    """The serving image's build context: the rendered Dockerfile, overlays/ and vocab/current.txt."""
-    src = plan.image.vocab_source
-    ctx = {"Dockerfile": files["image/Dockerfile"], **overlay_files()}
-    ctx["vocab/current.txt"] = open(src, "rb").read() if src else b""
-    return ctx
+    """The serving image's build context: the rendered Dockerfile and overlays/ (the draft list is not in it:
+    it reaches the engine through the read-only bind mount of the node's vocab directory)."""
+    return {"Dockerfile": files["image/Dockerfile"], **overlay_files()}
 
 
 def serving_context(inv) -> tuple[str, dict[str, bytes]]:

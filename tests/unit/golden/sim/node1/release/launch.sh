@@ -1,6 +1,6 @@
 #!/bin/bash
 # Rendered by sparkdeploy 0.1.0; do not edit (sparkdeploy render).
-# Engine of node node1: rank 0 of 2 (head), release cd965b1e9600.
+# Engine of node node1: rank 0 of 2 (head), release e091b7cee1aa.
 # Run by sparkdeploy-engine.service as /etc/sparkdeploy/current/launch.sh, in the foreground: systemd supervises
 # `docker run` (no -d, no --rm, no docker restart policy), docker supervises vLLM (--init).
 set -euo pipefail
@@ -17,11 +17,11 @@ exec docker run \
   --ulimit stack=67108864 \
   --shm-size 1g \
   --env-file /etc/sparkdeploy/current/engine.env \
-  --label io.sparkdeploy.release=cd965b1e9600 \
+  --label io.sparkdeploy.release=e091b7cee1aa \
   --label io.sparkdeploy.node=node1 \
   --label io.sparkdeploy.role=head \
   -v /var/lib/sparkdeploy/vocab:/opt/sparkdeploy/vocab:ro \
-  sparkdeploy/serving-sim:0.32.0-94a155421499 \
+  sparkdeploy/serving-sim:0.32.0-e082055cf270 \
   vllm serve /models/tiny-qwen3 \
   --served-model-name tiny \
   --host 0.0.0.0 \
@@ -35,4 +35,4 @@ exec docker run \
   --enforce-eager \
   --enable-prefix-caching \
   --speculative-config '{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":3}' \
-  --additional-config '{"spark_overlays":{"fp8_gdn":{"enabled":false},"prefix_align":{"enabled":true},"shortlist":{"enabled":false},"skinny_gemm":{"enabled":true}}}'
+  --additional-config '{"spark_overlays":{"fp8_gdn":{"enabled":false},"prefix_align":{"enabled":false},"shortlist":{"enabled":false},"skinny_gemm":{"enabled":true}}}'
