@@ -70,6 +70,7 @@ class SshTarget:
     port: int = 22
     key: str | None = None
     known_hosts: str | None = None
+    proxy_jump: str | None = None  # from ~/.ssh/config
 
 
 @dataclass(frozen=True)
@@ -329,12 +330,25 @@ def _node(raw: Any, index: int, file: str) -> Node:
     if role not in ROLES:
         f.fail("role", f"{role!r} is not head or worker")
     s = f.sub("ssh", _SSH_KEYS)
+    from sparkdeploy import remote
+
+    # As on the ssh command line: the inventory's values win, then ~/.ssh/config's for the host (a Host alias
+    # resolves to its HostName), then root on port 22. Local paths get `~` and `$VAR` expanded.
+    host = s.text("host", HOST_RE, what="a host name, IP address or ~/.ssh/config Host alias")
+    try:
+        cfg = remote.ssh_config(host)
+        cfg_port = int(cfg.get("port", 22))
+    except (remote.RemoteError, ValueError) as err:
+        s.fail("host", f"~/.ssh/config for {host!r}: {err}")
+    key = _path_text(s, "key", None) or remote.identity_of(cfg)
+    known_hosts = _path_text(s, "known_hosts", None)
     ssh = SshTarget(
-        host=s.text("host", HOST_RE, what="a host name or IP address"),
-        user=s.text("user", USER_RE, "root", what="a login name"),
-        port=s.integer("port", 1, 65535, 22, what="a port 1..65535"),
-        key=_path_text(s, "key", None),
-        known_hosts=_path_text(s, "known_hosts", None),
+        host=cfg["hostname"],
+        user=s.text("user", USER_RE, None, what="a login name") or cfg.get("user") or "root",
+        port=s.integer("port", 1, 65535, None, what="a port 1..65535") or cfg_port,
+        key=key and remote.local_path(key),
+        known_hosts=known_hosts and remote.local_path(known_hosts),
+        proxy_jump=cfg.get("proxyjump"),
     )
     data_ip = f.text("data_ip", None, what="an IPv4 address")
     try:

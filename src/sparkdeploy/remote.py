@@ -1,10 +1,14 @@
 """Connections to nodes: run argv lists, upload files atomically, stream bytes between nodes, in parallel.
 
 Every command is an argv list joined with `shlex.join`, so no inventory value ever reaches a remote shell
-unquoted. A node whose host is this machine gets a `LocalConn` (subprocess, no SSH to self); every other
-node gets an `SSHConn` (paramiko) with host-key verification on: unknown keys are refused unless
-`trust_new_hosts` is set, in which case they are accepted and recorded in the kit's known_hosts file.
-Changed keys are always refused.
+unquoted. A login other than root runs every command through passwordless `sudo -n --` (DGX OS: the user made
+at first boot). Only `localhost` or a loopback address with the user running the kit gets a `LocalConn`
+(subprocess, no SSH to self); every other node, this machine's own LAN address included, gets an `SSHConn`
+(paramiko) with host-key verification on: unknown keys are refused unless `trust_new_hosts` is set, in which
+case they are accepted and recorded in the kit's known_hosts file. Changed keys are always refused.
+
+SSH as OpenSSH does it: `~`/`$HOME` in key and known_hosts paths, the ssh-agent (with or without a key file),
+and `~/.ssh/config` (HostName, User, Port, IdentityFile, ProxyJump) through `paramiko.SSHConfig`.
 
 Streams (`docker save | docker load`) use raw processes/channels with an explicit end of input
 (`shutdown_write`), never fabric's `in_stream`, which does not send EOF.
@@ -13,13 +17,13 @@ Streams (`docker save | docker load`) use raw processes/channels with an explici
 from __future__ import annotations
 
 import concurrent.futures as cf
+import getpass
 import ipaddress
 import os
 import posixpath
 import secrets
 import select
 import shlex
-import socket
 import subprocess
 import threading
 import time
@@ -33,22 +37,60 @@ from sparkdeploy.errors import RemoteError
 
 T = TypeVar("T")
 
-DEFAULT_KNOWN_HOSTS = Path(os.environ.get("SPARKDEPLOY_KNOWN_HOSTS", "~/.config/sparkdeploy/known_hosts")).expanduser()
 CONNECT_TIMEOUT = 10.0
 CHUNK = 1 << 20
 
 
+def local_path(path: str) -> str:
+    """A local path as a shell would read it: `~`, `~user` and `$VAR`/`${VAR}` expanded."""
+    return os.path.expanduser(os.path.expandvars(path))
+
+
+def default_known_hosts() -> Path:
+    return Path(local_path(os.environ.get("SPARKDEPLOY_KNOWN_HOSTS", "~/.config/sparkdeploy/known_hosts")))
+
+
+def ssh_config(host: str) -> dict:
+    """What `~/.ssh/config` says for `host` (paramiko's reading of it, the one fabric uses); {} without a file.
+
+    Keys as paramiko gives them: hostname (always), user, port, identityfile (a list), proxyjump.
+    """
+    path = Path(local_path("~/.ssh/config"))
+    if not path.is_file():
+        return {"hostname": host}
+    try:
+        return dict(paramiko.SSHConfig.from_path(str(path)).lookup(host))
+    except (OSError, paramiko.SSHException, ValueError) as err:
+        raise RemoteError(f"reading {path} failed: {err}") from None
+
+
+def identity_of(cfg: dict) -> str | None:
+    """The first IdentityFile of an ssh_config entry that exists (else the first named): OpenSSH tries them in
+    order, the kit takes one key file and the agent for the rest."""
+    keys = list(cfg.get("identityfile") or ())
+    return next((k for k in keys if os.path.isfile(local_path(k))), keys[0] if keys else None)
+
+
 @dataclass(frozen=True)
 class Target:
-    """Where a node is reached. `local=None` means: decide by whether `host` is an address of this machine."""
+    """Where a node is reached. `local=None` means: local only for localhost/loopback as the kit's own user.
+
+    `user=None` (the kit's own connections, e.g. the image build) runs commands as the kit's user; any other user
+    but root runs them through `sudo -n`. `identity` may be one key file or several (tried in order).
+    """
 
     name: str
     host: str
     port: int = 22
-    user: str = "root"
-    identity: str | None = None
+    user: str | None = "root"
+    identity: str | tuple[str, ...] | None = None
     local: bool | None = None
     known_hosts: str | None = None
+    proxy_jump: str | None = None
+
+    @property
+    def sudo(self) -> list[str]:
+        return ["sudo", "-n", "--"] if self.user not in (None, "root") else []
 
 
 @dataclass
@@ -70,21 +112,25 @@ class Result:
         return self
 
 
-def is_local_host(host: str) -> bool:
-    """True when `host` names this machine: localhost, its hostname, or an address on one of its interfaces."""
-    if host in ("localhost", "local", socket.gethostname(), socket.getfqdn()):
-        return True
-    try:
-        addr = ipaddress.ip_address(host)
-    except ValueError:
-        try:
-            addr = ipaddress.ip_address(socket.gethostbyname(host))
-        except OSError:
-            return False
-    import psutil
+def is_local(target: Target) -> bool:
+    """Run without SSH only when asked (`local=True`) or for `localhost`/a loopback literal on port 22, as the kit's
+    own user and with no ProxyJump.
 
-    mine = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
-    return str(addr) in mine
+    A LAN address or host name of this machine still goes over SSH, so its host key is checked like any node's
+    and the inventory's user (with sudo) is the one that acts; so does another port on loopback (a tunnel, a
+    container's sshd).
+    """
+    if target.local is not None:
+        return target.local
+    if target.port != 22 or target.proxy_jump:
+        return False
+    if target.host != "localhost":
+        try:
+            if not ipaddress.ip_address(target.host).is_loopback:
+                return False
+        except ValueError:
+            return False
+    return target.user == getpass.getuser()
 
 
 class Proc:
@@ -110,10 +156,44 @@ class Conn:
         raise NotImplementedError
 
     def put(self, path: str, data: bytes, *, mode: int = 0o644, owner: str | None = None) -> None:
-        raise NotImplementedError
+        """Write to a temp file beside `path`, set mode/owner, fsync, rename over. On failure the temp is removed
+        and `path` is untouched (disk full leaves the old file in place). Through `run`, so through sudo."""
+        tmp = _atomic_tmp(path)
+        try:
+            res = self.run(
+                ["sh", "-c", 'umask 077 && cat > "$1" && chmod "$2" "$1" && sync "$1"', "put", tmp, format(mode, "o")],
+                input=data,
+                check=False,
+                timeout=max(60, len(data) / 5e6),
+            )
+            if not res.ok:
+                raise RemoteError(f"writing {path} failed: {res.stderr.strip() or 'exit ' + str(res.rc)}", node=self.name)
+            if owner:
+                self.run(["chown", owner, tmp])
+            self.run(["mv", "-f", tmp, path])
+        except RemoteError:
+            try:
+                self.run(["rm", "-f", tmp], check=False, timeout=15)
+            except RemoteError:
+                pass
+            raise
 
     def get(self, path: str) -> bytes | None:
-        raise NotImplementedError
+        """The file's bytes, or None when it does not exist."""
+        p = self.popen(["cat", path])
+        p.close_stdin()
+        out = bytearray()
+        while True:
+            b = p.read(CHUNK)
+            if not b:
+                break
+            out += b
+        rc, _ = p.wait(120)
+        if rc != 0:
+            if not self.exists(path):
+                return None
+            raise RemoteError(f"reading {path} failed (exit {rc})", node=self.name)
+        return bytes(out)
 
     def popen(self, argv: Sequence[str]) -> Proc:
         raise NotImplementedError
@@ -183,7 +263,7 @@ class _LocalProc(Proc):
 
 
 class LocalConn(Conn):
-    """This machine: subprocess for commands, os for files (no SSH to self)."""
+    """This machine: subprocess for commands (no SSH to self); files through the same commands."""
 
     def __init__(self, target: Target):
         self.target = target
@@ -191,7 +271,7 @@ class LocalConn(Conn):
     def run(self, argv, *, timeout=120, check=True, input=None) -> Result:
         argv = [str(a) for a in argv]
         try:
-            p = subprocess.run(argv, input=input, capture_output=True, timeout=timeout)
+            p = subprocess.run([*self.target.sudo, *argv], input=input, capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise RemoteError(f"`{shlex.join(argv)}` did not finish within {timeout:.0f} s", node=self.name) from None
         except FileNotFoundError as err:
@@ -200,41 +280,8 @@ class LocalConn(Conn):
         res = Result(argv, p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"), self.name)
         return res.check() if check else res
 
-    def put(self, path, data, *, mode=0o644, owner=None) -> None:
-        tmp = _atomic_tmp(path)
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.chmod(tmp, mode)
-            if owner:
-                import shutil
-
-                user, _, group = owner.partition(":")
-                shutil.chown(tmp, user or None, group or None)
-            os.replace(tmp, path)
-        except OSError as err:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise RemoteError(f"writing {path} failed: {err.strerror or err}", node=self.name) from None
-
-    def get(self, path) -> bytes | None:
-        try:
-            return Path(path).read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as err:
-            raise RemoteError(f"reading {path} failed: {err}", node=self.name) from None
-
     def popen(self, argv) -> Proc:
-        return _LocalProc([str(a) for a in argv])
+        return _LocalProc([*self.target.sudo, *(str(a) for a in argv)])
 
 
 # ----------------------------------------------------------------------------------------------- ssh
@@ -302,12 +349,39 @@ class _ChanProc(Proc):
         self.chan.close()
 
 
+def _key_files(target: Target) -> list[str]:
+    """The target's key files that exist, `~`/`$VAR` expanded. A missing one is an error unless an ssh-agent
+    runs (it may hold the key: `key: ~/.ssh/id_ed25519.pub` with the private half only in the agent)."""
+    given = [target.identity] if isinstance(target.identity, str) else list(target.identity or ())
+    found = [local_path(k) for k in given if os.path.isfile(local_path(k))]
+    missing = [k for k in given if not os.path.isfile(local_path(k))]
+    if missing and not found and not os.environ.get("SSH_AUTH_SOCK"):
+        raise RemoteError(f"ssh key {missing[0]} ({local_path(missing[0])}) does not exist and no ssh-agent runs "
+                          "(SSH_AUTH_SOCK unset); fix the node's ssh.key", node=target.name)
+    return found
+
+
+def _jump_target(target: Target) -> Target:
+    """The target's ProxyJump hop `[user@]host[:port]` (the first of a list) as ~/.ssh/config resolves it; its
+    host key is checked against the target's known_hosts."""
+    hop = target.proxy_jump.split(",")[0].strip()
+    user, _, hostport = hop.rpartition("@")
+    host, _, port = hostport.partition(":")
+    cfg = ssh_config(host)
+    return Target(f"{target.name} (ProxyJump {hop})", cfg["hostname"], port=int(port or cfg.get("port", 22)),
+                  user=user or cfg.get("user") or getpass.getuser(), identity=tuple(cfg.get("identityfile", ())),
+                  known_hosts=target.known_hosts)
+
+
 class SSHConn(Conn):
     """A node over SSH (paramiko). Host keys: the kit's known_hosts file plus ~/.ssh/known_hosts."""
 
     def __init__(self, target: Target, *, trust_new_hosts: bool = False, connect_timeout: float = CONNECT_TIMEOUT):
         self.target = target
-        kh = Path(target.known_hosts).expanduser() if target.known_hosts else DEFAULT_KNOWN_HOSTS
+        kh = Path(local_path(target.known_hosts)) if target.known_hosts else default_known_hosts()
+        keys = _key_files(target)
+        self.jump = SSHConn(_jump_target(target), trust_new_hosts=trust_new_hosts) \
+            if target.proxy_jump and target.proxy_jump != "none" else None
         self.client = paramiko.SSHClient()
         try:
             self.client.load_system_host_keys()
@@ -317,17 +391,22 @@ class SSHConn(Conn):
             self.client.load_host_keys(str(kh))  # kit file wins for add; never saved wholesale
             self.client._host_keys_filename = None  # we append ourselves, paramiko must not rewrite it
         self.client.set_missing_host_key_policy(_TrustNewPolicy(kh) if trust_new_hosts else _RefusePolicy(kh))
+        user = target.user or getpass.getuser()
         try:
+            sock = self.jump.client.get_transport().open_channel(
+                "direct-tcpip", (target.host, target.port), ("127.0.0.1", 0), timeout=connect_timeout) \
+                if self.jump else None
             self.client.connect(
                 target.host,
                 port=target.port,
-                username=target.user,
-                key_filename=target.identity,
+                username=user,
+                key_filename=keys or None,
                 timeout=connect_timeout,
                 banner_timeout=connect_timeout,
                 auth_timeout=connect_timeout,
-                allow_agent=target.identity is None,
-                look_for_keys=target.identity is None,
+                allow_agent=True,  # after the key files, as OpenSSH: the agent may hold the key
+                look_for_keys=not target.identity,
+                sock=sock,
             )
         except RemoteError as err:
             raise RemoteError(str(err).split(": ", 1)[-1], node=target.name) from None
@@ -338,15 +417,15 @@ class SSHConn(Conn):
                 node=target.name,
             ) from None
         except (OSError, paramiko.SSHException, EOFError) as err:
-            raise RemoteError(f"ssh {target.user}@{target.host}:{target.port}: {err or type(err).__name__}", node=target.name) from None
+            via = f" via {target.proxy_jump}" if self.jump else ""
+            raise RemoteError(f"ssh {user}@{target.host}:{target.port}{via}: {err or type(err).__name__}",
+                              node=target.name) from None
         self.client.get_transport().set_keepalive(15)
 
     def _chan(self, argv) -> paramiko.Channel:
         try:
             chan = self.client.get_transport().open_session(timeout=CONNECT_TIMEOUT)
-            # A non-root login runs every command through passwordless sudo (DGX OS: user nvidia).
-            prefix = ["sudo", "-n", "--"] if self.target.user != "root" else []
-            chan.exec_command(shlex.join([*prefix, *(str(a) for a in argv)]))
+            chan.exec_command(shlex.join([*self.target.sudo, *(str(a) for a in argv)]))
         except (OSError, paramiko.SSHException, AttributeError, EOFError) as err:
             raise RemoteError(f"ssh session lost: {err or type(err).__name__}", node=self.name) from None
         return chan
@@ -385,46 +464,6 @@ class SSHConn(Conn):
         res = Result(argv, rc, out.decode(errors="replace"), err.decode(errors="replace"), self.name)
         return res.check() if check else res
 
-    def put(self, path, data, *, mode=0o644, owner=None) -> None:
-        """Write to a temp file beside `path`, set mode/owner, fsync, rename over. On failure the temp is removed
-        and `path` is untouched (disk full leaves the old file in place)."""
-        tmp = _atomic_tmp(path)
-        try:
-            res = self.run(
-                ["sh", "-c", 'umask 077 && cat > "$1" && chmod "$2" "$1" && sync "$1"', "put", tmp, format(mode, "o")],
-                input=data,
-                check=False,
-                timeout=max(60, len(data) / 5e6),
-            )
-            if not res.ok:
-                raise RemoteError(f"writing {path} failed: {res.stderr.strip() or 'exit ' + str(res.rc)}", node=self.name)
-            if owner:
-                self.run(["chown", owner, tmp])
-            self.run(["mv", "-f", tmp, path])
-        except RemoteError:
-            try:
-                self.run(["rm", "-f", tmp], check=False, timeout=15)
-            except RemoteError:
-                pass
-            raise
-
-    def get(self, path) -> bytes | None:
-        chan = self._chan(["cat", path])
-        chan.shutdown_write()
-        out = bytearray()
-        while True:
-            b = chan.recv(CHUNK)
-            if not b:
-                break
-            out += b
-        rc = chan.recv_exit_status()
-        chan.close()
-        if rc != 0:
-            if not self.exists(path):
-                return None
-            raise RemoteError(f"reading {path} failed (exit {rc})", node=self.name)
-        return bytes(out)
-
     def popen(self, argv) -> Proc:
         return _ChanProc(self._chan(argv))
 
@@ -434,12 +473,13 @@ class SSHConn(Conn):
 
     def close(self) -> None:
         self.client.close()
+        if self.jump:
+            self.jump.close()
 
 
 # -------------------------------------------------------------------------------------------- helpers
 def connect(target: Target, *, trust_new_hosts: bool = False) -> Conn:
-    local = target.local if target.local is not None else is_local_host(target.host)
-    return LocalConn(target) if local else SSHConn(target, trust_new_hosts=trust_new_hosts)
+    return LocalConn(target) if is_local(target) else SSHConn(target, trust_new_hosts=trust_new_hosts)
 
 
 def host_key_line(conn: Conn, host: str, port: int = 22) -> str:

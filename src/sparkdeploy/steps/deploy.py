@@ -75,7 +75,7 @@ class UpResult:
 
 def target_of(name: str, ssh) -> Target:
     return Target(name, ssh.host, port=ssh.port, user=ssh.user, identity=ssh.key and str(ssh.key),
-                  known_hosts=ssh.known_hosts and str(ssh.known_hosts))
+                  known_hosts=ssh.known_hosts and str(ssh.known_hosts), proxy_jump=ssh.proxy_jump)
 
 
 def _served(plan: P.Plan) -> str:
