@@ -23,8 +23,8 @@ def test_load_text_and_npy(tmp_path):
 
 
 @pytest.mark.parametrize("ids, required, match", [
-    ([0, 2, 1], [], "not strictly increasing"),
-    ([0, 1, 1, 3], [], "not strictly increasing"),
+    ([0, 2, 1], [], "not sorted ascending at line 4"),
+    ([0, 1, 1, 3], [], "duplicate id at line 4"),
     ([0, 1, 200], [], r"\[0, 128\)"),
     ([1, 2, 3], [0], "required ids missing"),
     ([], [], "empty"),
@@ -43,7 +43,7 @@ def test_hash_mismatch_and_missing_file(tmp_path):
         V.load(tmp_path / "nope.txt", 128)
     bad = tmp_path / "bad.txt"
     bad.write_text("1\nx\n")
-    with pytest.raises(V.VocabListError, match="bad.txt:2"):
+    with pytest.raises(V.VocabListError, match="bad.txt, line 2"):
         V.load(bad, 128)
 
 

@@ -515,7 +515,11 @@ def load_profile(path: Path, name: str | None = None) -> tuple[Profile, dict[str
 _TOP_KEYS = ("cluster", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens")
 
 
-def _vocab(f: _Fields, inventory_file: Path, required: bool) -> Vocab | None:
+def _vocab(f: _Fields, inventory_file: Path, required: bool, vocab_size: int | None) -> Vocab | None:
+    """The draft list, read by the one reader the engine uses (spark_overlays.vocab_list: format, bounds,
+    sorted, unique) and checked against the served tokenizer's vocabulary size when it is recorded."""
+    from spark_overlays import vocab_list
+
     if not f.has("vocab"):
         if required:
             f.fail("vocab", "missing; patches.shortlist is on, so a draft vocab list (one id per line) is needed")
@@ -525,22 +529,13 @@ def _vocab(f: _Fields, inventory_file: Path, required: bool) -> Vocab | None:
     if not path.is_absolute():
         path = inventory_file.parent / path
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        f.fail("vocab", f"file {str(path)!r} does not exist")
-    except OSError as err:
-        f.fail("vocab", f"cannot read {str(path)!r}: {err}")
-    count = 0
-    for lineno, line in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
-        token = line.strip()
-        if not token:
-            continue
-        if not token.isdigit():
-            f.fail("vocab", f"{str(path)!r} line {lineno}: {_short(token)} is not a token id")
-        count += 1
-    if count == 0:
-        f.fail("vocab", f"{str(path)!r} holds no token ids")
-    return Vocab(path=path.resolve(), sha256=hashlib.sha256(data).hexdigest(), size=count)
+        data = vocab_list.read_bytes(path)
+        ids = vocab_list.parse_text(data, str(path), vocab_size)
+    except vocab_list.VocabListError as err:
+        f.fail("vocab", str(err))
+    if not ids.size:
+        f.fail("vocab", f"{path} holds no token ids")
+    return Vocab(path=path.resolve(), sha256=hashlib.sha256(data).hexdigest(), size=int(ids.size))
 
 
 def load(path: str | Path) -> Inventory:
@@ -603,7 +598,9 @@ def load(path: str | Path) -> Inventory:
         raise InventoryError(f"profile {profile.name!r} is for {kind} nodes but nodes[0].gpu is {nodes[0].gpu}",
                              file=file, field="nodes[0].gpu")
 
-    vocab = _vocab(f, inventory_file, required=patches.shortlist)
+    from sparkdeploy.served_tokenizer import known_vocab_size
+
+    vocab = _vocab(f, inventory_file, required=patches.shortlist, vocab_size=known_vocab_size(profile.model_id))
     return Inventory(file=file, cluster=cluster, nodes=nodes, profile=profile, image=image, patches=patches,
                      vocab=vocab, ports=ports, memory=memory)
 

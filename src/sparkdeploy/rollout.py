@@ -25,7 +25,6 @@ ride along with a list change; a changed output therefore means something else d
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from sparkdeploy import health, releases, render, vocab_live
 from sparkdeploy.bench import metrics as M
 from sparkdeploy.bench import prompts as bench_prompts
 from sparkdeploy.errors import RemoteError, SparkdeployError, VocabError
+from sparkdeploy.vocab.formats import list_bytes, parse_list
 
 Log = Callable[[str], None]
 
@@ -72,33 +72,6 @@ class Candidate:
                 "name": m.get("name"), "manifest": bool(self.manifest)}
 
 
-def parse_ids(data: bytes, what: str) -> np.ndarray:
-    """Ids from list bytes: one integer per line (blank lines and `#` comments skipped), or a JSON array.
-    Anything else (a dict, text, floats, a binary file) is `not a list`."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise VocabError(f"{what}: not a list of token ids (binary content; expected one id per line)") from None
-    stripped = text.strip()
-    if stripped.startswith(("[", "{", '"')):
-        from sparkdeploy.vocab.validate import as_id_array
-
-        try:
-            obj = json.loads(stripped)
-        except ValueError as err:
-            raise VocabError(f"{what}: not a list of token ids (malformed JSON: {err})") from None
-        return as_id_array(obj, what)
-    ids = []
-    for n, line in enumerate(text.splitlines(), 1):
-        s = line.split("#", 1)[0].strip()
-        if not s:
-            continue
-        if not (s.isdigit() or (s[0] == "-" and s[1:].isdigit())):
-            raise VocabError(f"{what}: not a list of token ids: line {n} is {s[:40]!r}")
-        ids.append(int(s))
-    return np.asarray(ids, dtype=np.int64)
-
-
 def check_candidate(path: str, tokenizer, *, allow_no_manifest: bool = False) -> Candidate:
     """Validate a list file against the served tokenizer; VocabError (exit 2) says why it is refused.
 
@@ -108,10 +81,8 @@ def check_candidate(path: str, tokenizer, *, allow_no_manifest: bool = False) ->
     from sparkdeploy.vocab import find_manifest, validate_list
 
     p = Path(path)
-    if not p.is_file():
-        raise VocabError(f"{path}: no such file")
-    data = p.read_bytes()
-    ids = parse_ids(data, str(p))
+    data = list_bytes(p)
+    ids = parse_list(data, str(p), tokenizer.vocab_size)
     manifest = find_manifest(p)
     if manifest is None and not allow_no_manifest:
         raise VocabError(f"{path}: no manifest names the tokenizer this list was built for, so its tokenizer hash "
@@ -403,7 +374,7 @@ class Rollout:
         old_ids = None
         if old_bytes is not None:
             try:
-                old_ids = np.unique(parse_ids(old_bytes, "live list"))
+                old_ids = parse_list(old_bytes, "live list")
             except VocabError as err:
                 res.notes.append(f"the live list could not be read for the diff: {err}")
         res.diff = list_diff(old_ids, self.cand.ids)
@@ -716,7 +687,7 @@ def rollback(inventory, version: str | None, opts: RolloutOptions, *, tokenizer_
             raise VocabError(f"stored version {sha[:12]} on {cluster.head} is missing or altered")
         from sparkdeploy.vocab import validate_list
 
-        ids = validate_list(parse_ids(data, f"version {sha[:12]}"), tok, None, what=f"version {sha[:12]}")
+        ids = validate_list(parse_list(data, f"version {sha[:12]}"), tok, None, what=f"version {sha[:12]}")
         m = vocab_live.meta(head, sha)
         cand = Candidate(m.get("source") or f"{sha[:12]}.txt", data, ids, sha, tok.content_hash, None)
         return Rollout(cluster, cand, opts, tok).run()

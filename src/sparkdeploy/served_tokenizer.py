@@ -36,6 +36,15 @@ def table(root: Path | None = None) -> dict[str, dict]:
     return {str(k): dict(v or {}) for k, v in models.items()}
 
 
+def known_vocab_size(model_id: str) -> int | None:
+    """The served tokenizer's vocabulary size recorded in the table, without loading it (None: not recorded)."""
+    try:
+        size = table().get(model_id, {}).get("vocab_size")
+    except VocabError:
+        return None
+    return size if isinstance(size, int) and size > 0 else None
+
+
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "sparkdeploy" / "tokenizers"

@@ -130,13 +130,21 @@ def test_bad_lists_are_refused(tmp_path, tok, case, expect):
         rollout.check_candidate(str(p), tok, allow_no_manifest=True)
 
 
-def test_json_array_lists_are_accepted(tmp_path, tok):
+def test_json_array_lists_are_refused_as_the_engine_refuses_them(tmp_path, tok):
+    # One format for every reader (spark_overlays.vocab_list.FORMAT): a JSON array shipped by a rollout would be
+    # refused by the engine's reader at start, so the rollout refuses it before any node is touched.
+    from spark_overlays import vocab_list
+
     p = tmp_path / "l.json"
     p.write_text(json.dumps(good_ids(tok, 50).tolist()))
-    assert rollout.check_candidate(str(p), tok, allow_no_manifest=True).size == 50
+    with pytest.raises(VocabError, match=r"l.json, line 1: not a list of token ids"):
+        rollout.check_candidate(str(p), tok, allow_no_manifest=True)
+    with pytest.raises(vocab_list.VocabListError, match=r"l.json, line 1: not a list of token ids"):
+        vocab_list.read_ids(p)
 
 
-@pytest.mark.parametrize("content", ["", "1\n2\nx\n", '{"a": 1}'])
+@pytest.mark.parametrize("content", ["", "1\n2\nx\n", '{"a": 1}', "[0, 1, 2]\n", "0\n\u00b2\n", "0\n" + "9" * 5000 + "\n",
+                                     "0\n99999999999999999999\n", "0\n+1\n", "0\n\u0663\n"])
 def test_cli_refuses_with_exit_2_and_contacts_no_node(tmp_path, inventory, no_connections, content, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_text(content)

@@ -5,6 +5,8 @@
   d2t  EAGLE-3 draft-to-target offsets: `d2t[i] = ids[i] - i`, saved as `.d2t.npy` (what EAGLE-3 checkpoints
        carry to map a draft index back to a target id: target = i + d2t[i])
 
+Reading is spark_overlays.vocab_list's (the format is defined there once, for the kit and the engine).
+
 Every write goes to a temporary file in the same directory and is renamed into place, so a failed or
 refused build never leaves a partial list behind.
 """
@@ -18,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from spark_overlays import vocab_list
 
 from sparkdeploy.errors import VocabError
 
@@ -80,36 +83,26 @@ def write_list(path: str | os.PathLike, ids: np.ndarray, fmt: str | None = None)
     return Path(path)
 
 
-def read_list(path: str | os.PathLike) -> np.ndarray:
-    """Read a list (txt one id per line, `.npy` ids, `.d2t.npy` EAGLE-3 offsets) as an int64 array.
-
-    Raises VocabError naming the file when it cannot be read or is not a list of integers. Order is kept
-    as stored; `validate_list` checks sortedness and range.
-    """
-    p = Path(path)
-    fmt = format_for(p)
+def read_list(path: str | os.PathLike, vocab_size: int | None = None) -> np.ndarray:
+    """Read a list in any of the formats (spark_overlays.vocab_list.FORMAT, the one reader the engine uses too)
+    as a sorted int64 array, checked in [0, vocab_size) when given; VocabError names the file and line."""
     try:
-        if fmt == "txt":
-            ids = []
-            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-                s = line.strip()
-                if not s or s.startswith("#"):
-                    continue
-                try:
-                    ids.append(int(s))
-                except ValueError:
-                    raise VocabError(f"{p}:{n}: not an integer token id: {s[:40]!r}") from None
-            return np.array(ids, dtype=np.int64)
-        arr = np.load(p, allow_pickle=False)
-    except OSError as err:
-        raise VocabError(f"{p}: cannot read ({err.strerror or err})") from err
-    except UnicodeDecodeError as err:
-        raise VocabError(f"{p}: not a text list of ids (not UTF-8)") from err
-    except ValueError as err:
-        raise VocabError(f"{p}: not a numpy array of ids ({err})") from err
-    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-        raise VocabError(f"{p}: expected a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
-    if fmt == "d2t":
-        arr = arr + np.arange(len(arr), dtype=np.int64)
-    return arr
+        return vocab_list.read_ids(path, vocab_size)
+    except vocab_list.VocabListError as err:
+        raise VocabError(str(err)) from None
+
+
+def list_bytes(path: str | os.PathLike) -> bytes:
+    """A list file's bytes, bounded (vocab_list.MAX_LIST_BYTES): what is hashed and shipped to the nodes."""
+    try:
+        return vocab_list.read_bytes(path)
+    except vocab_list.VocabListError as err:
+        raise VocabError(str(err)) from None
+
+
+def parse_list(data: bytes, where: str, vocab_size: int | None = None) -> np.ndarray:
+    """Ids of a text list already in memory (a node's live list), by the same one reader."""
+    try:
+        return vocab_list.parse_text(data, where, vocab_size)
+    except vocab_list.VocabListError as err:
+        raise VocabError(str(err)) from None

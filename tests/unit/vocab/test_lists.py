@@ -23,7 +23,7 @@ def test_d2t_holds_eagle3_offsets(tmp_path):
 
 def test_read_errors(tmp_path):
     (tmp_path / "bad.txt").write_text("1\n2\nthree\n")
-    with pytest.raises(VocabError, match=r"bad.txt:3: not an integer"):
+    with pytest.raises(VocabError, match=r"bad.txt, line 3: not a list of token ids: 'three'"):
         read_list(tmp_path / "bad.txt")
     with pytest.raises(VocabError, match="cannot read"):
         read_list(tmp_path / "missing.txt")
