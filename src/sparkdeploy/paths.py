@@ -1,7 +1,10 @@
-"""Where the kit's data files live: the checkout's root (templates, profiles, vocabs, overlays).
+"""Where the kit's data files live: templates (images/, deploy/, systemd/), profiles, vocabs and overlays/.
 
-The package is installed editable from the checkout, so the root is found by walking up from this file to
-the directory holding `pyproject.toml` and `deploy/`. `SPARKDEPLOY_ROOT` overrides it (tests, odd installs).
+In a checkout (the editable dev install, the tests) they are the checkout's own top-level directories, found by
+walking up from this file to the directory holding `pyproject.toml` and `deploy/`. An installed wheel carries
+copies of them as package data in `sparkdeploy/_data/` (setup.py copies them at build time), with the same
+layout, so every caller joins the same relative names onto `repo_root()` either way. `SPARKDEPLOY_ROOT`
+overrides both (tests, odd installs).
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+# Present only in an installed wheel: the source tree never has it (setup.py writes it into the build dir).
+INSTALLED_DATA = Path(__file__).parent / "_data"
+
 
 @lru_cache(maxsize=None)
 def _find_root(start: str) -> Path:
@@ -17,14 +23,21 @@ def _find_root(start: str) -> Path:
     for candidate in (here, *here.parents):
         if (candidate / "pyproject.toml").is_file() and (candidate / "deploy").is_dir():
             return candidate
-    raise FileNotFoundError(f"no sparkdeploy checkout above {start} (set SPARKDEPLOY_ROOT)")
+    raise FileNotFoundError(f"no sparkdeploy checkout above {start} and no installed data in {INSTALLED_DATA} "
+                            "(reinstall sparkdeploy, or set SPARKDEPLOY_ROOT)")
 
 
 def repo_root() -> Path:
-    """The checkout root: `$SPARKDEPLOY_ROOT` if set, else the first parent with pyproject.toml and deploy/."""
+    """The data root: `$SPARKDEPLOY_ROOT` if set, else the installed wheel's `_data/`, else the checkout root.
+
+    The installed data wins over a checkout found above it, so a wheel installed into a venv that happens to
+    sit inside some checkout still uses its own files.
+    """
     env = os.environ.get("SPARKDEPLOY_ROOT")
     if env:
         return Path(env).resolve()
+    if INSTALLED_DATA.is_dir():
+        return INSTALLED_DATA
     return _find_root(str(Path(__file__).parent))
 
 
@@ -46,7 +59,9 @@ def vocabs_dir() -> Path:
 
 
 def default_inventory() -> Path:
-    return repo_root() / "inventory.yaml"
+    """The checkout's inventory.yaml; for an installed wheel, ./inventory.yaml in the working directory."""
+    root = repo_root()
+    return Path.cwd() / "inventory.yaml" if root == INSTALLED_DATA else root / "inventory.yaml"
 
 
 def git_commit(root: Path | None = None) -> str:
