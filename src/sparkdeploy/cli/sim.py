@@ -68,6 +68,8 @@ def sim() -> None:
               help="where to write the inventory (default: ./inventory.sim.yaml for the 'demo' cluster, else the "
                    "state directory)")
 @click.option("--profile", default="sim-tiny", show_default=True, help="model profile named in the inventory")
+@click.option("--user", default="nvidia", show_default=True,
+              help="SSH login made on every node, with passwordless sudo as on DGX OS (root: log in as root)")
 @click.option("--subnet", help="IPv4 /24 for the sim network (default: a free 172.30.x.0/24)")
 @click.option("--mtu", type=click.IntRange(576, 9216),
               help="MTU of the sim network when it is created (9000: jumbo frames, as the CX-7 data plane wants)")
@@ -75,7 +77,7 @@ def sim() -> None:
               help="also build (or reuse) the vLLM CPU engine base image the serving image builds on")
 @click.option("--rebuild", is_flag=True, help="rebuild the node image even if cached")
 @click.option("--json", "as_json", is_flag=True, help="print the cluster (nodes, IPs, key, inventory) as JSON")
-def up(count, node_names, name, inventory, profile, subnet, mtu, engine_image, rebuild, as_json) -> None:
+def up(count, node_names, name, inventory, profile, user, subnet, mtu, engine_image, rebuild, as_json) -> None:
     """Build (once) the node image and start the nodes; wait until each runs systemd, sshd and dockerd."""
     from pathlib import Path
 
@@ -89,7 +91,8 @@ def up(count, node_names, name, inventory, profile, subnet, mtu, engine_image, r
 
         base_image_id = images.image_id(images.ensure_engine_image(reporter).ref)
     state = cluster.up(len(names) if names else count, names=names, inventory=Path(inventory) if inventory else None,
-                       subnet=subnet, profile=profile, rebuild=rebuild, base_image_id=base_image_id, mtu=mtu)
+                       subnet=subnet, profile=profile, rebuild=rebuild, base_image_id=base_image_id, mtu=mtu,
+                       user=user)
     total = round(time.monotonic() - t0, 1)
     if as_json:
         click.echo(json.dumps({**state.to_dict(), "timings": reporter.timings, "total_seconds": total}, indent=2))
@@ -97,7 +100,7 @@ def up(count, node_names, name, inventory, profile, subnet, mtu, engine_image, r
     click.echo(f"sim cluster {state.name!r} up in {total} s ({state.subnet}, image {state.image})")
     for node in state.nodes:
         click.echo(f"  {node.name:<8} {node.role:<6} {node.ip:<15} container {node.container}")
-    click.echo(f"inventory: {state.inventory}")
+    click.echo(f"inventory: {state.inventory} (login {state.user}, key {state.key})")
     click.echo(f"ssh:       sparkdeploy sim ssh {state.head.name}" + (f" --name {state.name}" if name else ""))
 
 
@@ -158,7 +161,8 @@ def status(name, as_json) -> None:
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @_name_option
 def ssh(node, command, name) -> None:
-    """Open a shell on NODE, or run `-- CMD ...` there and exit with its exit code."""
+    """Open a shell on NODE as the login user, or run `-- CMD ...` there as root (through sudo, like the kit's own
+    commands) and exit with its exit code."""
     from sparkdeploy.errors import SimError
 
     command = list(command)

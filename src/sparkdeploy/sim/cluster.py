@@ -2,12 +2,16 @@
 
 Each node runs systemd as PID 1, OpenSSH (key only, its own host keys made at first boot) and its own dockerd
 (overlay2 on a named volume, systemd cgroup driver, the host's resolver), on a user network with fixed IPs.
+As on a DGX Spark, the login is a non-root user (`nvidia` by default) with passwordless sudo, not in the docker
+group: every command the kit runs goes through `sudo -n`, as it must on real nodes; `--user root` logs in as root.
 `--privileged` is refused on some hosts (CAP_SYS_RESOURCE missing from the bounding set), so nodes get the
 capability set that works there (see DESIGN.md "The simulated cluster").
 
 Docker objects are named `sparkdeploy-sim-<name>-...` and labelled `sparkdeploy.sim.cluster=<name>`, so a test
 cluster and a demo cluster never collide. Local state (SSH key, known_hosts, state.json) lives in the state
-directory, `$SPARKDEPLOY_SIM_STATE_DIR` or `<checkout>/.sparkdeploy/sim/<name>/`.
+directory, `$SPARKDEPLOY_SIM_STATE_DIR` or `<checkout>/.sparkdeploy/sim/<name>/`; the SSH key and known_hosts
+live where a user keeps theirs, `~/.ssh/sparkdeploy-sim-<name>_ed25519` and `..._known_hosts`, and the inventory
+names them with `~` paths, as a real inventory does.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from sparkdeploy.sim import images
 from sparkdeploy.sim._proc import Reporter, need_tool, run
 
 DEFAULT_NAME = "demo"
+DEFAULT_USER = "nvidia"  # the login of the shipped inventory.yaml (DGX OS asks for one at first boot)
+USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 CLUSTER_LABEL = "sparkdeploy.sim.cluster"
@@ -48,6 +54,24 @@ NODE_RUN_OPTS = (
     "--tmpfs", "/run", "--tmpfs", "/run/lock", "--tmpfs", "/tmp",
     "--restart", "unless-stopped", "--stop-timeout", "30",
 )
+
+
+# Run on a node as root with the login name as $1 and our public key on stdin: the user DGX OS makes at first
+# boot (home, bash, group sudo, sudo without password), our key its only authorized one. Idempotent.
+_LOGIN_SCRIPT = r"""set -eu
+u=$1
+if [ "$u" = root ]; then home=/root; else
+  id -u "$u" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash --groups sudo "$u"
+  printf '%s ALL=(ALL) NOPASSWD:ALL
+' "$u" > "/etc/sudoers.d/90-sparkdeploy-$u"
+  chmod 0440 "/etc/sudoers.d/90-sparkdeploy-$u"
+  home=$(getent passwd "$u" | cut -d: -f6)
+fi
+install -d -m 0700 -o "$u" -g "$u" "$home/.ssh"
+umask 077
+cat > "$home/.ssh/authorized_keys"
+chown "$u:$u" "$home/.ssh/authorized_keys"
+"""
 
 
 def cluster_name(name: str | None = None) -> str:
@@ -90,6 +114,7 @@ class SimState:
     inventory: str | None
     profile: str
     created: float = field(default_factory=time.time)
+    user: str = "root"  # the SSH login; a state file from before logins other than root has none
 
     def node(self, name: str) -> SimNode:
         for n in self.nodes:
@@ -146,6 +171,7 @@ class SimCluster:
         self.network = f"{self.prefix}-net"
         self.state_dir = Path(state_dir) if state_dir else default_state_dir(self.name)
         self.reporter = reporter or Reporter()
+        self.user = DEFAULT_USER  # the SSH login; `load_state` sets the running cluster's
 
     # ------------------------------------------------------------------------------------------- state
     @property
@@ -154,11 +180,11 @@ class SimCluster:
 
     @property
     def key_path(self) -> Path:
-        return self.state_dir / "id_ed25519"
+        return Path.home() / ".ssh" / f"{self.prefix}_ed25519"
 
     @property
     def known_hosts_path(self) -> Path:
-        return self.state_dir / "known_hosts"
+        return Path.home() / ".ssh" / f"{self.prefix}_known_hosts"
 
     def default_inventory(self) -> Path:
         if self.name == DEFAULT_NAME:
@@ -167,12 +193,14 @@ class SimCluster:
 
     def load_state(self) -> SimState:
         try:
-            return SimState.from_dict(json.loads(self.state_file.read_text()))
+            state = SimState.from_dict(json.loads(self.state_file.read_text()))
         except FileNotFoundError:
             how = "sparkdeploy sim up" + (f" --name {self.name}" if self.name != DEFAULT_NAME else "")
             raise SimError(f"sim cluster {self.name!r} is not up (no {self.state_file}); run `{how}`") from None
         except (ValueError, TypeError, KeyError) as err:
             raise SimError(f"{self.state_file} is unreadable ({err}); run `sparkdeploy sim down` then `sim up`") from None
+        self.user = state.user
+        return state
 
     def _save_state(self, state: SimState) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -183,12 +211,15 @@ class SimCluster:
     # ------------------------------------------------------------------------------------------- up
     def up(self, nodes: int = 2, *, names: Sequence[str] | None = None, inventory: Path | None = None,
            subnet: str | None = None, profile: str = "sim-tiny", rebuild: bool = False,
-           base_image_id: str | None = None, mtu: int | None = None) -> SimState:
+           base_image_id: str | None = None, mtu: int | None = None, user: str = DEFAULT_USER) -> SimState:
         """Build (or reuse) the node image, start the nodes, wait for systemd + SSH + docker, write the inventory.
 
         `base_image_id` pins the inventory's serving-image base to the engine base image's ID. `mtu` (e.g. 9000,
-        as on a CX-7 data plane) applies when the network is created; an existing network keeps its own.
+        as on a CX-7 data plane) applies when the network is created; an existing network keeps its own. `user`
+        is the SSH login made on every node (passwordless sudo; `root`: log in as root).
         """
+        if not USER_RE.match(user):
+            raise SimError(f"login name {user!r} is invalid: use lowercase letters, digits, '_' and '-' (option --user)")
         images.check_docker()
         need_tool("ssh", "openssh-client")
         need_tool("ssh-keygen", "openssh-client")
@@ -205,6 +236,7 @@ class SimCluster:
         image = built.ref
         self._ensure_key()
         previous = self._existing_state()
+        self.user = user  # after reading the previous state, which sets its own
         with self.reporter.phase("network") as info:
             net_subnet = self._ensure_network(subnet or (previous.subnet if previous else None), mtu)
             info["detail"] = f"{self.network} {net_subnet}"
@@ -226,11 +258,11 @@ class SimCluster:
         inv_path = Path(inventory).resolve() if inventory else self.default_inventory()
         state = SimState(name=self.name, subnet=str(net), network=self.network, image=image, nodes=nodes_,
                          key=str(self.key_path), known_hosts=str(self.known_hosts_path), inventory=str(inv_path),
-                         profile=profile)
+                         profile=profile, user=user)
         from sparkdeploy.sim.inventory_file import write_inventory
 
         with self.reporter.phase("write inventory", str(inv_path)):
-            problem = write_inventory(state, inv_path, base_image_id)
+            problem = write_inventory(state, inv_path, base_image_id, vocab_dir=self.state_dir)
         if problem:
             self.reporter.note(problem)
         self._save_state(state)
@@ -245,6 +277,7 @@ class SimCluster:
     def _ensure_key(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state_dir, 0o700)
+        self.key_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not self.key_path.exists():
             run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"sparkdeploy-sim-{self.name}", "-f",
                  str(self.key_path)], what="ssh-keygen")
@@ -336,10 +369,10 @@ class SimCluster:
         return "created"
 
     def _install_key(self, node: SimNode) -> None:
-        pub = self.key_path.with_suffix(".pub").read_bytes()
-        _docker("exec", "-i", node.container, "sh", "-c",
-                "umask 077; mkdir -p /root/.ssh; cat > /root/.ssh/authorized_keys", input=pub,
-                what=f"{node.name}: install the SSH key")
+        """Make the login user (a sudoer without password, as DGX OS's first user) and authorize our key for it."""
+        pub = Path(f"{self.key_path}.pub").read_bytes()
+        _docker("exec", "-i", node.container, "sh", "-c", _LOGIN_SCRIPT, "login", self.user, input=pub,
+                what=f"{node.name}: make the login user {self.user} and install the SSH key")
 
     # ------------------------------------------------------------------------------------------ waiting
     def _exec(self, node: SimNode, script: str, timeout: float = 30):
@@ -407,14 +440,16 @@ class SimCluster:
         tmp.replace(self.known_hosts_path)
 
     def ssh_argv(self, node: SimNode, command: Sequence[str] | str | None = None, *, tty: bool = False) -> list[str]:
-        """The OpenSSH command line for a node: our key only, host key checked against our known_hosts."""
+        """The OpenSSH command line for a node: our key only, host key checked against our known_hosts. A command
+        runs as root through `sudo -n` when the login is another user (as the kit's own commands do)."""
         argv = ["ssh", "-i", str(self.key_path), "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=yes",
                 "-o", f"UserKnownHostsFile={self.known_hosts_path}", "-o", "GlobalKnownHostsFile=/dev/null",
                 "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR"]
         argv += ["-t"] if tty else ["-o", "BatchMode=yes"]
-        argv.append(f"root@{node.ip}")
+        argv.append(f"{self.user}@{node.ip}")
         if command:
-            argv.append(command if isinstance(command, str) else shlex.join(command))
+            script = command if isinstance(command, str) else shlex.join(command)
+            argv.append(script if self.user == "root" else shlex.join(["sudo", "-n", "--", "sh", "-c", script]))
         return argv
 
     def _check_ssh(self, node: SimNode, attempts: int = 20) -> None:
@@ -428,7 +463,7 @@ class SimCluster:
             if "REMOTE HOST IDENTIFICATION HAS CHANGED" in err or "Host key verification failed" in err:
                 break
             time.sleep(0.5)
-        raise SimError(f"{node.name}: ssh root@{node.ip} by key failed: {err[-300:]}; check `docker logs "
+        raise SimError(f"{node.name}: ssh {self.user}@{node.ip} by key failed: {err[-300:]}; check `docker logs "
                        f"{node.container}`, or `sparkdeploy sim down && sparkdeploy sim up`")
 
     def _parallel(self, fn, nodes: list[SimNode]) -> list:
@@ -533,7 +568,7 @@ class SimCluster:
             inv = Path(state.inventory)
             if inv.is_file() and "written by `sparkdeploy sim up`" in inv.read_text()[:300]:
                 inv.unlink()
-        for f in (self.state_file, self.known_hosts_path):
+        for f in (self.state_file, self.known_hosts_path, self.key_path, Path(f"{self.key_path}.pub")):
             f.unlink(missing_ok=True)
         return removed
 

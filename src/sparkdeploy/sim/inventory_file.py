@@ -12,14 +12,27 @@ HEADER = ("# written by `sparkdeploy sim up` (cluster {name!r}, {when}); `sparkd
           "# Every command accepts it: --inventory {path}\n")
 
 
+def home_relative(path: str) -> str:
+    """`~/...` for a path under the user's home (as people write inventories), else the path as given."""
+    try:
+        return "~/" + Path(path).relative_to(Path.home()).as_posix()
+    except ValueError:
+        return path
+
+
+def ssh_block(state, node) -> dict:
+    return {"host": node.ip, "user": state.user, "port": 22, "key": home_relative(state.key),
+            "known_hosts": home_relative(state.known_hosts)}
+
+
 def inventory_dict(state, vocab: Path | None = None, base_image_id: str | None = None) -> dict:
-    """The inventory mapping for a sim cluster's state (nodes, SSH key, known_hosts, the sim profile)."""
+    """The inventory mapping for a sim cluster's state (nodes, SSH login and key, known_hosts, the sim profile)."""
     nodes = []
     for node in state.nodes:
         nodes.append({
             "name": node.name,
             "role": node.role,
-            "ssh": {"host": node.ip, "user": "root", "port": 22, "key": state.key, "known_hosts": state.known_hosts},
+            "ssh": ssh_block(state, node),
             "data_ip": node.ip,
             "netdev": "eth0",
             "hca": [],
@@ -50,9 +63,10 @@ def write_stand_in_vocab(path: Path, size: int = 1024) -> Path:
     return path
 
 
-def write_inventory(state, path: Path, base_image_id: str | None = None) -> str | None:
-    """Write the file; return why the inventory loader rejects it (e.g. node count vs profile), or None."""
-    vocab = write_stand_in_vocab(Path(state.key).parent / "vocab-tiny-1k.txt")
+def write_inventory(state, path: Path, base_image_id: str | None = None, *, vocab_dir: Path | None = None) -> str | None:
+    """Write the file (the stand-in vocab into `vocab_dir`, default beside it); return why the inventory loader
+    rejects it (e.g. node count vs profile), or None."""
+    vocab = write_stand_in_vocab((vocab_dir or path.parent) / "vocab-tiny-1k.txt")
     data = inventory_dict(state, vocab, base_image_id)
     text = HEADER.format(name=state.name, when=time.strftime("%Y-%m-%d %H:%M:%S"), path=path)
     text += yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
