@@ -64,6 +64,15 @@ def default_inventory() -> Path:
     return Path.cwd() / "inventory.yaml" if root == INSTALLED_DATA else root / "inventory.yaml"
 
 
+def state_dir() -> Path:
+    """Local state (sim clusters' keys and inventories): `<checkout>/.sparkdeploy`, or for an installed tool
+    `$XDG_STATE_HOME/sparkdeploy` (default ~/.local/state/sparkdeploy), never inside site-packages."""
+    root = repo_root()
+    if root != INSTALLED_DATA:
+        return root / ".sparkdeploy"
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "sparkdeploy"
+
+
 def git_commit(root: Path | None = None) -> str:
     """The checkout's HEAD commit read from .git without running git; 'unknown' when it cannot be read."""
     git = (root or repo_root()) / ".git"

@@ -91,11 +91,13 @@ def test_wheel_carries_the_kit_data_and_no_vllm_plugin(wheel):
 # What the image build and the vocab lookup read, as seen by one interpreter (run in both, compared).
 PROBE = """
 import hashlib, json, sparkdeploy, spark_overlays.compat
+from sparkdeploy import paths
 from sparkdeploy.steps.image import overlay_files
 from sparkdeploy.vocab.manifest import resolve_list
 print(json.dumps({"modules": [sparkdeploy.__file__, spark_overlays.compat.__file__],
                   "overlays": {k: hashlib.sha256(v).hexdigest() for k, v in overlay_files().items()},
-                  "default_vocab": resolve_list("default").read_text().count(chr(10))}))
+                  "default_vocab": resolve_list("default").read_text().count(chr(10)),
+                  "state_dir": str(paths.state_dir())}))
 """
 
 
@@ -111,6 +113,7 @@ def test_installed_tool_plans_and_renders_outside_the_checkout(tool_venv, user_d
         assert Path(module_file).is_relative_to(tool_venv), module_file  # not this venv's editable checkout
     assert installed["overlays"] == checkout["overlays"]  # the serving image's build context
     assert installed["default_vocab"] == checkout["default_vocab"] > 0
+    assert not Path(installed["state_dir"]).is_relative_to(tool_venv)  # sim state is never written into the venv
 
     planned = _run(tool_venv, user_dir, "plan", "--nodes", "2")
     assert planned.returncode == 0, planned.stderr

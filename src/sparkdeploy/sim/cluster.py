@@ -87,7 +87,7 @@ def default_state_dir(name: str) -> Path:
     env = os.environ.get("SPARKDEPLOY_SIM_STATE_DIR")
     if env:
         return Path(env).resolve()
-    return paths.repo_root() / ".sparkdeploy" / "sim" / name
+    return paths.state_dir() / "sim" / name
 
 
 @dataclass
