@@ -12,11 +12,15 @@ With the switch on the draft gets
   (``lm_head.weight`` / ``shared_head.head.weight``) or, for tied embeddings, ``embed_tokens.weight``;
   the vocab-parallel ``weight_loader`` gives each TP rank its even share of the S rows;
 * ``draft_id_to_target_id`` (EAGLE-3 offsets, a non-persistent buffer): ``target = i + d2t[i]``;
-* ``get_top_tokens``: local argmax per rank, reduced over (value, index) pairs, then mapped by d2t;
+* ``get_top_tokens``: upstream's ``LocalArgmaxMixin`` (local argmax per rank, reduced over (value, index)
+  pairs, then mapped by d2t). Every subclass has it, shortlist on or off, so local argmax works at any TP;
 * ``compute_logits``: the S logits scattered into a ``-inf`` row of the full vocabulary, so probabilistic
   drafting and the rejection sampler see q = 0 off the list.
 
-The target model still verifies every token, so the output cannot change; only acceptance can.
+A head whose rows did not arrive at load (no full-precision ``[V, H]`` head in the stream, on any rank) is
+switched back to stock before the runner looks: ``has_own_lm_head = False``, so the runner shares the
+target's head, as it does for the stock MTP. The target model still verifies every token, so the output
+cannot change; only acceptance can.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.models.interfaces import LocalArgmaxMixin
 from vllm.model_executor.models.utils import PPMissingLayer
 
 from . import settings as _settings
@@ -45,7 +50,7 @@ def _eos_ids(hf_config) -> list[int]:
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
-class ShortlistHeadMixin:
+class ShortlistHeadMixin(LocalArgmaxMixin):
     """Mixed in before the vLLM MTP class. All state lives on the instance; class attributes stay stock."""
 
     _spark_active = False
@@ -74,6 +79,13 @@ class ShortlistHeadMixin:
             return  # not the last pipeline stage: no head here
         assert ids is not None
         old_lp = self.logits_processor
+        # the stock head comes back if the rows do not arrive (the runner then shares the target's head into
+        # its place, as for the stock MTP); an untied one is kept without storage
+        stock = self.lm_head
+        embed = getattr(getattr(self.model, "embed_tokens", None), "weight", None)
+        if stock.weight is not embed:
+            stock.weight = torch.nn.Parameter(stock.weight.to("meta"), requires_grad=False)
+        self._spark_stock = (stock, old_lp)
         self.lm_head = ParallelLMHead(len(ids), hidden, prefix=f"{prefix}.lm_head" if prefix else "lm_head")
         self.logits_processor = LogitsProcessor(len(ids), scale=old_lp.scale, soft_cap=old_lp.soft_cap)
         device = self.lm_head.weight.device
@@ -85,7 +97,6 @@ class ShortlistHeadMixin:
         self._spark_ids_cpu = torch.as_tensor(ids, dtype=torch.long)
         self._spark_vocab = vocab
         self._spark_tied = bool(getattr(hf, "tie_word_embeddings", False))
-        self._spark_rows_filled = 0
         self.has_own_lm_head = True
         self._spark_active = True
         si = self.lm_head.shard_indices
@@ -101,11 +112,9 @@ class ShortlistHeadMixin:
     def _spark_rewrite(self, weights: Iterable[tuple[str, torch.Tensor]]):
         for name, w in weights:
             if name.endswith(HEAD_SUFFIXES) and self._spark_full_rows(w):
-                self._spark_rows_filled = len(self._spark_ids_cpu)
                 yield name, gather_rows(w, self._spark_ids_cpu)
             elif self._spark_tied and name.endswith(EMBED_SUFFIX) and self._spark_full_rows(w):
                 yield name, w
-                self._spark_rows_filled = len(self._spark_ids_cpu)
                 yield "lm_head.weight", gather_rows(w, self._spark_ids_cpu)
             else:
                 yield name, w
@@ -114,15 +123,22 @@ class ShortlistHeadMixin:
         if not self._spark_active:
             return super().load_weights(weights)
         loaded = super().load_weights(self._spark_rewrite(weights))
-        if self._spark_rows_filled:
+        filled = any(name.endswith("lm_head.weight") for name in loaded)
+        if tp_agree(filled):
             info("shortlist head loaded: %d rows gathered from the full head (vocab %d) %s",
-                 self._spark_rows_filled, self._spark_vocab, process_tag())
+                 len(self._spark_ids_cpu), self._spark_vocab, process_tag())
         else:
-            from ._util import logger
-
-            logger.error("spark_overlays: shortlist head NOT filled: no full lm_head/embedding (%d rows) in the "
-                         "checkpoint stream; drafts will be wrong (outputs stay correct)", self._spark_vocab)
+            self._spark_back_to_stock()
+            fail_closed("shortlist", f"no full-precision [{self._spark_vocab}, H] lm_head or tied embedding reached "
+                                     "the draft head on every rank; the runner shares the target's head")
         return loaded
+
+    def _spark_back_to_stock(self) -> None:
+        self.lm_head, self.logits_processor = self._spark_stock
+        for buf in ("draft_id_to_target_id", "_spark_target_ids"):
+            delattr(self, buf)
+        self.has_own_lm_head = False
+        self._spark_active = False
 
     # ------------------------------------------------------------------ inference
     def _spark_note_use(self, rows: int) -> None:
@@ -138,14 +154,9 @@ class ShortlistHeadMixin:
         return scatter_to_vocab(logits, self._spark_target_ids, self._spark_vocab)
 
     def get_top_tokens(self, hidden_states):
-        if not self._spark_active:
-            parent = getattr(super(), "get_top_tokens", None)
-            if parent is not None:
-                return parent(hidden_states)
-            return self.logits_processor.get_top_tokens(self.lm_head, hidden_states)
-        top = self.logits_processor.get_top_tokens(self.lm_head, hidden_states)
-        self._spark_note_use(self.lm_head.org_vocab_size)
-        return top + self.draft_id_to_target_id[top]
+        if self._spark_active:
+            self._spark_note_use(self.lm_head.org_vocab_size)
+        return super().get_top_tokens(hidden_states)
 
 
 def _make(base: type) -> type:

@@ -5,9 +5,9 @@ Three servers, one at a time (each start costs ~30-110 s on 2 cores):
      drafts through ``compute_logits`` (the -inf scatter path)
   L  as A with ``use_local_argmax_reduction``: drafts through ``get_top_tokens`` (local argmax + d2t)
   B  shortlist "on" with a list that lacks EOS -> must fail closed, i.e. run the stock head
-Greedy outputs of A, L and B must be byte-identical over a set of prompts; A's and L's logs must show the
-plugin in the API server, the engine core and the worker, the shortlisted head's row count, and the head
-in use.
+A's and L's logs must show the plugin in the API server, the engine core and the worker, the shortlisted
+head's row count, and the head in use; B's the reason it failed closed. (Equal greedy output on vs off proves
+nothing: the verifier guarantees it for any draft head. The head's correctness is test_shortlist_head.py.)
 """
 
 import json
@@ -79,9 +79,9 @@ def _counter(metrics: str, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def test_shortlist_in_real_server_keeps_greedy_output(tiny_next, tmp_path):
+def test_shortlist_runs_in_every_server_process(tiny_next, tmp_path):
     good, bad, rows = _lists(tiny_next, tmp_path)
-    off_texts, off_log, _ = _serve(tiny_next, tmp_path / "off.log", bad)
+    _, off_log, _ = _serve(tiny_next, tmp_path / "off.log", bad)
     for label, local_argmax in (("scatter", False), ("local-argmax", True)):
         on_texts, on_log, on_metrics = _serve(tiny_next, tmp_path / f"on-{label}.log", good, local_argmax)
         # the plugin loaded in all three server processes (API server, EngineCore, worker)
@@ -93,8 +93,6 @@ def test_shortlist_in_real_server_keeps_greedy_output(tiny_next, tmp_path):
         assert f"shortlist head loaded: {rows} rows gathered" in on_log, label
         assert f"shortlist head in use: draft logits over {rows} rows" in on_log, label
         assert _counter(on_metrics, "vllm:spec_decode_num_drafts_total") > 0, label
-        # greedy output byte-identical with and without the shortlist
-        assert on_texts == off_texts, label
         assert all(len(t) > 0 for t in on_texts)
 
     # the bad list failed closed on the other server: stock head, reason logged
