@@ -20,7 +20,10 @@ The rule, in GiB, per node:
     budget   = base - reserve                       -> what vLLM may take
     GMU      = floor(budget / MemTotal, 0.01)       -> derived unless the inventory pins one
     weights  = profile weights_gib / (tp x pp)      -> per rank (expert parallel splits the experts too)
-    KV pool  = GMU x MemTotal - weights - activation_gib   (expected; vLLM logs the real figure)
+    draft    = the shortlist draft head, when that overlay is on: its own [S, hidden] BF16 head beside the
+               target's (the stock MTP shares the target's for free), S padded to 64 and split over TP:
+               65,536 rows x 2,560 x 2 bytes = 320 MiB at TP=1, 160 MiB (~168 MB) per rank at TP=2
+    KV pool  = GMU x MemTotal - weights - draft - activation_gib   (expected; vLLM logs the real figure)
     tokens   = KV pool / kv_bytes_per_token (per rank)
 
 With nominal GB10 facts (MemAvailable 116, MemTotal 119.7) and the default reserve this gives GMU 0.73:
@@ -40,6 +43,18 @@ from sparkdeploy.errors import PlanError
 from sparkdeploy.facts import GIB, NodeFacts
 
 CPU_ENGINE_OVERHEAD_GIB = 3.0  # one vLLM CPU server with a tiny model (measured about 3 GB RSS)
+DRAFT_HIDDEN_SIZE = 2560  # Qwen3.5 / Qwen3.8-Flash-Next; the profile states no hidden size yet
+DRAFT_HEAD_DTYPE_BYTES = 2  # the gathered rows keep the checkpoint head's BF16
+VOCAB_PADDING = 64  # vLLM pads a ParallelLMHead's rows to this before the TP split
+
+
+def shortlist_head_gib(features, vocab, tp: int, hidden_size: int = DRAFT_HIDDEN_SIZE) -> float:
+    """Per-rank GiB of the shortlist overlay's own draft head (0 when the overlay is off or has no list)."""
+    shortlist = next((f for f in features if f.name == "shortlist"), None)
+    if vocab is None or shortlist is None or not (shortlist.enabled and shortlist.mode == "overlay"):
+        return 0.0
+    padded = -(-vocab.size // VOCAB_PADDING) * VOCAB_PADDING
+    return padded // tp * hidden_size * DRAFT_HEAD_DTYPE_BYTES / GIB
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,7 @@ class MemoryBudget:
     weights_gib: float
     activation_gib: float
     kv_gib: float
+    draft_head_gib: float
     kv_tokens: int | None
     left_gib: float  # base - engine: what the host keeps, never below reserve
 
@@ -73,6 +89,7 @@ class MemoryBudget:
             ("gpu-memory-utilization", gmu),
             ("engine budget", f"{self.engine_gib:.1f} GiB"),
             ("  weights (per rank)", f"{self.weights_gib:.1f} GiB"),
+            *([("  shortlist draft head", f"{self.draft_head_gib * 1024:.0f} MiB")] if self.draft_head_gib else []),
             ("  activations", f"{self.activation_gib:.1f} GiB"),
             ("  KV pool (expected)", kv),
             ("host keeps", f"{self.left_gib:.1f} GiB"),
@@ -92,6 +109,7 @@ def budget(
     kv_bytes_per_token: int,
     explicit_gmu: float | None = None,
     cpu_kv_space_gib: float | None = None,
+    draft_head_gib: float = 0.0,
 ) -> MemoryBudget:
     """The memory budget of one node; raise PlanError when it cannot keep `reserve_gib` for the host."""
     total = facts.mem_total_bytes / GIB
@@ -101,7 +119,7 @@ def budget(
 
     if not facts.has_gpu:
         kv = float(cpu_kv_space_gib if cpu_kv_space_gib is not None else 4.0)
-        engine = weights_gib + activation_gib + kv + CPU_ENGINE_OVERHEAD_GIB
+        engine = weights_gib + draft_head_gib + activation_gib + kv + CPU_ENGINE_OVERHEAD_GIB
         left = base - engine
         if left < reserve_gib:
             raise PlanError(
@@ -109,7 +127,7 @@ def budget(
                 f"{left:.1f} GiB of {base_name} {base:.1f} GiB, below the reserve {reserve_gib:.1f} GiB")
         return MemoryBudget(node, False, _r(total), None if available is None else _r(available), base_name,
                             _r(base), reserve_gib, None, "cpu", _r(engine), _r(weights_gib), _r(activation_gib),
-                            _r(kv), None, _r(left))
+                            _r(kv), _r(draft_head_gib), None, _r(left))
 
     if explicit_gmu is not None:
         gmu, source = explicit_gmu, "explicit"
@@ -125,13 +143,13 @@ def budget(
         gmu, source = math.floor((base - reserve_gib) / total * 100) / 100, "derived"
         engine = gmu * total
         left = base - engine
-    kv = engine - weights_gib - activation_gib
+    kv = engine - weights_gib - draft_head_gib - activation_gib
     if gmu < 0.05 or kv <= 0:
         raise PlanError(
             f"node {node}: memory.reserve_gib {reserve_gib:.1f}: with {base_name} {base:.1f} GiB vLLM may take "
-            f"{max(engine, 0):.1f} GiB, not enough for {weights_gib:.1f} GiB of weights + {activation_gib:.1f} GiB "
-            f"of activations and a KV pool")
+            f"{max(engine, 0):.1f} GiB, not enough for {weights_gib + draft_head_gib:.1f} GiB of weights + "
+            f"{activation_gib:.1f} GiB of activations and a KV pool")
     tokens = int(kv * GIB // kv_bytes_per_token) if kv_bytes_per_token > 0 else None
     return MemoryBudget(node, True, _r(total), None if available is None else _r(available), base_name, _r(base),
-                        reserve_gib, gmu, source, _r(engine), _r(weights_gib), _r(activation_gib), _r(kv), tokens,
-                        _r(left))
+                        reserve_gib, gmu, source, _r(engine), _r(weights_gib), _r(activation_gib), _r(kv),
+                        _r(draft_head_gib), tokens, _r(left))

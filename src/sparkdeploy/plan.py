@@ -29,7 +29,7 @@ from sparkdeploy import __version__
 from sparkdeploy.errors import PlanError
 from sparkdeploy.facts import NodeFacts, facts_for
 from sparkdeploy.inventory import FEATURES, Inventory, Node, SshTarget
-from sparkdeploy.memory import MemoryBudget, budget
+from sparkdeploy.memory import MemoryBudget, budget, shortlist_head_gib
 
 # ------------------------------------------------------------------------------ on-node layout (see render.py)
 ETC_DIR = "/etc/sparkdeploy"
@@ -396,7 +396,8 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     def node_budget(node: Node, gmu: float | None) -> MemoryBudget:
         return budget(facts[node.name], reserve_gib=inv.memory.reserve_gib, weights_gib=weights,
                       activation_gib=p.activation_gib, kv_bytes_per_token=kv_bytes, explicit_gmu=gmu,
-                      cpu_kv_space_gib=float(cpu_kv) if cpu_kv and cpu_kv.replace(".", "", 1).isdigit() else None)
+                      cpu_kv_space_gib=float(cpu_kv) if cpu_kv and cpu_kv.replace(".", "", 1).isdigit() else None,
+                      draft_head_gib=shortlist_head_gib(features, inv.vocab, tp))
 
     for node in chosen:
         _check_facts(node, inv.nodes.index(node), facts[node.name])
