@@ -129,7 +129,7 @@ def check_node(report: Report, exp: NodeExpect, snap: dict, stale: list[str]) ->
         report.add(f"unit {u}", ok, f"{u} is {uen} and {uact}", n)
     report.add("stale units", not stale, "none" if not stale else "other enabled units run vLLM or bind our ports: "
                + ", ".join(stale), n)
-    parts = snap.get("container", "absent").split()
+    parts = snap.get("container", "").split() or ["absent"]  # no container line, or an empty one
     if parts[0] == "absent":
         report.add("container", False, f"container {exp.container} does not exist", n)
     else:

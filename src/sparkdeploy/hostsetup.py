@@ -280,12 +280,15 @@ def write_file(conn, path: str, content: str, mode: int, *, sudo: Sequence[str] 
     if not sudo:
         conn.put(path, content.encode(), mode=mode)
         return
-    tmp = f"/tmp/.sparkdeploy-host-{posixpath.basename(path)}"
-    conn.put(tmp, content.encode(), mode=0o600)
+    # A private directory made by mktemp (0700, unpredictable name): nobody else on the node can plant a link
+    # or race a file where the content waits for `sudo install`.
+    tmp_dir = conn.run(["mktemp", "-d", "/tmp/.sparkdeploy-host.XXXXXXXXXX"], timeout=30).stdout.strip()
+    tmp = posixpath.join(tmp_dir, posixpath.basename(path))
     try:
+        conn.put(tmp, content.encode(), mode=0o600)
         conn.run([*sudo, "install", "-m", format(mode, "o"), "-o", "root", "-g", "root", tmp, path], timeout=30)
     finally:
-        conn.run(["rm", "-f", tmp], check=False, timeout=30)
+        conn.run(["rm", "-rf", tmp_dir], check=False, timeout=30)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,11 +51,12 @@ HCA_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.:_-]{0,252})$")
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([A-Za-z0-9.+_-]*)$")
+VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([A-Za-z0-9._-]{0,40})$")  # part of the image tag: no '+'
+
 SERVED_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
 REPO_RE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
 _REF = r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
-DIGEST_REF_RE = re.compile(rf"^{_REF}@sha256:[0-9a-f]{{64}}$")
+DIGEST_REF_RE = re.compile(rf"^{_REF}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?@sha256:[0-9a-f]{{64}}$")
 IMAGE_ID_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 TAG_REF_RE = re.compile(rf"^{_REF}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?$")
 COMMAND_RE = re.compile(r"^[A-Za-z0-9_./][A-Za-z0-9_./ =-]*$")
@@ -249,8 +251,8 @@ class _Fields:
             return value
         if not value:
             self.fail(key, f"must not be empty; expected {what}")
-        if pattern is not None and not pattern.match(value):
-            self.fail(key, f"{value!r} is not {what}")
+        if pattern is not None and not pattern.fullmatch(value):
+            self.fail(key, f"{_short(value)} is not {what}")
         return value
 
     def integer(self, key: str, lo: int, hi: int, default: Any = ..., *, what: str | None = None) -> Any:
@@ -323,9 +325,39 @@ def _path_text(f: _Fields, key: str, default: Any = ..., *, absolute: bool = Fal
     return value
 
 
+_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
+# `render --out` writes these next to the per-node directories (render.py's layout): no node may be named so
+_RENDER_TOP_LEVEL = ("plan.json", "image")
+# host directories never handed to a container as a model directory (eviction reads every file under it)
+_SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr",
+                "/var")
+
+
+def _model_path(m: _Fields) -> str:
+    from sparkdeploy.plan import VOCAB_CONTAINER_DIR
+
+    value = _path_text(m, "path", absolute=True, mount=True)
+    path, vocab = posixpath.normpath(value), VOCAB_CONTAINER_DIR
+    if path == "/" or path == vocab or path.startswith(vocab + "/") or vocab.startswith(path + "/"):
+        m.fail("path", f"{_short(value)} overlaps {vocab}, where the container mounts the draft vocabulary; "
+                       "expected a directory of its own, such as /models/<name>")
+    return value
+
+
+def _host_dir(m: _Fields) -> str | None:
+    value = _path_text(m, "host_dir", None, absolute=True, mount=True)
+    if value is not None and posixpath.normpath(value).replace("//", "/") in _SYSTEM_DIRS:
+        m.fail("host_dir", f"{_short(value)} is a system directory; expected the directory that holds the "
+                           "checkpoint, such as /srv/models/<name>")
+    return value
+
+
 def _node(raw: Any, index: int, file: str) -> Node:
     f = _Fields(raw, f"nodes[{index}]", file, allowed=_NODE_KEYS)
     name = f.text("name", NAME_RE, what="a node name (letters, digits, '.', '_', '-'; up to 63)")
+    if name in _RENDER_TOP_LEVEL:
+        f.fail("name", f"{name!r} is reserved (render writes {' and '.join(_RENDER_TOP_LEVEL)} beside the node "
+                       "directories); choose another node name")
     role = f.text("role", None, what="head or worker")
     if role not in ROLES:
         f.fail("role", f"{role!r} is not head or worker")
@@ -352,14 +384,18 @@ def _node(raw: Any, index: int, file: str) -> Node:
     )
     data_ip = f.text("data_ip", None, what="an IPv4 address")
     try:
-        data_ip = str(ipaddress.IPv4Address(data_ip))
+        address = ipaddress.IPv4Address(data_ip)
     except ValueError:
-        f.fail("data_ip", f"{data_ip!r} is not an IPv4 address")
+        f.fail("data_ip", f"{_short(data_ip)} is not an IPv4 address")
+    if address.is_unspecified or address.is_loopback or address.is_multicast or address == _BROADCAST:
+        f.fail("data_ip", f"{address} is not a node's own address; expected the IPv4 address of this node on the "
+                          "data network (the other ranks connect to it), not 0.0.0.0, loopback, multicast or broadcast")
+    data_ip = str(address)
     netdev = f.text("netdev", IFNAME_RE, what="a network interface name (1-15 of letters, digits, '.', '_', '-')")
     hca_raw = f.get("hca", list, [], what="a list of RoCE device names")
     hca: list[str] = []
     for i, dev in enumerate(hca_raw):
-        if not isinstance(dev, str) or not HCA_RE.match(dev):
+        if not isinstance(dev, str) or not HCA_RE.fullmatch(dev):
             f.fail(f"hca[{i}]", f"{_short(dev)} is not a RoCE device name")
         if dev in hca:
             f.fail(f"hca[{i}]", f"{dev!r} listed twice")
@@ -381,8 +417,9 @@ def _image_part(raw: Any, path: str, file: str) -> dict[str, Any]:
     if f.has("vllm_version"):
         version = f.get("vllm_version", (str, float), what="a vLLM version such as 0.33.0")
         version = str(version)
-        if not VERSION_RE.match(version):
-            f.fail("vllm_version", f"{version!r} is not a version such as 0.33.0")
+        if not VERSION_RE.fullmatch(version):
+            f.fail("vllm_version", f"{_short(version)} is not a version such as 0.33.0 (digits, then letters, digits, "
+                                   "'.', '_', '-': it becomes part of the image tag, so no '+')")
         out["vllm_version"] = version
     if f.has("local"):
         out["local"] = f.flag("local")
@@ -402,11 +439,12 @@ def _image(profile_part: dict[str, Any], inv_part: dict[str, Any], file: str) ->
                                  field=f"image.{key}")
     base, base_file, base_field = merged["base"]
     local = merged.get("local", False)
-    if not (DIGEST_REF_RE.match(base) or IMAGE_ID_RE.match(base)):
-        if not (local and TAG_REF_RE.match(base)):
+    if not (DIGEST_REF_RE.fullmatch(base) or IMAGE_ID_RE.fullmatch(base)):
+        if not (local and TAG_REF_RE.fullmatch(base)):
             expected = ("an image reference pinned by digest (name@sha256:<64 hex>), an image ID (sha256:<64 hex>)"
                         ", or with image.local: true a local tag")
-            raise InventoryError(f"{base!r} is not pinned; expected {expected}", file=base_file, field=base_field)
+            raise InventoryError(f"{_short(base)} is not pinned; expected {expected}", file=base_file,
+                                 field=base_field)
     return ImageConfig(base=base, vllm_version=merged["vllm_version"], local=local,
                        repository=merged.get("repository", "sparkdeploy/serving"),
                        python=merged.get("python", "python3"), pip=merged.get("pip", "python3 -m pip"))
@@ -443,7 +481,7 @@ def _env(raw: Any, path: str, file: str) -> tuple[tuple[str, str], ...]:
         raise InventoryError(f"expected a mapping of NAME: value, got {_kind(raw)}", file=file, field=path)
     out = []
     for key in sorted(raw, key=str):
-        if not isinstance(key, str) or not ENV_KEY_RE.match(key):
+        if not isinstance(key, str) or not ENV_KEY_RE.fullmatch(key):
             raise InventoryError(f"{_short(key)} is not an environment variable name", file=file, field=path)
         value = raw[key]
         if isinstance(value, bool):
@@ -484,8 +522,8 @@ def load_profile(path: Path, name: str | None = None) -> tuple[Profile, dict[str
         name=name or path.stem,
         file=file,
         model_id=m.text("id", None, what="a model id"),
-        model_path=_path_text(m, "path", absolute=True, mount=True),
-        host_dir=_path_text(m, "host_dir", None, absolute=True, mount=True),
+        model_path=_model_path(m),
+        host_dir=_host_dir(m),
         served_name=m.text("served_name", SERVED_RE, what="a served model name"),
         weights_gib=m.number("weights_gib", 0.0, 4096.0, 0.0, what="GiB of weights, 0..4096"),
         kv_bytes_per_token=m.integer("kv_bytes_per_token", 0, 1 << 30, 0),
@@ -557,6 +595,8 @@ def load(path: str | Path) -> Inventory:
         raise InventoryError(f"exactly one node must have role: head, found {len(heads)}", file=file, field=where)
 
     profile_ref = f.text("profile", re.compile(r"^[A-Za-z0-9_./-]+$"), what="a profile name or path")
+    if len(profile_ref) > 1024 or any(len(part) > 250 for part in profile_ref.split("/")):
+        f.fail("profile", "too long; expected a profile name or path (at most 250 characters per path component)")
     profile_path = _profile_path(profile_ref, inventory_file)
     if not profile_path.is_file():
         available = sorted(p.stem for p in paths.profiles_dir().glob("*.yaml")) if paths.profiles_dir().is_dir() else []

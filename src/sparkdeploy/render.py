@@ -34,16 +34,19 @@ rejects control characters, so no value can start a new line, command or directi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import shlex
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from sparkdeploy import paths
+from sparkdeploy.errors import InputError
 from sparkdeploy.plan import (CURRENT_LINK, ENV_FILE, LAUNCH_FILE, STOP_TIMEOUT_S, UNIT_NAME, VOCAB_CONTAINER_DIR,
                               VOCAB_HOST_DIR, Plan)
 
@@ -126,13 +129,41 @@ def file_mode(relative: str) -> int:
 
 
 def write(plan: Plan, out_dir: str | Path) -> list[Path]:
-    """Write `render(plan)` under out_dir (created if missing); return the written paths."""
+    """Write `render(plan)` under out_dir (created if missing); return the written paths.
+
+    Nothing already inside out_dir is followed: a symbolic link (or a file where a directory goes) on any path
+    we write is refused before anything is written, and each file is a new file renamed into place, so a
+    planted link cannot redirect a write or a chmod to a file elsewhere."""
     root = Path(out_dir)
+    files = render(plan)
+    for rel in files:
+        _refuse_links(root, rel)
     written = []
-    for rel, data in render(plan).items():
+    for rel, data in files.items():
         target = root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-        os.chmod(target, file_mode(rel))
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                os.fchmod(fh.fileno(), file_mode(rel))
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         written.append(target)
     return written
+
+
+def _refuse_links(root: Path, rel: str) -> None:
+    parts = rel.split("/")
+    for depth in range(1, len(parts) + 1):
+        path = root.joinpath(*parts[:depth])
+        is_file = depth == len(parts)
+        if path.is_symlink():
+            raise InputError(f"{path} is a symbolic link; render --out writes only real files and directories "
+                             "(remove it, or render into an empty directory)")
+        if path.exists() and path.is_dir() == is_file:
+            raise InputError(f"{path} is a {'directory' if is_file else 'file'} where render writes a "
+                             f"{'file' if is_file else 'directory'}; render into an empty directory")

@@ -127,7 +127,8 @@ class FakeConn:
         from sparkdeploy.remote import Result
 
         self.runs.append(list(argv))
-        return Result(list(argv), 0, "", "", self.name)
+        out = "/tmp/.sparkdeploy-host.Qx7Zr2Lm9a\n" if argv[:2] == ["mktemp", "-d"] else ""
+        return Result(list(argv), 0, out, "", self.name)
 
     def put(self, path, data, *, mode=0o644, owner=None):
         self.puts.append((path, data, mode))
@@ -136,15 +137,18 @@ class FakeConn:
 def test_non_root_login_writes_through_sudo_install():
     c = FakeConn()
     hs.write_file(c, "/etc/netplan/40-cx7.yaml", "network: {}\n", 0o600, sudo=hs.sudo_prefix("nvidia"))
-    assert c.puts == [("/tmp/.sparkdeploy-host-40-cx7.yaml", b"network: {}\n", 0o600)]
+    # the content waits in a private mktemp'd directory (0700, unpredictable), never a fixed /tmp name
+    tmp = "/tmp/.sparkdeploy-host.Qx7Zr2Lm9a/40-cx7.yaml"
+    assert ["mktemp", "-d", "/tmp/.sparkdeploy-host.XXXXXXXXXX"] in c.runs
+    assert c.puts == [(tmp, b"network: {}\n", 0o600)]
     assert ["sudo", "-n", "mkdir", "-p", "/etc/netplan"] in c.runs
-    assert ["sudo", "-n", "install", "-m", "600", "-o", "root", "-g", "root", "/tmp/.sparkdeploy-host-40-cx7.yaml",
-            "/etc/netplan/40-cx7.yaml"] in c.runs
+    assert ["sudo", "-n", "install", "-m", "600", "-o", "root", "-g", "root", tmp, "/etc/netplan/40-cx7.yaml"] in c.runs
+    assert c.runs[-1] == ["rm", "-rf", "/tmp/.sparkdeploy-host.Qx7Zr2Lm9a"]
     items = hs.plan_items("spark1", fresh(), netdev="enp1s0f1np1", data_ip="192.168.177.11")
     c = FakeConn()
     done = hs.apply_items(c, items, sudo=["sudo", "-n"])
     assert [a.status for a in done] == ["changed"] * 4
-    assert all(r[:2] == ["sudo", "-n"] or r[0] == "rm" for r in c.runs)
+    assert all(r[:2] == ["sudo", "-n"] or r[0] in ("rm", "mktemp") for r in c.runs)
     root = FakeConn()
     hs.write_file(root, hs.EARLYOOM_DEFAULT, "x\n", 0o644)
     assert root.puts == [(hs.EARLYOOM_DEFAULT, b"x\n", 0o644)]

@@ -125,7 +125,7 @@ def status(inventory, as_json, trust_new_hosts):
         click.echo(json.dumps({"healthy": rep.healthy, "nodes": {n: all(c.ok for c in cs) for n, cs in nodes.items()}}))
     else:
         for n, cs in nodes.items():
-            bad = [c.name for c in cs if not c.ok]
+            bad = [f"{c.name} ({c.reason})" if c.name == "release" else c.name for c in cs if not c.ok]
             click.echo(f"{n:<10} {'ok' if not bad else 'FAIL: ' + ', '.join(bad)}")
         click.echo("healthy" if rep.healthy else "unhealthy")
     raise click.exceptions.Exit(0 if rep.healthy else 1)

@@ -700,7 +700,8 @@ class Cluster:
             rep.add("release", False, str(err))
             return rep
         if not exp.nodes[0].release:
-            rep.add("release", False, "no release is current on the head: run `sparkdeploy up`")
+            rep.add("release", False, "nothing deployed: run `sparkdeploy up` (no release is current on the head)")
+            return rep
         ours = [P.UNIT_NAME, supervise.SERVICE]
         ports = [self.plan.api_port, self.plan.master_port]
 
