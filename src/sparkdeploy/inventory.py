@@ -365,21 +365,20 @@ def _node(raw: Any, index: int, file: str) -> Node:
     from sparkdeploy import remote
 
     # As on the ssh command line: the inventory's values win, then ~/.ssh/config's for the host (a Host alias
-    # resolves to its HostName), then root on port 22. Local paths get `~` and `$VAR` expanded.
+    # resolves to its HostName, which the head's watchdog needs too), then root on port 22. Key paths stay as
+    # written (`~/.ssh/...`: plans do not depend on who runs the kit); remote expands `~` and `$VAR` at connect.
     host = s.text("host", HOST_RE, what="a host name, IP address or ~/.ssh/config Host alias")
     try:
         cfg = remote.ssh_config(host)
         cfg_port = int(cfg.get("port", 22))
     except (remote.RemoteError, ValueError) as err:
         s.fail("host", f"~/.ssh/config for {host!r}: {err}")
-    key = _path_text(s, "key", None) or remote.identity_of(cfg)
-    known_hosts = _path_text(s, "known_hosts", None)
     ssh = SshTarget(
         host=cfg["hostname"],
         user=s.text("user", USER_RE, None, what="a login name") or cfg.get("user") or "root",
         port=s.integer("port", 1, 65535, None, what="a port 1..65535") or cfg_port,
-        key=key and remote.local_path(key),
-        known_hosts=known_hosts and remote.local_path(known_hosts),
+        key=_path_text(s, "key", None) or remote.identity_of(cfg),
+        known_hosts=_path_text(s, "known_hosts", None),
         proxy_jump=cfg.get("proxyjump"),
     )
     data_ip = f.text("data_ip", None, what="an IPv4 address")

@@ -41,14 +41,15 @@ def test_ssh_by_key_with_strict_host_key_checking(sim_cluster, tmp_path):
 
 
 def test_inventory_is_valid_and_names_the_nodes(sim_cluster):
-    from sparkdeploy import inventory
+    from sparkdeploy import inventory, remote
 
     inv = inventory.load(sim_cluster.inventory)
     assert [n.name for n in inv.nodes] == ["node1", "node2"]
     assert inv.head.name == "node1"
     for node, sim_node in zip(inv.nodes, sim_cluster.nodes):
         assert node.ssh.host == node.data_ip == sim_node.ip
-        assert node.ssh.key == str(sim_cluster.key) and node.ssh.known_hosts == str(sim_cluster.known_hosts)
+        assert remote.local_path(node.ssh.key) == str(sim_cluster.key)
+        assert remote.local_path(node.ssh.known_hosts) == str(sim_cluster.known_hosts)
         assert node.gpu == "none" and node.netdev == "eth0"
     assert inv.profile.name == "sim-tiny"
 
@@ -106,6 +107,7 @@ def test_ssh_config_alias_logs_in_as_the_sudoer(sim_cluster, tmp_path, monkeypat
     path.write_text(yaml.safe_dump(data))
     inv = inventory.load(path)
     for node, sim_node in zip(inv.nodes, sim_cluster.nodes):
+        # paramiko expands the IdentityFile's `~` itself
         assert (node.ssh.host, node.ssh.user, node.ssh.key) == (sim_node.ip, "nvidia", str(home / ".ssh/spark_key"))
         with remote.connect(target_of(node.name, node.ssh)) as conn:
             assert conn.run(["hostname"]).stdout.strip() == sim_node.name

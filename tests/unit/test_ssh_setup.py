@@ -65,8 +65,7 @@ def test_tilde_key_and_known_hosts_paths_from_the_inventory(home, sshd, tmp_path
     inv = _inventory(tmp_path, {"host": "127.0.0.1", "port": sshd.port, "key": "~/.ssh/id_test",
                                 "known_hosts": "~/.ssh/known_hosts"})
     head = inv.nodes[0]
-    assert head.ssh.key == str(home / ".ssh" / "id_test")
-    assert head.ssh.known_hosts == str(home / ".ssh" / "known_hosts")
+    assert (head.ssh.key, head.ssh.known_hosts) == ("~/.ssh/id_test", "~/.ssh/known_hosts")  # expanded at connect
     assert _whoami(head) == "root"
 
 
@@ -83,7 +82,7 @@ def test_ssh_config_host_alias_gives_hostname_user_port_and_key(home, sshd, tmp_
     inv = _inventory(tmp_path, {"host": "spark1", "known_hosts": "~/.ssh/known_hosts"})
     head = inv.nodes[0]
     assert (head.ssh.host, head.ssh.port, head.ssh.user) == ("127.0.0.1", sshd.port, "root")
-    assert head.ssh.key == str(home / ".ssh" / "id_test")
+    assert remote.local_path(head.ssh.key) == str(home / ".ssh" / "id_test")
     assert _whoami(head) == "root"
 
 
