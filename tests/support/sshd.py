@@ -1,6 +1,7 @@
 """A throwaway OpenSSH server on loopback for testing remote.py against the real protocol (no docker).
 
-Runs as the current user with its own host key, authorized key and port; stopped by PID.
+Runs as the current user with its own host key, authorized key and port; stopped by PID. Test modules take the
+`sshd` fixture with `from tests.support.sshd import sshd  # noqa: F401`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -71,3 +74,13 @@ def start(workdir: Path, host_key: Path | None = None) -> Sshd:
             time.sleep(0.05)
     pub = Path(str(hk) + ".pub").read_text().split()
     return Sshd(workdir, port, proc, ck, f"{pub[0]} {pub[1]}")
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """A running loopback sshd for the module (skipped without openssh-server or root)."""
+    if not available():
+        pytest.skip("needs /usr/sbin/sshd (openssh-server) and root")
+    s = start(tmp_path_factory.mktemp("sshd"))
+    yield s
+    s.stop()

@@ -11,18 +11,9 @@ import pytest
 
 from sparkdeploy import remote
 from sparkdeploy.errors import RemoteError
-from tests.support import sshd as sshd_mod
+from tests.support.sshd import sshd  # noqa: F401 - the loopback sshd fixture
 
 NASTY = ["a b", "$(touch /tmp/pwned-sparkdeploy)", "; rm -rf /", "'quote'", '"dq"', "back`tick`", "*", "\\n"]
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    if not sshd_mod.available():
-        pytest.skip("needs /usr/sbin/sshd (openssh-server) and root")
-    s = sshd_mod.start(tmp_path_factory.mktemp("sshd"))
-    yield s
-    s.stop()
 
 
 @pytest.fixture

@@ -15,19 +15,10 @@ import yaml
 from sparkdeploy import inventory, remote
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.steps.deploy import target_of
-from tests.support import sshd as sshd_mod
+from tests.support.sshd import sshd  # noqa: F401 - the loopback sshd fixture
 
 SIM_INVENTORY = Path(__file__).parent / "fixtures" / "inventory.sim.yaml"
 VOCAB = Path(__file__).parent / "fixtures" / "vocab-1k.txt"
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    if not sshd_mod.available():
-        pytest.skip("needs /usr/sbin/sshd (openssh-server) and root")
-    s = sshd_mod.start(tmp_path_factory.mktemp("sshd"))
-    yield s
-    s.stop()
 
 
 @pytest.fixture
