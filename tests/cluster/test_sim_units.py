@@ -119,3 +119,21 @@ def test_inventory_pins_the_engine_base_by_image_id(tmp_path):
         assert inv.image.base == image_id
         tags.append(plan.plan(inv).image.tag)
     assert tags[0] != tags[1]
+
+
+def test_inventory_names_the_login_and_keys_under_home_with_tilde(tmp_path, monkeypatch):
+    import yaml
+
+    from sparkdeploy.sim.inventory_file import write_inventory
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    state = SimState(name="t", subnet="172.30.152.0/24", network="n", image="i",
+                     key=str(tmp_path / ".ssh" / "sparkdeploy-sim-t_ed25519"), known_hosts="/elsewhere/known_hosts",
+                     inventory=None, profile="sim-tiny", user="nvidia",
+                     nodes=[SimNode("node1", "172.30.152.11", "c1", "v1", "head"),
+                            SimNode("node2", "172.30.152.12", "c2", "v2", "worker")])
+    assert write_inventory(state, tmp_path / "inv.yaml", vocab_dir=tmp_path / "state") is None
+    ssh = yaml.safe_load((tmp_path / "inv.yaml").read_text())["nodes"][1]["ssh"]
+    assert ssh == {"host": "172.30.152.12", "user": "nvidia", "port": 22, "key": "~/.ssh/sparkdeploy-sim-t_ed25519",
+                   "known_hosts": "/elsewhere/known_hosts"}
+    assert (tmp_path / "state" / "vocab-tiny-1k.txt").is_file()
