@@ -410,7 +410,9 @@ class Cluster:
         # The draft list follows the release (a release made by `vocab rollout` names another list than up's).
         from sparkdeploy import vocab_live
 
-        self.pool.map(vocab_live.follow_release, self.names)
+        for n, r in self.pool.map(vocab_live.follow_release, self.names).items():
+            if isinstance(r, Exception):
+                raise RemoteError(f"pointing the draft list at release {num}'s: {r}", node=n)
 
     def wait_ready(self, timeout: float) -> str:
         """Poll the head until a real temperature-0 completion answers; returns its text."""
