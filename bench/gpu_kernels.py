@@ -6,8 +6,10 @@ For each (N, K) — the full lm_head (248,320 x 2,560) and its TP=2 half, the sh
 TP=1 and TP=2), the GDN projections (QKVZ, B/A, out_proj at TP=1/2) — and each M in 1..5 it
   * checks correctness of both paths against an fp32 reference (relative max error <= 2e-2 for BF16),
   * times F.linear and, where vLLM's CuTe-DSL ``shape_dynamic_skinny_gemm`` is importable (vLLM >= 0.33
-    with nvidia-cutlass-dsl), the skinny kernel with the spark_overlays plan for this device
-    (``skinny_plans.lookup``) or, without a plan, the kernel's default config,
+    with nvidia-cutlass-dsl), the skinny kernel with the spark_overlays plan (``skinny_plans.plans_for``,
+    lm-head shapes without an entry get the generic plan) for this device, or for the table named by
+    ``--plans 12.1`` (GB10's, forced on another GPU), or, without a plan, the kernel's default config;
+    each row says whether its plan is measured,
   * prints the achieved bandwidth (weight + activations + output bytes / time) next to a device-to-device
     copy bandwidth measured in the same run, and the skinny/F.linear time ratio. A plan entry whose
     ratio is >= 1 should be removed from ``overlays/spark_overlays/skinny_plans.py``.
@@ -57,6 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--m", default="1,2,3,4,5")
     ap.add_argument("--shapes", default="all", choices=["all", *SHAPES])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--plans", help="use this capability's plan table, e.g. 12.1 (default: the device's own)")
     ap.add_argument("--cpu-smoke", action="store_true", help="run on the CPU at 1/64 scale (checks the script only)")
     args = ap.parse_args(argv)
 
@@ -76,6 +79,7 @@ def main(argv=None) -> int:
 
     dev = torch.device("cpu" if smoke else "cuda")
     cap = (0, 0) if smoke else torch.cuda.get_device_capability()
+    plan_cap = tuple(int(v) for v in args.plans.split(".")) if args.plans else cap
     name = "cpu (smoke run, 1/64 scale)" if smoke else torch.cuda.get_device_name()
     scale = 64 if smoke else 1
     sync = (lambda: None) if smoke else torch.cuda.synchronize
@@ -136,10 +140,10 @@ def main(argv=None) -> int:
                 failures.append(f"F.linear N={n} K={k} M={m}: rel err {e_lin:.3g}")
             if kernel is not None:
                 gemm, Cfg = kernel
-                plan = skinny_plans.lookup(cap, n, k, m)
+                plan = skinny_plans.plans_for(plan_cap, n, k, lm_head=(n, k) in SHAPES["lm"] + SHAPES["shortlist"]).get(m)
                 cfg = (Cfg(m, plan.block_size, plan.outputs_per_block, k_unroll=plan.k_unroll,
                            vector_width=plan.vector_width, static_k=plan.static_k) if plan else None)
-                row["plan"] = plan.source if plan else "kernel default"
+                row["plan"] = ("measured" if plan.measured else "unmeasured") if plan else "kernel default"
                 try:
                     out = gemm(x, w, cfg)
                     e_sk = err(out)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from . import skinny_plans
+
 FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align")
 NATIVE = "native"
 OVERLAY = "overlay"
@@ -154,12 +156,16 @@ FP8_GDN_QUANT_CONFIG = (
 )
 _FP8_FLAGS = ("--quantization", "online", "--quantization-config", FP8_GDN_QUANT_CONFIG)
 
+_COUNTS = skinny_plans.counts()
+_UNMEASURED = (f"{_COUNTS['entries'] - _COUNTS['measured']} of {_COUNTS['entries']} SM121 plan entries and every "
+               "generic lm-head plan are unmeasured (each is checked on the device at load)")
+
 TABLE: dict[str, dict[str, Support]] = {
     "0.32": {
         "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON,
                              note="no MTP vocabulary shortlist upstream"),
         "skinny_gemm": Support(OVERLAY, targets=_SKINNY,
-                               note="no BF16 low-M plan for SM121 outside qwen4_exp; F.linear fallback on CPU"),
+                               note=f"no BF16 low-M plan for SM121 upstream; {_UNMEASURED}"),
         "fp8_gdn": Support(NATIVE, flags=_FP8_FLAGS, targets=_FP8_FLAGS_TARGETS,
                            note="online quantization with per-layer targets exists in 0.32"),
         "prefix_align": Support(NATIVE, flags=("--enable-prefix-caching",), targets=_ALIGN_NATIVE_032,
@@ -172,7 +178,7 @@ TABLE: dict[str, dict[str, Support]] = {
                              note="no MTP vocabulary shortlist upstream"),
         "skinny_gemm": Support(OVERLAY, targets=_SKINNY_033,
                                note="qwen4_exp GB10 plans lack M=3,5, the GDN shapes and the shortlist N "
-                                    "(extended in place); no other model has any"),
+                                    f"(extended in place); no other model has any; {_UNMEASURED}"),
         "fp8_gdn": Support(NATIVE, flags=_FP8_FLAGS, targets=_FP8_FLAGS_TARGETS),
         "prefix_align": Support(NATIVE, flags=("--enable-prefix-caching",), targets=_ALIGN_NATIVE_033,
                                 note="align mode is automatic with prefix caching; MTP look-ahead hashed"),

@@ -2,12 +2,17 @@
 
 ``N`` is the *local* output rows (after the TP split), ``K`` the input features, ``M`` the token rows.
 Configs are the parameters of vLLM's CuTe-DSL ``ShapeDynamicSkinnyGemm`` (``SkinnyGemmConfig`` without
-``num_rows``, which is M). ``source`` says where a number came from:
+``num_rows``, which is M). ``measured`` says whether a number is backed by a measurement:
 
-* ``qwen4_exp``: copied from vLLM 0.33's measured SM121 plans (``vllm/models/qwen4_exp/nvidia/low_latency_gemm.py``);
-* ``seed``: not measured yet (M = 3 and 5, the shortlist heads); derived from the neighbouring measured
-  config. ``bench/gpu_kernels.py`` measures every entry against ``F.linear`` on a GPU; a seed that loses
-  there must be removed, since a plan entry is only worth having when it beats the fallback.
+* ``measured=True``: copied from vLLM 0.33's measured SM121 plans
+  (``vllm/models/qwen4_exp/nvidia/low_latency_gemm.py``: kept only where they beat ``F.linear`` under
+  CUDA-graph replay);
+* ``measured=False``: derived from the neighbouring measured config (M = 3 and 5, the GDN shapes upstream
+  lacks) or :func:`generic` for an lm-head of any other size; nothing measured them yet. ``bench/gpu_kernels.py``
+  times every entry against ``F.linear``; an entry that loses there must go.
+
+Whatever the table says, each entry is compiled and checked on the device once at load
+(``skinny_gemm.check``); one that fails there runs ``F.linear``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ class Plan:
     k_unroll: int = 1
     vector_width: int = 8
     static_k: int | None = None
-    source: str = "seed"
+    measured: bool = False
 
     def valid_for(self, n: int, k: int) -> bool:
         """The kernel's own shape rules (ShapeDynamicSkinnyGemm.__call__)."""
@@ -34,7 +39,7 @@ class Plan:
 
 
 def _q(*a, **kw) -> Plan:
-    return Plan(*a, **kw, source="qwen4_exp")
+    return Plan(*a, **kw, measured=True)
 
 
 H = 2560  # hidden size of the Qwen3.5 / Qwen3.8-Flash-Next family served on GB10
@@ -56,9 +61,7 @@ SM121: dict[tuple[int, int], dict[int, Plan]] = {
         4: Plan(64, 2, k_unroll=2),
         5: Plan(64, 2, k_unroll=2),
     },
-    # Shortlist heads (S rows, padded to 64; TP=2 halves). 16384 and 8192 rows share the GDN QKVZ shapes.
-    (65536, H): {m: Plan(64, 2, k_unroll=2, vector_width=4, static_k=H) for m in range(1, 6)},
-    (32768, H): {m: Plan(64, 2, k_unroll=2, vector_width=4, static_k=H) for m in range(1, 6)},
+    # GDN fused QKVZ, TP=1 and TP=2 (a shortlist head of 16384 or 8192 rows shares these).
     (16384, H): {
         1: _q(32, 1, k_unroll=4, vector_width=2, static_k=H),
         2: _q(32, 1, vector_width=2, static_k=H),
@@ -108,16 +111,24 @@ SM121: dict[tuple[int, int], dict[int, Plan]] = {
 PLANS: dict[tuple[int, int], dict[tuple[int, int], dict[int, Plan]]] = {(12, 1): SM121}
 
 
-def lookup(capability: tuple[int, int] | None, n: int, k: int, m: int,
-           plans: dict = PLANS) -> Plan | None:
-    """The planned config, or ``None`` (caller falls back to ``F.linear``)."""
-    if capability is None:
-        return None
-    plan = plans.get(tuple(capability), {}).get((n, k), {}).get(m)
-    if plan is None or not plan.valid_for(n, k):
-        return None
-    return plan
+def generic(n: int, k: int) -> dict[int, Plan]:
+    """M = 1..5 for an lm-head no entry covers (a shortlist of any size, at any TP); unmeasured."""
+    plan = Plan(64, 2 if n % 2 == 0 else 1, k_unroll=2, vector_width=4, static_k=k)
+    return {m: plan for m in range(1, 6)} if plan.valid_for(n, k) else {}
 
 
-def shapes(capability: tuple[int, int], plans: dict = PLANS) -> set[tuple[int, int]]:
-    return set(plans.get(tuple(capability), {}))
+def plans_for(capability: tuple[int, int] | None, n: int, k: int, lm_head: bool = False,
+              plans: dict = PLANS) -> dict[int, Plan]:
+    """{M: plan} for a layer of local shape (N, K) on this device; an lm-head of unlisted N gets :func:`generic`.
+    Empty: the layer stays on ``F.linear``."""
+    table = plans.get(tuple(capability), {}) if capability is not None else {}
+    if not table:
+        return {}
+    found = {m: p for m, p in table.get((n, k), {}).items() if p.valid_for(n, k)}
+    return found or (generic(n, k) if lm_head else {})
+
+
+def counts(plans: dict = PLANS) -> dict[str, int]:
+    """How many entries a measurement supports, for the plan's notes and the bench."""
+    entries = [p for table in plans.values() for by_m in table.values() for p in by_m.values()]
+    return {"entries": len(entries), "measured": sum(p.measured for p in entries)}
