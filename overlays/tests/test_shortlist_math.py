@@ -4,7 +4,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from spark_overlays import vocab_list as V  # noqa: E402
-from spark_overlays.shortlist_math import gather_rows, local_argmax_tp, scatter_to_vocab  # noqa: E402
+from spark_overlays.shortlist_math import gather_rows, scatter_to_vocab  # noqa: E402
 
 VOCAB, HID = 1000, 32
 
@@ -48,15 +48,3 @@ def test_full_argmax_on_list_forced():
     ids = torch.as_tensor(sorted(set(ids.tolist()) | set(full_top.tolist())))
     top = scatter_to_vocab(hidden @ gather_rows(head, ids).T, ids, VOCAB).argmax(-1)
     assert torch.equal(top, full_top)
-
-
-@pytest.mark.parametrize("tp", [1, 2, 4])
-@pytest.mark.parametrize("size", [1, 63, 301, 777])
-def test_local_argmax_under_tp_equals_global(tp, size):
-    head, hidden, ids = make(size + tp, size=size, m=5)
-    short_head = gather_rows(head, ids)
-    ref = (hidden @ short_head.T).argmax(-1)
-    assert torch.equal(local_argmax_tp(hidden, short_head, tp), ref)
-    d2t = torch.as_tensor(V.d2t_offsets(ids.numpy()))
-    got = local_argmax_tp(hidden, short_head, tp)
-    assert torch.equal(got + d2t[got], ids[ref])
