@@ -51,9 +51,10 @@ def default_known_hosts() -> Path:
 
 
 def ssh_config(host: str) -> dict:
-    """What `~/.ssh/config` says for `host` (paramiko's reading of it, the one fabric uses); {} without a file.
+    """What `~/.ssh/config` says for `host` (paramiko's reading of it, the one fabric uses).
 
-    Keys as paramiko gives them: hostname (always), user, port, identityfile (a list), proxyjump.
+    Keys as paramiko gives them: hostname (always; `host` itself without a match or a file), user, port,
+    identityfile (a list, `~` expanded), proxyjump.
     """
     path = Path(local_path("~/.ssh/config"))
     if not path.is_file():
@@ -75,8 +76,8 @@ def identity_of(cfg: dict) -> str | None:
 class Target:
     """Where a node is reached. `local=None` means: local only for localhost/loopback as the kit's own user.
 
-    `user=None` (the kit's own connections, e.g. the image build) runs commands as the kit's user; any other user
-    but root runs them through `sudo -n`. `identity` may be one key file or several (tried in order).
+    A user other than root runs every command through `sudo -n`; with `user=None` SSH logs in as the kit's own
+    user and commands run as that user. `identity` may be one key file or several (tried in order).
     """
 
     name: str
