@@ -115,7 +115,7 @@ def check_ids(ids: np.ndarray, where: str, vocab_size: int | None = None, lines:
     out = np.flatnonzero((ids < 0) | (ids >= (vocab_size if vocab_size is not None else np.iinfo(np.int64).max)))
     if out.size:
         i = int(out[0])
-        allowed = f"[0, {vocab_size}) (the tokenizer's vocabulary)" if vocab_size is not None else ">= 0"
+        allowed = f"[0, {vocab_size}) (the vocabulary size)" if vocab_size is not None else ">= 0"
         raise VocabListError(f"{where}: id {int(ids[i])} at {at(i)} is out of range: ids lie in {allowed}")
 
 
@@ -134,7 +134,7 @@ def load(path: str | Path, vocab_size: int, required=(), sha256: str | None = No
         got = file_sha256(path)
         if got.lower() != sha256.lower():
             raise VocabListError(f"{path}: sha256 {got} does not match the configured {sha256}")
-    ids = read_ids(path)
+    ids = read_ids(path, vocab_size)  # a bad id is named by its line
     validate(ids, vocab_size, required, where=str(path))
     return ids
 
