@@ -53,6 +53,7 @@ class ServiceExpect:
     served_model: str
     nodes: list[NodeExpect]
     probe_expected: str | None = None  # recorded at the release's health gate
+    api_key: str | None = field(default=None, repr=False)  # sent as a bearer token; None: the API has no key
 
 
 @dataclass
@@ -167,10 +168,15 @@ def check_node(report: Report, exp: NodeExpect, snap: dict, stale: list[str]) ->
 
 
 # -------------------------------------------------------------------------------------------- API side
+def bearer(api_key: str | None) -> dict[str, str]:
+    """The header every caller of the OpenAI routes sends (vLLM guards /v1/* when VLLM_API_KEY is set)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def generate(api_url: str, model: str, *, timeout: float = 30, prompt: str = PROBE_PROMPT,
-             max_tokens: int = PROBE_MAX_TOKENS) -> str:
+             max_tokens: int = PROBE_MAX_TOKENS, api_key: str | None = None) -> str:
     """A short temperature-0 completion; returns its text (raises requests errors / ValueError)."""
-    r = requests.post(f"{api_url}/v1/completions", timeout=timeout,
+    r = requests.post(f"{api_url}/v1/completions", timeout=timeout, headers=bearer(api_key),
                       json={"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": 0})
     r.raise_for_status()
     return r.json()["choices"][0]["text"]
@@ -186,7 +192,7 @@ class NotAnswering(Exception):
 
 def wait_answering(api_url: str, model: str, *, timeout: float, probe_timeout: float = 30,
                    log: Callable[[str], None] = print, every: Callable[[], None] | None = None,
-                   every_s: float = 10.0, poll_s: float = 2.0) -> str:
+                   every_s: float = 10.0, poll_s: float = 2.0, api_key: str | None = None) -> str:
     """Poll `/health` until it answers 200 and a temperature-0 completion comes back; return its text.
 
     Progress goes to `log` every 15 s; `every` (e.g. "are the ranks still up?") runs every `every_s` s and may
@@ -198,7 +204,7 @@ def wait_answering(api_url: str, model: str, *, timeout: float, probe_timeout: f
         try:
             r = requests.get(f"{api_url}/health", timeout=5)
             if r.status_code == 200:
-                return generate(api_url, model, timeout=probe_timeout)
+                return generate(api_url, model, timeout=probe_timeout, api_key=api_key)
             last = f"/health HTTP {r.status_code}"
         except (requests.RequestException, ValueError, KeyError) as err:
             last = type(err).__name__
@@ -213,6 +219,21 @@ def wait_answering(api_url: str, model: str, *, timeout: float, probe_timeout: f
         time.sleep(poll_s)
 
 
+def check_api_key(report: Report, exp: ServiceExpect) -> None:
+    """With a key, a request without it must get 401; without one, warn: rank 0 listens on every interface."""
+    if exp.api_key is None:
+        report.add("api key", True, f"{exp.api_url} answers anyone who can reach it -- warning: set "
+                                    "auth.api_key_file in the inventory (README: adding an API key)")
+        return
+    try:
+        code = requests.get(f"{exp.api_url}/v1/models", timeout=5).status_code
+    except requests.RequestException as err:
+        report.add("api key", False, f"no answer from {exp.api_url}: {type(err).__name__}")
+        return
+    report.add("api key", code == 401, "a request without the key is refused (HTTP 401)" if code == 401 else
+               f"a request without the key got HTTP {code}, expected 401: the engine is not using the key")
+
+
 def check_api(report: Report, exp: ServiceExpect, *, probe_timeout: float = 30) -> str | None:
     """API checks on the head; returns the probe text (None if the probe failed)."""
     try:
@@ -222,8 +243,9 @@ def check_api(report: Report, exp: ServiceExpect, *, probe_timeout: float = 30) 
         report.add("/health", False, f"no answer from {exp.api_url}: {type(err).__name__}")
         report.add("generation", False, "skipped: API not answering")
         return None
+    check_api_key(report, exp)
     try:
-        r = requests.get(f"{exp.api_url}/v1/models", timeout=5)
+        r = requests.get(f"{exp.api_url}/v1/models", timeout=5, headers=bearer(exp.api_key))
         ids = [m.get("id") for m in r.json().get("data", [])]
         report.add("/v1/models", exp.served_model in ids, f"serves {ids}")
     except (requests.RequestException, ValueError) as err:
@@ -231,7 +253,7 @@ def check_api(report: Report, exp: ServiceExpect, *, probe_timeout: float = 30) 
     text = None
     t0 = time.monotonic()
     try:
-        text = generate(exp.api_url, exp.served_model, timeout=probe_timeout)
+        text = generate(exp.api_url, exp.served_model, timeout=probe_timeout, api_key=exp.api_key)
         dt = time.monotonic() - t0
         if exp.probe_expected is None:
             report.add("generation", True, f"answered in {dt:.2f} s (no recorded probe to compare)")

@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import os
 import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from sparkdeploy import paths, yamlfile
+from sparkdeploy import checkpoint, credentials, engine_args, paths, yamlfile
+from sparkdeploy.credentials import Auth
 from sparkdeploy.errors import InventoryError
 
 FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align")
@@ -170,6 +172,8 @@ class Profile:
     shm_size: str
     caches: bool
     env: tuple[tuple[str, str], ...]
+    engine_args: tuple[str, ...] = ()  # extra `vllm serve` argv, checked against the pinned vLLM (engine_args.py)
+    checkpoint_format: str | None = None  # declared `checkpoint.format`; the head's files win when read
 
     @property
     def world_size(self) -> int:
@@ -187,6 +191,7 @@ class Inventory:
     vocab: Vocab | None
     ports: Ports
     memory: MemoryConfig
+    auth: Auth = Auth()
 
     @property
     def head(self) -> Node:
@@ -449,7 +454,8 @@ def _image(profile_part: dict[str, Any], inv_part: dict[str, Any], file: str) ->
                        python=merged.get("python", "python3"), pip=merged.get("pip", "python3 -m pip"))
 
 
-_PROFILE_KEYS = ("description", "model", "parallel", "speculative", "engine", "container", "env", "image")
+_PROFILE_KEYS = ("description", "model", "parallel", "speculative", "engine", "engine_args", "checkpoint",
+                 "container", "env", "image")
 _MODEL_KEYS = ("id", "path", "host_dir", "served_name", "weights_gib", "kv_bytes_per_token")
 _PARALLEL_KEYS = ("tp", "pp", "dp", "expert_parallel")
 _ENGINE_KEYS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype", "enforce_eager",
@@ -503,8 +509,9 @@ def _profile_path(ref: str, inventory_file: Path) -> Path:
     return paths.profiles_dir() / f"{ref}.yaml"
 
 
-def load_profile(path: Path, name: str | None = None) -> tuple[Profile, dict[str, Any]]:
-    """Read a model profile; return it and its `image:` defaults (merged with the inventory's by `load`)."""
+def load_profile(path: Path, name: str | None = None) -> tuple[Profile, dict[str, Any], Any]:
+    """Read a model profile; return it, its `image:` defaults (merged with the inventory's by `load`) and its raw
+    `engine_args` (checked by `load` once the merged image says which vLLM they are for)."""
     file = str(path)
     raw = _read_yaml(path, "profile")
     f = _Fields(raw, "", file, allowed=_PROFILE_KEYS)
@@ -514,6 +521,10 @@ def load_profile(path: Path, name: str | None = None) -> tuple[Profile, dict[str
     e = f.sub("engine", _ENGINE_KEYS)
     c = f.sub("container", _CONTAINER_KEYS, required=False)
     shm = c.text("shm_size", SIZE_RE, "16g", what="a size such as 16g")
+    ck = f.sub("checkpoint", ("format",), required=False)
+    ck_format = ck.text("format", None, None, what=f"a checkpoint format ({', '.join(checkpoint.KNOWN_FORMATS)})")
+    if ck_format is not None and ck_format not in checkpoint.KNOWN_FORMATS:
+        ck.fail("format", f"{_short(ck_format)} is not one of {', '.join(checkpoint.KNOWN_FORMATS)}")
     kv_dtype = e.text("kv_cache_dtype", None, None, what=f"one of {', '.join(KV_DTYPES)}")
     if kv_dtype is not None and kv_dtype not in KV_DTYPES:
         e.fail("kv_cache_dtype", f"{kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
@@ -543,13 +554,33 @@ def load_profile(path: Path, name: str | None = None) -> tuple[Profile, dict[str
         shm_size=shm,
         caches=c.flag("caches", True),
         env=_env(raw.get("env"), "env", file),
+        checkpoint_format=ck_format,
     )
     image = _image_part(raw.get("image"), "image", file)
-    return profile, image
+    return profile, image, raw.get("engine_args")
 
 
 # ------------------------------------------------------------------------------------------------ load
-_TOP_KEYS = ("cluster", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens")
+_TOP_KEYS = ("cluster", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
+             "auth")
+
+
+def _auth(f: _Fields, inventory_file: Path) -> Auth:
+    """Secret files are local paths (`~` expanded, relative to the inventory), read now so a bad one exits 2."""
+    a = f.sub("auth", ("api_key_file", "hf_token_file"), required=False)
+    found: dict[str, Path] = {}
+    for key in ("api_key_file", "hf_token_file"):
+        ref = _path_text(a, key, None)
+        if ref is None:
+            continue
+        path = Path(os.path.expandvars(ref)).expanduser()
+        path = path if path.is_absolute() else inventory_file.parent / path
+        try:
+            credentials.read_secret(path, a.at(key))
+        except InventoryError as err:
+            raise InventoryError(err.reason, file=str(inventory_file), field=a.at(key)) from None
+        found[key] = path
+    return Auth(**found)
 
 
 def _vocab(f: _Fields, inventory_file: Path, required: bool, vocab_size: int | None) -> Vocab | None:
@@ -600,7 +631,7 @@ def load(path: str | Path) -> Inventory:
     if not profile_path.is_file():
         available = sorted(p.stem for p in paths.profiles_dir().glob("*.yaml")) if paths.profiles_dir().is_dir() else []
         f.fail("profile", f"no profile {profile_ref!r} ({profile_path}); available: {', '.join(available) or 'none'}")
-    profile, profile_image = load_profile(profile_path, name=profile_path.stem)
+    profile, profile_image, raw_engine_args = load_profile(profile_path, name=profile_path.stem)
 
     pt = f.sub("patches", FEATURES, required=False)
     patches = Patches(**{feat: pt.flag(feat, True) for feat in FEATURES})
@@ -611,6 +642,8 @@ def load(path: str | Path) -> Inventory:
         profile = _replace(profile, speculative=Speculative(spec.method, depth, spec.extra))
 
     image = _image(profile_image, _image_part(raw.get("image"), "image", file), file)
+    profile = _replace(profile, engine_args=engine_args.to_argv(raw_engine_args, _series(image, file),
+                                                                file=profile.file))
 
     po = f.sub("ports", ("api", "master"), required=False)
     ports = Ports(api=po.integer("api", 1, 65535, 8000, what="a port 1..65535"),
@@ -641,7 +674,16 @@ def load(path: str | Path) -> Inventory:
 
     vocab = _vocab(f, inventory_file, required=patches.shortlist, vocab_size=known_vocab_size(profile.model_id))
     return Inventory(file=file, cluster=cluster, nodes=nodes, profile=profile, image=image, patches=patches,
-                     vocab=vocab, ports=ports, memory=memory)
+                     vocab=vocab, ports=ports, memory=memory, auth=_auth(f, inventory_file))
+
+
+def _series(image: ImageConfig, file: str) -> str:
+    from spark_overlays import compat
+
+    try:
+        return compat.series(image.vllm_version)
+    except compat.CompatError as err:
+        raise InventoryError(str(err), file=file, field="image.vllm_version") from None
 
 
 def _replace(obj: Any, **changes: Any) -> Any:

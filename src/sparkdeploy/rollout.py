@@ -139,7 +139,7 @@ def golden_prompts(categories: list[str] | None = None, per_category: int = 1) -
 
 
 def capture(url: str, model: str, prompts: list[tuple[str, str]], *, max_tokens: int, timeout: float,
-            metrics: bool = True) -> Golden:
+            metrics: bool = True, api_key: str | None = None) -> Golden:
     """Temperature-0 outputs, one request at a time; acceptance per category from counter deltas (kept only
     when exactly our requests finished in between)."""
     g = Golden()
@@ -149,7 +149,8 @@ def capture(url: str, model: str, prompts: list[tuple[str, str]], *, max_tokens:
     for cat, items in by_cat.items():
         before = _scrape(url) if metrics else None
         for i, text in items:
-            g.outputs[f"{cat}#{i}"] = health.generate(url, model, prompt=text, max_tokens=max_tokens, timeout=timeout)
+            g.outputs[f"{cat}#{i}"] = health.generate(url, model, prompt=text, max_tokens=max_tokens, timeout=timeout,
+                                                        api_key=api_key)
         if before is None:
             continue
         after = _scrape(url)
@@ -405,7 +406,8 @@ class Rollout:
         res.golden_prompts = len(self.prompts)
         try:
             self.golden = capture(self.exp.api_url, self.exp.served_model, self.prompts,
-                                  max_tokens=self.opts.max_tokens, timeout=self.opts.probe_timeout)
+                                  max_tokens=self.opts.max_tokens, timeout=self.opts.probe_timeout,
+                                  api_key=self.exp.api_key)
         except (requests.RequestException, ValueError, KeyError) as err:
             if self.opts.require_golden:
                 raise RolloutError(f"the service does not answer now, so no golden outputs can be taken "
@@ -508,7 +510,7 @@ class Rollout:
             return health.wait_answering(url, self.exp.served_model, timeout=timeout,
                                          probe_timeout=self.opts.probe_timeout, log=self.log,
                                          every=self._check_ranks if watch else None,
-                                         every_s=self.opts.rank_check_s, poll_s=1.0)
+                                         every_s=self.opts.rank_check_s, poll_s=1.0, api_key=self.exp.api_key)
         except health.NotAnswering as err:
             raise Failed(f"health gate timed out after {timeout:.0f} s: last saw {err.last} at {url}") from None
 
@@ -526,7 +528,7 @@ class Rollout:
             self._timed(res, "verify", t0)
             return
         after = capture(self.exp.api_url, self.exp.served_model, self.prompts, max_tokens=self.opts.max_tokens,
-                        timeout=self.opts.probe_timeout)
+                        timeout=self.opts.probe_timeout, api_key=self.exp.api_key)
         res.acceptance_after = after.acceptance
         res.notes += [f"after: {n}" for n in after.notes]
         bad = mismatches(self.golden.outputs, after.outputs)
@@ -589,7 +591,8 @@ class Rollout:
             same = None
             if self.golden is not None:
                 again = capture(self.exp.api_url, self.exp.served_model, self.prompts,
-                                max_tokens=self.opts.max_tokens, timeout=self.opts.probe_timeout, metrics=False)
+                                max_tokens=self.opts.max_tokens, timeout=self.opts.probe_timeout, metrics=False,
+                                api_key=self.exp.api_key)
                 same = not mismatches(self.golden.outputs, again.outputs)
             self.c.watchdog(self.watchdog_was)
             self.c.pool.map(lambda c: c.put(f"{releases.rdir(self.new_num)}/FAILED", (reason + "\n").encode()),

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import requests
 
 from sparkdeploy.errors import BenchError
+from sparkdeploy.health import bearer
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,14 @@ class Service:
     model: str
     vllm_version: str | None = None
     max_model_len: int | None = None
+    api_key: str | None = field(default=None, repr=False)  # bearer token; never in results
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "api_key"}
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return bearer(self.api_key)
 
 
 def normalize_url(url: str) -> str:
@@ -37,11 +43,14 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def discover(url: str, *, model: str | None = None, timeout: float = 10.0) -> Service:
+def discover(url: str, *, model: str | None = None, timeout: float = 10.0, api_key: str | None = None) -> Service:
     """Model name from /v1/models (the first one unless `model` is given), version from /version."""
     base = normalize_url(url)
     try:
-        resp = requests.get(base + "/v1/models", timeout=timeout)
+        resp = requests.get(base + "/v1/models", timeout=timeout, headers=bearer(api_key))
+        if resp.status_code == 401:
+            raise BenchError(f"{base}/v1/models: HTTP 401: the API wants a key (inventory auth.api_key_file, "
+                             "or --api-key-file)")
         resp.raise_for_status()
         models = resp.json().get("data", [])
     except (requests.RequestException, ValueError) as err:
@@ -61,7 +70,7 @@ def discover(url: str, *, model: str | None = None, timeout: float = 10.0) -> Se
             version = v.json().get("version")
     except (requests.RequestException, ValueError):
         pass
-    return Service(base, chosen["id"], version, chosen.get("max_model_len"))
+    return Service(base, chosen["id"], version, chosen.get("max_model_len"), api_key)
 
 
 @dataclass
@@ -136,7 +145,8 @@ def stream_chat(service: Service, messages: list[dict], max_tokens: int, *, igno
     t0 = time.perf_counter()
     chunks_seen = 0
     try:
-        with (session or requests).post(url, json=body, stream=True, timeout=timeout) as resp:
+        with (session or requests).post(url, json=body, stream=True, timeout=timeout,
+                                        headers=service.headers) as resp:
             if resp.status_code != 200:
                 result.error = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 return result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from sparkdeploy import credentials
 from sparkdeploy.bench import client, context, prompts, results
 from sparkdeploy.errors import BenchError, InputError
 
@@ -32,18 +34,22 @@ def _ints(value: str, option: str) -> list[int]:
     return out
 
 
-def _service(url: str | None, inventory: str | None, model: str | None) -> tuple[client.Service, dict]:
+def _service(url: str | None, inventory: str | None, model: str | None,
+             api_key_file: str | None = None) -> tuple[client.Service, dict]:
+    key = credentials.read_secret(Path(api_key_file).expanduser(), "--api-key-file") if api_key_file else None
     if url:
-        svc = client.discover(url, model=model)
+        svc = client.discover(url, model=model, api_key=key or os.environ.get("VLLM_API_KEY") or None)
         return svc, context.from_url(svc.url)
     path = inventory or "inventory.yaml"
     if not Path(path).exists():
         raise InputError(f"{path}: no inventory; pass --url http://host:port or --inventory FILE")
     inv = context.load_inventory(path)
+    auth = getattr(inv, "auth", None)  # a bench context may be any inventory-shaped object
+    key = key or (auth.api_key() if auth else None)
     errors = []
     for candidate in context.api_urls(inv):
         try:
-            svc = client.discover(candidate, model=model)
+            svc = client.discover(candidate, model=model, api_key=key)
             break
         except BenchError as err:
             errors.append(str(err))
@@ -57,6 +63,9 @@ def _service_options(fn):
     fn = click.option("--inventory", type=click.Path(dir_okay=False),
                       help="Inventory: the head node's API address; its release facts are recorded.")(fn)
     fn = click.option("--url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000.")(fn)
+    fn = click.option("--api-key-file", type=click.Path(dir_okay=False),
+                      help="File (mode 0600) holding the API key [default: the inventory's auth.api_key_file; "
+                           "with --url, $VLLM_API_KEY].")(fn)
     return fn
 
 
@@ -106,12 +115,12 @@ def bench() -> None:
 @click.option("--prompt-index", default=0, show_default=True, type=click.IntRange(0))
 @click.option("--tokens", default=256, show_default=True, type=click.IntRange(2), help="Output tokens per request.")
 @_run_options
-def probe_cmd(url, inventory, model, categories, prompt_file, prompt_index, tokens, runs, warmup, out, as_json):
+def probe_cmd(url, api_key_file, inventory, model, categories, prompt_file, prompt_index, tokens, runs, warmup, out, as_json):
     """One stream at temperature 0: decode tok/s, TTFT, acceptance per position."""
     from sparkdeploy.bench.probe import probe
 
     cats = prompts.select(prompts.load(prompt_file), list(categories) or ["code"])
-    svc, ctx = _service(url, inventory, model)
+    svc, ctx = _service(url, inventory, model, api_key_file)
     result = probe(svc, cats, tokens=tokens, runs=runs, warmup=warmup, prompt_index=prompt_index, context=ctx,
                    progress=_progress)
     _finish(result, out, as_json)
@@ -124,13 +133,13 @@ def probe_cmd(url, inventory, model, categories, prompt_file, prompt_index, toke
 @click.option("--concurrency", default="1,2,4,8", show_default=True, help="Concurrency sweep, comma-separated.")
 @click.option("--tokens", default=128, show_default=True, type=click.IntRange(2))
 @_run_options
-def harness_cmd(prompt_file, url, inventory, model, categories, concurrency, tokens, runs, warmup, out, as_json):
+def harness_cmd(prompt_file, url, api_key_file, inventory, model, categories, concurrency, tokens, runs, warmup, out, as_json):
     """Every category of PROMPT_FILE (default: the shipped set), then a concurrency sweep."""
     from sparkdeploy.bench.harness import harness
 
     cats = prompts.select(prompts.load(prompt_file), list(categories))
     levels = _ints(concurrency, "--concurrency")
-    svc, ctx = _service(url, inventory, model)
+    svc, ctx = _service(url, inventory, model, api_key_file)
     result = harness(svc, cats, tokens=tokens, runs=runs, warmup=warmup, concurrency=levels, context=ctx,
                      prompt_set=str(prompt_file or prompts.DEFAULT.name), progress=_progress)
     _finish(result, out, as_json)
@@ -142,12 +151,12 @@ def harness_cmd(prompt_file, url, inventory, model, categories, concurrency, tok
               help="Prefix sizes in tokens, comma-separated.")
 @click.option("--tokens", default=32, show_default=True, type=click.IntRange(2), help="Output tokens per turn.")
 @_run_options
-def turn2_cmd(url, inventory, model, prefix_tokens, tokens, runs, warmup, out, as_json):
+def turn2_cmd(url, api_key_file, inventory, model, prefix_tokens, tokens, runs, warmup, out, as_json):
     """Turn one, then turn two on the same prefix: both TTFTs and turn two's prefix-cache hits."""
     from sparkdeploy.bench.turn2 import turn2
 
     sizes = _ints(prefix_tokens, "--prefix-tokens")
-    svc, ctx = _service(url, inventory, model)
+    svc, ctx = _service(url, inventory, model, api_key_file)
     result = turn2(svc, sizes, tokens=tokens, runs=runs, warmup=warmup, context=ctx, progress=_progress)
     _finish(result, out, as_json)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import jinja2
 
 from sparkdeploy import paths
+from sparkdeploy.credentials import SECRETS_ENV
 from sparkdeploy.remote import Conn
 from sparkdeploy.steps.base import Action
 
@@ -50,7 +51,7 @@ def config(plan, release: str) -> bytes:
     workers = [{"name": n.name, "host": n.ssh.host, "port": n.ssh.port, "user": "root"} for n in plan.nodes[1:]]
     cfg = {"api_url": f"http://127.0.0.1:{plan.api_port}", "model": _served(plan), "unit": head.unit_name,
            "container": head.container_name, "workers": workers, "ssh_key": KEY, "known_hosts": KNOWN,
-           "release": release, "settings": SETTINGS}
+           "release": release, "settings": SETTINGS, "secrets_env": SECRETS_ENV}
     return (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode()
 
 

@@ -100,9 +100,22 @@ def _save(path: str, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def _http(url: str, body: dict | None, timeout: float) -> bool:
+def api_key(secrets_env: str | None) -> str | None:
+    """VLLM_API_KEY from the root-only env file the engine reads too (the key never sits in the config)."""
+    try:
+        with open(secrets_env or "") as f:
+            for line in f:
+                if line.startswith("VLLM_API_KEY="):
+                    return line.rstrip("\n").split("=", 1)[1] or None
+    except OSError:
+        pass
+    return None
+
+
+def _http(url: str, body: dict | None, timeout: float, key: str | None = None) -> bool:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             if r.status != 200:
@@ -128,7 +141,7 @@ def served_total(api: str) -> float | None:
         return None
 
 
-def probe_api(api: str, model: str, last_total: float | None, timeout: float) -> dict:
+def probe_api(api: str, model: str, last_total: float | None, timeout: float, key: str | None = None) -> dict:
     """health_ok, probe_ok, probed (False: completions since `last_total` already proved it) and served_total
     (read after our own probe, so the next tick does not take the probe for traffic)."""
     out = {"health_ok": _http(f"{api}/health", None, 5), "probe_ok": False, "probed": False, "served_total": None}
@@ -140,7 +153,7 @@ def probe_api(api: str, model: str, last_total: float | None, timeout: float) ->
         return out
     out["probed"] = True
     out["probe_ok"] = _http(f"{api}/v1/completions",
-                            {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}, timeout)
+                            {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}, timeout, key)
     out["served_total"] = served_total(api)
     return out
 
@@ -184,7 +197,8 @@ def _log(msg: str) -> None:
 def observe(cfg: dict, last_total: float | None) -> dict:
     c = dict(DEFAULTS, **cfg)
     obs = {"head_enabled": subprocess.run(["systemctl", "is-enabled", "--quiet", cfg["unit"]]).returncode == 0}
-    obs.update(probe_api(cfg["api_url"], cfg["model"], last_total, c["probe_timeout_s"]))
+    obs.update(probe_api(cfg["api_url"], cfg["model"], last_total, c["probe_timeout_s"],
+                         api_key(cfg.get("secrets_env"))))
     obs["head_started"] = _container_started(cfg["container"])
     ws = []
     for w in cfg.get("workers", []):
