@@ -970,4 +970,14 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
                 r = memory_margin("memory", r.node, mem["MemAvailable"], int(b.engine_gib * GIB),
                                   int(b.reserve_gib * GIB), total=mem.get("MemTotal"))
         results.append(r)
+    results.append(check_api_key(inv))
     return Examination(results, facts, time.monotonic() - t0)
+
+
+def check_api_key(inv) -> CheckResult:
+    """Rank 0 serves on every interface of the head: without a key anyone on the LAN can use the model."""
+    if inv.auth.api_key_file is not None:
+        return _r("api-key", "cluster", Verdict.OK, f"API key from {inv.auth.api_key_file} (0600)")
+    return _r("api-key", "cluster", Verdict.WARN,
+              f"the API on {inv.head.data_ip}:{inv.ports.api} (all interfaces of {inv.head.name}) takes requests "
+              "without a key", "set auth.api_key_file in the inventory (README: Real Sparks, step by step)")

@@ -7,9 +7,12 @@ psutil (the same MemAvailable the kernel reports).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sparkdeploy import facts as F
+from sparkdeploy.checkpoint import Checkpoint, detect
+from sparkdeploy.errors import RemoteError
 from sparkdeploy.remote import Conn, LocalConn
 
 # $1.. are the node's RoCE devices (from the inventory, passed as argv, never spliced into the script).
@@ -96,3 +99,20 @@ def gather(conn: Conn, node: Any) -> F.NodeFacts:
 
         avail = psutil.virtual_memory().available
     return parse_gather(node, out, mem_available=avail)
+
+
+def checkpoint_facts(conn: Conn, host_dir: str | None) -> Checkpoint | None:
+    """What the checkpoint on the head says about its own format (None: no host dir, or no config.json there)."""
+    if not host_dir:
+        return None
+    script = 'cat "$1/config.json" 2>/dev/null || exit 3; echo; echo @@hf_quant; cat "$1/hf_quant_config.json" 2>/dev/null'
+    res = conn.run(["sh", "-c", script, "checkpoint", host_dir], check=False, timeout=30)
+    if res.rc == 3:
+        return None
+    config_text, _, quant_text = res.stdout.partition("\n@@hf_quant\n")
+    try:
+        config = json.loads(config_text)
+        quant = json.loads(quant_text) if quant_text.strip() else None
+    except ValueError as err:
+        raise RemoteError(f"{host_dir}/config.json (or hf_quant_config.json) is not JSON: {err}", node=conn.name) from None
+    return detect(config, quant, source=f"{conn.name}:{host_dir}")

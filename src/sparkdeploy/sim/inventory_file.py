@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import time
 from pathlib import Path
 
@@ -25,7 +27,23 @@ def ssh_block(state, node) -> dict:
             "known_hosts": home_relative(state.known_hosts)}
 
 
-def inventory_dict(state, vocab: Path | None = None, base_image_id: str | None = None) -> dict:
+def api_key_path(ssh_key: str | Path, cluster: str) -> Path:
+    """The sim cluster's API key, beside its SSH key (0600): the demo serves behind a key as users should."""
+    return Path(ssh_key).with_name(f"sparkdeploy-sim-{cluster}_api_key")
+
+
+def write_api_key(path: Path) -> Path:
+    """A random key, written once (0600 from the start) and kept across `sim up` runs."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(24) + "\n")
+    return path
+
+
+def inventory_dict(state, vocab: Path | None = None, base_image_id: str | None = None,
+                   api_key: Path | None = None) -> dict:
     """The inventory mapping for a sim cluster's state (nodes, SSH login and key, known_hosts, the sim profile)."""
     nodes = []
     for node in state.nodes:
@@ -53,6 +71,8 @@ def inventory_dict(state, vocab: Path | None = None, base_image_id: str | None =
         data["image"]["base"] = base_image_id
     if vocab is not None:
         data["vocab"] = str(vocab)
+    if api_key is not None:
+        data["auth"] = {"api_key_file": home_relative(str(api_key))}
     return data
 
 
@@ -67,7 +87,7 @@ def write_inventory(state, path: Path, base_image_id: str | None = None, *, voca
     """Write the file (the stand-in vocab into `vocab_dir`, default beside it); return why the inventory loader
     rejects it (e.g. node count vs profile), or None."""
     vocab = write_stand_in_vocab((vocab_dir or path.parent) / "vocab-tiny-1k.txt")
-    data = inventory_dict(state, vocab, base_image_id)
+    data = inventory_dict(state, vocab, base_image_id, write_api_key(api_key_path(state.key, state.name)))
     text = HEADER.format(name=state.name, when=time.strftime("%Y-%m-%d %H:%M:%S"), path=path)
     text += yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
     path.parent.mkdir(parents=True, exist_ok=True)
