@@ -28,11 +28,12 @@ import numpy as np
 import requests
 
 from sparkdeploy import inventory as I
-from sparkdeploy import rollout, served_tokenizer
+from sparkdeploy import health, rollout, served_tokenizer
 
 
-def client(url: str, model: str, stop: threading.Event, interval: float, log: list) -> None:
+def client(url: str, model: str, stop: threading.Event, interval: float, log: list, api_key: str | None) -> None:
     s = requests.Session()
+    s.headers.update(health.bearer(api_key))
     while not stop.is_set():
         t0 = time.time()
         ok = False
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
             url, model = cluster.plan.api_url, inv.profile.served_name  # planned by the dry run
             log: list = []
             stop = threading.Event()
-            th = threading.Thread(target=client, args=(url, model, stop, args.interval, log), daemon=True)
+            th = threading.Thread(target=client, args=(url, model, stop, args.interval, log, inv.auth.api_key()), daemon=True)
             th.start()
             time.sleep(3)  # a baseline of successes before the rollout starts
             t0 = time.time()
