@@ -4,14 +4,17 @@
   re-run       `up` with nothing changed: wall time (median of --repeats) and the number of changes (must be 0)
   parallel     the read-and-diff steps of `up` (`up --dry-run`) on 2 nodes vs 1 node: wall(2)/wall(1)
                (1.0 = perfectly parallel, 2.0 = serial)
-  image        serving-image distribution node1 -> node2 (`docker save | docker load` through the kit's
-               stream, verified by image ID) vs a raw `ssh node1 cat | ssh node2 cat > /dev/null` of the same
-               bytes between the same nodes: MB/s each and the ratio
+  layers       (--layers; wipes the nodes' serving images and the head's registry first) `up` four times side
+               by side: (a) first deploy, (b) overlays-only change, (c) draft-list-only change, (d) nothing
+               changed: wall time, bytes each node received during the whole `up` and during the image step
+               (interface counters), the compressed bytes of the layers that changed (head registry's
+               manifests) and image-step bytes / changed-layer bytes per node. Overlays are a frozen copy
+               (SPARKDEPLOY_ROOT), so edits in the checkout do not leak into the figures.
   reboot       (sim only, --sim-name) time to healthy after a double reboot (from `docker restart` of both
                nodes to the first answered completion) vs the engine's own start time after that reboot (from
                the later rank container's start to the first completion): both and the ratio
 
-Usage: bench/deploy.py --inventory INVENTORY [--sim-name NAME] [--repeats 3] [--skip reboot,image] [--json]
+Usage: bench/deploy.py --inventory INVENTORY [--sim-name NAME] [--repeats 3] [--skip reboot] [--layers] [--json]
 The inventory must be deployed (`sparkdeploy up`). Timings are medians after one warm-up where repeated.
 """
 
@@ -19,16 +22,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from sparkdeploy import health  # noqa: E402
 from sparkdeploy import inventory as I  # noqa: E402
+from sparkdeploy import plan as P  # noqa: E402
+from sparkdeploy import registry  # noqa: E402
 from sparkdeploy.steps import image as img  # noqa: E402
 from sparkdeploy.steps.deploy import Cluster, Options  # noqa: E402
 
@@ -65,38 +74,96 @@ def parallel(inv, repeats: int) -> dict:
     return {"wall_2_nodes_s": round(two, 2), "wall_1_node_s": round(one, 2), "ratio": round(two / one, 2)}
 
 
-def _ssh_argv(node) -> list[str]:
-    s = node.ssh
-    argv = ["ssh", "-o", "BatchMode=yes", "-p", str(s.port)]
-    if s.key:
-        argv += ["-i", str(s.key)]
-    if s.known_hosts:
-        argv += ["-o", f"UserKnownHostsFile={s.known_hosts}", "-o", "StrictHostKeyChecking=yes"]
-    return argv + [f"{s.user}@{s.host}"]
+def frozen_root(tmp: Path) -> Path:
+    """A data root whose overlays/ is a private copy (everything else links to the checkout)."""
+    from sparkdeploy import paths
+
+    src = paths.repo_root()
+    tmp.mkdir(parents=True, exist_ok=True)
+    for entry in src.iterdir():
+        if entry.name == "overlays":
+            shutil.copytree(entry, tmp / "overlays", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+        elif not (tmp / entry.name).exists():
+            (tmp / entry.name).symlink_to(entry)
+    return tmp
 
 
-def image_throughput(inv, cluster: Cluster, size_mb: int) -> dict:
-    a, b = inv.nodes[0], inv.nodes[1]
-    ca, cb = cluster.conn(a.name), cluster.conn(b.name)
-    tag = "sparkdeploy-bench/blob:1"
-    # A throwaway image with one incompressible layer, made on node1 (not the serving image: it is in use).
-    ca.run(["sh", "-c", f'set -e; d=$(mktemp -d); head -c {size_mb}M /dev/urandom > "$d/blob"; '
-                        f'tar -C "$d" -c blob | docker import - {tag} >/dev/null; rm -rf "$d"'], timeout=600)
-    want = img.image_id(ca, tag)
-    cb.run(["docker", "image", "rm", "-f", tag], check=False)
-    t0 = time.monotonic()
-    moved = img.ship(ca, cb, tag, want)
-    t_ship = time.monotonic() - t0
-    raw_cmd = f"{' '.join(_ssh_argv(a))} docker save {tag} | {' '.join(_ssh_argv(b))} 'cat > /dev/null'"
-    t0 = time.monotonic()
-    subprocess.run(["bash", "-o", "pipefail", "-c", raw_cmd], check=True)
-    t_raw = time.monotonic() - t0
-    for c in (ca, cb):
-        c.run(["docker", "image", "rm", "-f", tag], check=False)
-    mb = moved / 1e6
-    return {"bytes": moved, "ship_s": round(t_ship, 2), "ship_MBps": round(mb / t_ship, 1),
-            "raw_ssh_cat_s": round(t_raw, 2), "raw_ssh_cat_MBps": round(mb / t_raw, 1),
-            "ship_vs_raw": round(t_raw / t_ship, 2)}
+def wipe_images(inv) -> None:
+    """Every node as before its first deploy: no engine container, no serving image, an empty registry."""
+    c = Cluster(inv, Options())
+    try:
+        c.connect([], [n.name for n in inv.nodes])
+        script = (f"systemctl stop {P.UNIT_NAME} 2>/dev/null; docker rm -f {P.CONTAINER_NAME} 2>/dev/null; "
+                  f"docker image ls -q {inv.image.repository} | xargs -r docker image rm -f; docker image prune -f; "
+                  f"systemctl stop {registry.UNIT_NAME} 2>/dev/null; rm -rf {registry.STORAGE_DIR}; "
+                  f"systemctl start {registry.UNIT_NAME} 2>/dev/null; true")
+        c.pool.map(lambda conn: conn.run(["sh", "-c", script], timeout=600), [n.name for n in inv.nodes])
+    finally:
+        c.close()
+
+
+def measured_up(inv) -> dict:
+    """One `up`: wall, bytes each node received (whole up / image step), and the layers new to the registry."""
+    c = Cluster(inv, Options(ready_timeout=900))
+    try:
+        c.connect([], [n.name for n in inv.nodes])
+        head = c.conn(inv.head.name)
+        old_layers = set()
+        for tag in head.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", inv.image.repository],
+                            check=False).stdout.split():
+            old_layers |= set(registry.layer_sizes(head, tag))
+        rx0 = {n.name: img.rx_bytes(c.conn(n.name)) for n in inv.nodes}
+        t0 = time.monotonic()
+        res = c.up()
+        wall = time.monotonic() - t0
+        rx1 = {n.name: img.rx_bytes(c.conn(n.name)) for n in inv.nodes}
+        new = registry.layer_sizes(head, c.plan.image.tag)
+        changed = sum(size for digest, size in new.items() if digest not in old_layers)
+        image_rx = dict(getattr(c, "image_received", {}))
+    finally:
+        c.close()
+    if not res.healthy:
+        raise SystemExit(f"up failed: {res.message}")
+    return {"wall_s": round(wall, 1), "image_step_s": round(sum(o.seconds for o in res.outcomes if o.step == "image"
+                                                                and o.node == inv.head.name), 1),
+            "received_up": {n: rx1[n] - rx0[n] for n in rx0}, "received_image_step": image_rx,
+            "changed_layer_bytes": changed, "image_bytes": sum(new.values()), "changes": res.changes,
+            "ratio": {n: round(b / changed, 2) for n, b in image_rx.items()} if changed else None}
+
+
+def layers(inv_path: str, work: Path) -> dict:
+    """(a)-(d) in one run on a frozen overlays copy; see the module docstring."""
+    os.environ["SPARKDEPLOY_ROOT"] = str(frozen_root(work / "root"))
+    data = yaml.safe_load(Path(inv_path).read_text())
+    vocab = Path(data["vocab"]) if data.get("vocab") else None
+    wipe_images(I.load(inv_path))
+    out = {"first deploy": measured_up(I.load(inv_path))}
+    with open(work / "root" / "overlays" / "spark_overlays" / "__init__.py", "a") as f:
+        f.write(f"# bench/deploy.py overlays-only change {time.time()}\n")
+    out["overlays only"] = measured_up(I.load(inv_path))
+    if vocab:
+        shorter = work / "list-changed.txt"
+        shorter.write_text("".join(vocab.read_text().splitlines(keepends=True)[:-4]))
+        data["vocab"] = str(shorter)
+    changed_inv = work / "inventory-list-changed.yaml"
+    changed_inv.write_text(yaml.safe_dump(data, sort_keys=False))
+    out["list only"] = measured_up(I.load(changed_inv))
+    out["nothing"] = measured_up(I.load(changed_inv))
+    return out
+
+
+def print_layers(rows: dict) -> None:
+    mb = 1e6
+    print(f"{'up':<15}{'wall s':>8}{'image s':>9}{'recv MB (up)':>22}{'recv MB (image)':>22}{'changed MB':>12}"
+          f"{'image/changed':>16}", file=sys.stderr)
+    for name, r in rows.items():
+        up = "/".join(f"{v / mb:.1f}" for v in r["received_up"].values())
+        im = "/".join(f"{v / mb:.1f}" for v in r["received_image_step"].values()) or "0"
+        ratio = "/".join(str(v) for v in r["ratio"].values()) if r["ratio"] else "-"
+        print(f"{name:<15}{r['wall_s']:>8}{r['image_step_s']:>9}{up:>22}{im:>22}"
+              f"{r['changed_layer_bytes'] / mb:>12.2f}{ratio:>16}", file=sys.stderr)
+    print("(per node: head/worker; recv = bytes received on the node's interfaces; changed = compressed bytes of "
+          "the layers new to the head's registry)", file=sys.stderr)
 
 
 def _started(conn, name: str) -> float | None:
@@ -123,7 +190,7 @@ def double_reboot(inv_path: str, inv, sim_name: str, timeout: float) -> dict:
     t_back = time.monotonic() - t0
     while True:
         try:
-            health.generate(exp.api_url, exp.served_model, timeout=10, max_tokens=1)
+            health.generate(exp.api_url, exp.served_model, timeout=10, max_tokens=1, api_key=exp.api_key)
             break
         except Exception:  # noqa: BLE001 - not ready yet
             if time.monotonic() - t0 > timeout:
@@ -148,9 +215,9 @@ def main(argv=None) -> int:
     ap.add_argument("--inventory", "-i", required=True)
     ap.add_argument("--sim-name", default=None, help="sim cluster name (for the double reboot)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--image-mb", type=int, default=512)
+    ap.add_argument("--layers", action="store_true", help="measure (a)-(d) image delivery (wipes serving images)")
     ap.add_argument("--reboot-timeout", type=float, default=900)
-    ap.add_argument("--skip", default="", help="comma list of: rerun,parallel,image,reboot")
+    ap.add_argument("--skip", default="", help="comma list of: rerun,parallel,reboot")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
@@ -164,15 +231,10 @@ def main(argv=None) -> int:
         out["parallel"] = p = parallel(inv, a.repeats)
         print(f"read+diff steps: 2 nodes {p['wall_2_nodes_s']} s, 1 node {p['wall_1_node_s']} s, "
               f"wall(2)/wall(1) = {p['ratio']}", file=sys.stderr)
-    if "image" not in skip and len(inv.nodes) > 1:
-        c = Cluster(inv, Options())
-        try:
-            c.connect([], [n.name for n in inv.nodes])
-            out["image"] = m = image_throughput(inv, c, a.image_mb)
-        finally:
-            c.close()
-        print(f"image {m['bytes'] / 1e6:.0f} MB node1->node2: save|load {m['ship_MBps']} MB/s, raw ssh cat "
-              f"{m['raw_ssh_cat_MBps']} MB/s (ship/raw throughput = {m['ship_vs_raw']})", file=sys.stderr)
+    if a.layers and len(inv.nodes) > 1:
+        with tempfile.TemporaryDirectory(prefix="bench-layers-") as work:
+            out["layers"] = rows = layers(a.inventory, Path(work))
+        print_layers(rows)
     if "reboot" not in skip and a.sim_name:
         out["reboot"] = r = double_reboot(a.inventory, inv, a.sim_name, a.reboot_timeout)
         print(f"double reboot: healthy after {r['time_to_healthy_s']} s (nodes back {r['nodes_back_s']} s); engine "

@@ -53,6 +53,9 @@ CACHE_MOUNTS = (("huggingface", "/root/.cache/huggingface"), ("vllm", "/root/.ca
 
 
 # ----------------------------------------------------------------------------------------------- types
+REGISTRY_PORT = 5443  # the head's image registry (sparkdeploy.registry), on its data-plane address
+
+
 @dataclass(frozen=True)
 class ImageSpec:
     tag: str  # repository:<vllm>-<content hash>
@@ -64,6 +67,8 @@ class ImageSpec:
     local_base: bool
     vocab_source: str | None  # host path of the draft list: runtime data on the nodes (bind-mounted), not in the image
     labels: dict[str, str] = field(default_factory=dict)
+    registry: str = ""  # <head data_ip>:<port>: the head's registry every node pulls the image's layers from
+    transfers: tuple[str, ...] = ()  # which path each image transfer takes (build, push, pull per node)
 
 
 @dataclass(frozen=True)
@@ -347,9 +352,24 @@ def _image(inv: Inventory, features: tuple[Feature, ...], git_commit: str, overl
         "io.sparkdeploy.patches": enabled,
         "io.sparkdeploy.overlays-digest": overlays_digest or "",
     }
+    head = inv.head
+    registry = f"{head.data_ip}:{REGISTRY_PORT}"
+
+    def plane(node: Node) -> str:
+        return (f"data plane {node.data_ip} ({node.netdev})" if node.data_ip != node.ssh.host
+                else f"{node.data_ip} ({node.netdev}), the SSH address too: no separate data plane")
+
+    transfers = (f"build: on {head.name} if its engine has the base, else on this machine; the head's registry "
+                 f"https://{registry} holds every image (pushed from the head's engine: no wire; from this machine: "
+                 f"docker push through an SSH tunnel to {head.ssh.host}, the management address, the only path "
+                 "this machine has; only layers the registry lacks)",
+                 f"{head.name}: docker pull from its own registry (no wire)",
+                 *(f"{head.name} -> {n.name}: docker pull from https://{registry} over {plane(n)}; only the "
+                   "layers the node lacks" for n in inv.nodes if n is not head))
     return ImageSpec(tag=f"{im.repository}:{im.vllm_version}-{digest}", repository=im.repository, base=im.base,
                      vllm_version=im.vllm_version, python=im.python, pip=im.pip, local_base=im.local,
-                     vocab_source=str(inv.vocab.path) if inv.vocab else None, labels=dict(sorted(labels.items())))
+                     vocab_source=str(inv.vocab.path) if inv.vocab else None, labels=dict(sorted(labels.items())),
+                     registry=registry, transfers=transfers)
 
 
 def _layout(inv: Inventory, nodes: int | None) -> tuple[tuple[Node, ...], int, int]:
@@ -435,7 +455,7 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
                  nodes=tuple(node_plans), features=features, additional_config=additional,
                  speculative_config=spec, model_host_dir=p.host_dir, notes=tuple(notes))
     identity = draft.to_dict()  # what reaches the nodes; not provenance, host paths or how we log in
-    identity["image"] = {k: v for k, v in identity["image"].items() if k not in ("labels", "vocab_source")}
+    identity["image"] = {k: v for k, v in identity["image"].items() if k not in ("labels", "vocab_source", "transfers")}
     identity.pop("notes")
     for raw in identity["nodes"]:
         raw.pop("ssh")

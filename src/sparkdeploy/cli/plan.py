@@ -45,6 +45,7 @@ def format_plan(p: plan_mod.Plan) -> str:
     lines = [
         f"cluster {p.cluster}  profile {p.profile}  nodes {p.nnodes}  tp {p.tp}  pp {p.pp}  release {p.release_id}",
         f"image   {p.image.tag}  (FROM {p.image.base}; vLLM {p.image.vllm_version})",
+        *(f"  path  {t}" for t in p.image.transfers),
         f"api     {p.api_url}   master port {p.master_port}",
         "start   " + " -> ".join(f"{n.name} ({n.role})" for n in p.start_order),
         "patches " + "  ".join(f"{f.name}={'on' if f.enabled else 'off'}({f.mode})" for f in p.features),

@@ -28,7 +28,7 @@ from sparkdeploy import facts as F
 from sparkdeploy import faults, gather, health, paths, releases, render
 from sparkdeploy import plan as P
 from sparkdeploy.errors import HealthError, RemoteError, SparkdeployError
-from sparkdeploy.remote import Conn, LocalConn, Pool, Target, host_key_line
+from sparkdeploy.remote import Conn, Pool, Target, host_key_line
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps import stale, supervise
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD, Action, Outcome, StepFailed, run_step
@@ -195,66 +195,9 @@ class Cluster:
                         dry_run=self.opts.dry_run, log=self.log)
 
     def step_image(self, out: list[Outcome]) -> str | None:
-        tag = self.plan.image.tag
-        ids = {n: r for n, r in self.pool.map(lambda c: img.image_id(c, tag), self.names).items()}
-        for n, r in ids.items():
-            if isinstance(r, Exception):
-                out.append(Outcome("image", n, FAILED, str(r)))
-                raise StepFailed("image", [o for o in out if o.step == "image"])
-        have = {n: i for n, i in ids.items() if i}
-        if self.opts.dry_run:
-            self.image_id = have.get(self.head) or next(iter(have.values()), None)
-            for n in self.names:
-                out.append(Outcome("image", n, OK if n in have else WOULD, "",
-                                   [] if n in have else [f"build or ship {tag}"]))
-            return next(iter(have.values()), None)
-        src_name, want = None, None
-        t0 = time.monotonic()
-        if self.head in have:
-            src_name, want = self.head, have[self.head]
-        elif have:
-            src_name = next(iter(have))
-            want = have[src_name]
-        builder = None
-        if want is None:
-            # Built earlier on this machine (a previous run, or by hand from `sparkdeploy render`): ship that.
-            local = next((c for c in self.pool.conns.values() if isinstance(c, LocalConn)), None) or img.local_conn()
-            lid = img.image_id(local, tag)
-            if lid:
-                builder, want = local, lid
-                out.append(Outcome("image", self.head, OK, f"{tag} found on this machine ({lid[:19]})"))
-        if want is None:
-            builder = img.choose_builder(self.pool.conns, self.head, self.plan.image.base, img.local_conn)
-            self.log(f"{builder.name}: building {tag} (FROM {self.plan.image.base})")
-            want = img.build(builder, tag, self.image_context())
-            if builder.name in self.names:
-                src_name = builder.name
-            out.append(Outcome("image", builder.name if builder.name in self.names else self.head, CHANGED,
-                               f"built {want[:19]} on {builder.name}", [f"build {tag}"], time.monotonic() - t0))
-        src = self.conn(src_name) if src_name else builder
-        todo = [n for n in self.names if ids.get(n) != want and n != getattr(src, "name", None)]
-
-        res = {}
-        if todo:
-            t1 = time.monotonic()
-            self.log(f"{', '.join(todo)}: loading {tag} from {src.name} (one docker save | docker load on each)")
-            moved = img.ship_many(src, [self.conn(n) for n in todo], tag, want)
-            dt = time.monotonic() - t1
-            for n in todo:
-                m = moved[n]
-                res[n] = m if isinstance(m, Exception) else Outcome(
-                    "image", n, CHANGED, f"{m / 1e6:.0f} MB in {dt:.1f} s ({m / 1e6 / max(dt, 1e-3):.0f} MB/s)",
-                    [f"ship {tag} from {src.name}"], dt)
-        for n in self.names:
-            if n in res:
-                r = res[n]
-                out.append(r if isinstance(r, Outcome) else Outcome("image", n, FAILED, str(r)))
-            elif not any(o.step == "image" and o.node == n for o in out):
-                out.append(Outcome("image", n, OK, f"has {want[:19]}"))
-        if any(o.step == "image" and o.status == FAILED for o in out):
-            raise StepFailed("image", [o for o in out if o.step == "image"])
-        self.image_id = want
-        return want
+        """The serving image on every node, as layers through the head's registry (steps/image.py: converge)."""
+        self.image_id = img.converge(self, out)
+        return self.image_id
 
     def step_vocab(self, out: list[Outcome]) -> None:
         src = self.plan.image.vocab_source

@@ -1,0 +1,160 @@
+"""The image step on the simulated pair: layers through the head's registry, not whole images.
+
+One deployed cluster for the module, tests in file order: a list-only change ships nothing; an overlays-only
+change moves less than twice the changed layers to each node; a corrupted layer in the head's registry is
+refused with a clear message; the node that lost its images then gets the full image and comes up healthy.
+Overlays are a private copy (SPARKDEPLOY_ROOT) so the overlays change never touches the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkdeploy import inventory as I
+from sparkdeploy import plan as P
+from sparkdeploy import registry
+from sparkdeploy.steps import image as img
+from sparkdeploy.steps.deploy import Cluster, Options
+
+pytestmark = pytest.mark.cluster
+
+READY = 600.0
+
+
+def _inventory(base: Path, tmp: Path, name: str, vocab: Path | None = None) -> Path:
+    """The sim inventory with a reserve that fits a small VM and, optionally, another draft list."""
+    data = yaml.safe_load(base.read_text())
+    data["memory"] = {"reserve_gib": 2.0}
+    if vocab is not None:
+        data["vocab"] = str(vocab)
+    out = tmp / f"{name}.yaml"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def up(inv: Path, dry_run: bool = False) -> tuple[object, dict[str, int], str]:
+    """An in-process `up`: (result, bytes each node received during the image step, image tag)."""
+    c = Cluster(I.load(inv), Options(dry_run=dry_run, ready_timeout=READY))
+    try:
+        res = c.up()
+        return res, dict(getattr(c, "image_received", {})), c.plan.image.tag if c.plan else ""
+    finally:
+        c.close()
+
+
+def blob_path(digest: str) -> str:
+    hexd = digest.split(":", 1)[1]
+    return f"{registry.STORAGE_DIR}/docker/registry/v2/blobs/sha256/{hexd[:2]}/{hexd}/data"
+
+
+@pytest.fixture(scope="module")
+def layered(sim_cluster, sim_engine_image, tmp_path_factory):
+    """Deployed once on a private data root (overlays copied, the rest linked to the checkout)."""
+    from sparkdeploy import paths
+
+    tmp = tmp_path_factory.mktemp("layers")
+    root = tmp / "root"
+    root.mkdir()
+    for entry in paths.repo_root().iterdir():
+        if entry.name == "overlays":
+            shutil.copytree(entry, root / "overlays", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            (root / entry.name).symlink_to(entry)
+    saved = os.environ.get("SPARKDEPLOY_ROOT")
+    os.environ["SPARKDEPLOY_ROOT"] = str(root)
+    inv = _inventory(sim_cluster.inventory, tmp, "base")
+    res, _, tag = up(inv)
+    assert res.healthy, res.message
+    yield {"inv": inv, "tmp": tmp, "root": root, "tag": tag}
+    if saved is None:
+        os.environ.pop("SPARKDEPLOY_ROOT", None)
+    else:
+        os.environ["SPARKDEPLOY_ROOT"] = saved
+
+
+def test_list_only_change_builds_and_ships_nothing(layered, sim_cluster):
+    vocab = Path(yaml.safe_load(layered["inv"].read_text())["vocab"])
+    shorter = layered["tmp"] / "list-minus-4.txt"
+    shorter.write_text("".join(vocab.read_text().splitlines(keepends=True)[:-4]))
+    inv = _inventory(sim_cluster.inventory, layered["tmp"], "list-changed", shorter)
+    dry, _, tag = up(inv, dry_run=True)
+    assert tag == layered["tag"]
+    image = [o for o in dry.outcomes if o.step == "image"]
+    assert image and all(o.status == "ok" and not o.actions for o in image), [o.to_dict() for o in image]
+    res, received, _ = up(inv)
+    assert res.healthy, res.message
+    assert received == {}  # the image step delivered nothing to any node
+
+
+def test_overlays_only_change_moves_less_than_twice_the_changed_layers(layered, sim_cluster):
+    with open(layered["root"] / "overlays" / "spark_overlays" / "__init__.py", "a") as f:
+        f.write(f"# test_image_layers: an overlays-only change {time.time()}\n")
+    inv = layered["inv"]
+    old_tag = layered["tag"]
+    res, received, tag = up(inv)
+    assert res.healthy, res.message
+    assert tag != old_tag
+    head = sim_cluster.head.name
+    c = Cluster(I.load(inv), Options())
+    try:
+        c.connect([])
+        old, new = registry.layer_sizes(c.conn(head), old_tag), registry.layer_sizes(c.conn(head), tag)
+    finally:
+        c.close()
+    changed = sum(size for digest, size in new.items() if digest not in old)
+    assert 0 < changed < 0.1 * sum(new.values()), (changed, sum(new.values()))  # the base is not among them
+    for node in (sim_cluster.head.name, sim_cluster.worker.name):
+        assert received[node] < 2 * changed, (node, received[node], changed)
+    layered["tag"] = tag
+
+
+def _lose_images(sim, node) -> None:
+    sim.ssh(node, f"systemctl stop {P.UNIT_NAME}; docker rm -f {P.CONTAINER_NAME}; "
+                  "docker image ls -q sparkdeploy/serving-sim | xargs -r docker image rm -f; docker image prune -f",
+            timeout=300, check=True)
+
+
+def test_corrupted_layer_is_refused(layered, sim_cluster):
+    sim, head, worker = sim_cluster, sim_cluster.head, sim_cluster.worker
+    _lose_images(sim, worker)
+    c = Cluster(I.load(layered["inv"]), Options())
+    try:
+        c.connect([])
+        sizes = registry.layer_sizes(c.conn(head.name), layered["tag"])
+    finally:
+        c.close()
+    digest = min(sizes, key=sizes.get)  # the smallest layer: fails fast, the worker lacks every layer
+    path = blob_path(digest)
+    sim.ssh(head, f"cp {path} /root/blob.saved && printf 'corrupt' | dd of={path} bs=1 seek=16 conv=notrunc",
+            check=True)
+    try:
+        res, _, _ = up(layered["inv"])
+    finally:
+        sim.ssh(head, f"cp /root/blob.saved {path} && rm /root/blob.saved", check=True)
+    assert not res.healthy
+    failed = [o for o in res.outcomes if o.step == "image" and o.status == "failed"]
+    assert [o.node for o in failed] == [worker.name], res.message
+    assert "refused" in failed[0].detail and "docker pull failed" in failed[0].detail, failed[0].detail
+    assert sim.ssh(worker, f"docker image inspect {layered['tag']}").rc != 0  # nothing half-delivered is tagged
+
+
+def test_node_that_lost_its_images_gets_the_full_image_and_comes_up_healthy(layered, sim_cluster):
+    worker = sim_cluster.worker
+    if sim_cluster.ssh(worker, f"docker image inspect {layered['tag']}").rc == 0:
+        _lose_images(sim_cluster, worker)
+    res, received, tag = up(layered["inv"])
+    assert res.healthy, res.message
+    c = Cluster(I.load(layered["inv"]), Options())
+    try:
+        c.connect([])
+        total = sum(registry.layer_sizes(c.conn(sim_cluster.head.name), tag).values())
+        assert img.image_id(c.conn(worker.name), tag) == img.image_id(c.conn(sim_cluster.head.name), tag)
+    finally:
+        c.close()
+    assert received[worker.name] >= 0.95 * total, (received, total)
