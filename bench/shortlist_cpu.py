@@ -22,16 +22,15 @@ import statistics
 import sys
 import time
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "overlays"))
+from spark_overlays.shortlist_math import scatter_to_vocab  # noqa: E402  (the plugin's own; torch only)
+
 VOCAB, HIDDEN = 248_320, 2_560
-
-
-def scatter_to_vocab(logits, target_ids, vocab):
-    out = logits.new_full((logits.shape[0], vocab), float("-inf"))
-    out.index_copy_(1, target_ids, logits)
-    return out
 
 
 def main(argv=None) -> int:
