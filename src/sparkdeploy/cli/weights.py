@@ -1,14 +1,16 @@
-"""`sparkdeploy weights sync [--dry-run]` and `sparkdeploy weights evict`."""
+"""`sparkdeploy weights fetch`, `sparkdeploy weights sync [--dry-run]` and `sparkdeploy weights evict`."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from sparkdeploy import inventory as inventory_mod
+from sparkdeploy import model_fetch as mf
 from sparkdeploy import paths
 from sparkdeploy import weights as w
 from sparkdeploy.errors import InputError, RemoteError
@@ -27,7 +29,8 @@ _trust = click.option("--trust-new-hosts", is_flag=True, help="accept and record
 
 @click.group()
 def weights() -> None:
-    """The checkpoint on the nodes: copy it head -> others over the data plane; drop its page cache."""
+    """The checkpoint on the nodes: fetch it from the Hub onto the head, copy it head -> others over the data
+    plane, drop its page cache."""
 
 
 def _load(inventory_file, directory):
@@ -38,14 +41,61 @@ def _load(inventory_file, directory):
     return inv, d
 
 
-def _open(inv, trust_new_hosts) -> Pool:
-    pool = Pool([target_of(n.name, n.ssh) for n in inv.nodes], trust_new_hosts=trust_new_hosts)
+def _open(inv, trust_new_hosts, nodes=None) -> Pool:
+    pool = Pool([target_of(n.name, n.ssh) for n in nodes or inv.nodes], trust_new_hosts=trust_new_hosts)
     errors = pool.open()
     if errors:
         pool.close()
         name, e = next(iter(errors.items()))
         raise RemoteError(str(e).split(": ", 1)[-1] if str(e).startswith(name) else str(e), node=name)
     return pool
+
+
+@weights.command()
+@_inventory
+@click.option("--revision", default="main", show_default=True, help="branch, tag or commit of model.id")
+@click.option("--offline", is_flag=True,
+              help="take the files from the head's HF cache only (also when HF_HUB_OFFLINE is set here)")
+@click.option("--hf-home", default=mf.HF_HOME, show_default=True, metavar="PATH",
+              help="the head's Hugging Face home; the hub cache is its hub/ (the engine mounts the same one)")
+@click.option("--dry-run", is_flag=True, help="look in the head's cache only and say what would be placed; write nothing")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON on stdout")
+@_trust
+def fetch(inventory_file, revision, offline, hf_home, dry_run, as_json, trust_new_hosts):
+    """Download the profile's model.id (a Hugging Face repo) once on the head into its HF cache, with
+    huggingface_hub in a container of the pinned base image (resumable; token from auth.hf_token_file), and
+    place the files at model.host_dir (hard links into the cache). Then run `sparkdeploy weights sync`."""
+    inv = inventory_mod.load(inventory_file or paths.default_inventory())
+    spec = mf.spec_of(inv, revision=revision, offline=mf.is_offline(offline, os.environ), hf_home=hf_home)
+    head = inv.head
+    mode = "from the cache only (offline)" if spec.offline or dry_run else "from the Hub (resumes a partial download)"
+    err.print(f"{spec.repo_id}@{spec.revision} -> {head.name}:{spec.host_dir}, {mode}, huggingface_hub in {spec.image}")
+    with _open(inv, trust_new_hosts, [head]) as pool, \
+            Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                     TransferSpeedColumn(), console=err, transient=True) as prog:
+        tasks = {}
+
+        def progress(event):
+            if event.get("unit") != "B":
+                return
+            desc = event["progress"]
+            if desc not in tasks:
+                tasks[desc] = prog.add_task(desc, total=event.get("total"))
+            prog.update(tasks[desc], completed=event.get("n", 0), total=event.get("total"))
+
+        res = mf.fetch(pool.conns[head.name], spec, dry_run=dry_run, progress=progress)
+    if res.commit is None:
+        err.print(f"  not in the head's cache ({spec.cache}): a fetch would download it")
+    elif res.already_there:
+        err.print(f"  already there: {res.files} files, {res.bytes / GIB:.2f} GiB of commit {res.commit[:12]}")
+    else:
+        verb = "would place" if dry_run else "placed"
+        err.print(f"  {verb} {res.linked + res.copied} of {res.files} files ({res.linked} hard-linked, {res.copied} "
+                  f"copied), {res.bytes / GIB:.2f} GiB of commit {res.commit[:12]}")
+    if res.commit is not None and not dry_run and len(inv.nodes) > 1:
+        err.print("  next: sparkdeploy weights sync (copies it to the other nodes)")
+    if as_json:
+        click.echo(json.dumps({"head": head.name, **res.to_dict()}, indent=2))
 
 
 @weights.command()
@@ -63,7 +113,8 @@ def sync(inventory_file, directory, dry_run, streams, as_json, trust_new_hosts):
     inv, d = _load(inventory_file, directory)
     head = inv.head
     with _open(inv, trust_new_hosts) as pool:
-        ep = {n.name: w.Endpoint(pool.conns[n.name], n.name, n.data_ip, n.ssh.user) for n in inv.nodes}
+        # rsync logs in as root: the one-time key is authorized by the node helper, which runs as root (sudo)
+        ep = {n.name: w.Endpoint(pool.conns[n.name], n.name, n.data_ip) for n in inv.nodes}
         err.print(f"manifest of {d} on {head.name} (hashes cached after the first run)...")
         src = w.manifest(pool.conns[head.name], d)
         err.print(f"  {len(src.files)} files, {src.bytes / GIB:.2f} GiB ({src.hashed / GIB:.2f} GiB hashed now)")

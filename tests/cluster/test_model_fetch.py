@@ -1,0 +1,83 @@
+"""`weights fetch` for real, offline: huggingface_hub's snapshot_download in a container of the sim engine image
+(the profile's pinned base) reads a hand-built HF cache; the files land at model.host_dir as hard links.
+
+The head is this machine (root, LocalConn): the same docker, the same node-side helpers as on a Spark, without
+spending a sim cluster. ~15 s with the engine image cached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkdeploy import paths
+from sparkdeploy.cli import main
+from tests.support import hf_cache
+
+REPO = "sparkdeploy-test/tiny-fetch"
+
+
+def _inventory(tmp: Path, repo_id: str, host_dir: Path) -> Path:
+    profile = yaml.safe_load((paths.profiles_dir() / "sim-tiny.yaml").read_text())
+    profile["model"].update(id=repo_id, host_dir=str(host_dir))
+    profile["parallel"]["tp"] = 1
+    (tmp / "profile.yaml").write_text(yaml.safe_dump(profile))
+    inv = {"cluster": "fetch", "profile": "profile.yaml",
+           "nodes": [{"name": "head", "role": "head", "ssh": {"host": "localhost", "user": "root"},
+                      "data_ip": "10.99.0.1", "netdev": "eth0", "hca": [], "gpu": "none"}],
+           "image": {"repository": "sparkdeploy/serving-sim"},
+           "patches": {"shortlist": False, "skinny_gemm": False, "fp8_gdn": False, "prefix_align": False},
+           "ports": {"api": 8000, "master": 29500}, "memory": {"reserve_gib": 4}}
+    path = tmp / f"inventory-{repo_id.split('/')[1]}.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    return path
+
+
+def _fetch(inventory: Path, hf_home: Path, capsys) -> tuple[int, dict | None, str]:
+    rc = main(["weights", "fetch", "--inventory", str(inventory), "--offline", "--hf-home", str(hf_home), "--json"])
+    out, err = capsys.readouterr()
+    return rc, (json.loads(out) if rc == 0 else None), err
+
+
+def test_fetch_offline_from_the_cache_then_noop_and_missing_repo_exits_2(sim_engine_image, tmp_path, capsys):
+    hf_home, host_dir = tmp_path / "hf", tmp_path / "models" / "tiny"
+    files = hf_cache.tiny_model_files()
+    commit = hf_cache.build(hf_home / "hub", REPO, files)
+    inventory = _inventory(tmp_path, REPO, host_dir)
+
+    rc, first, err = _fetch(inventory, hf_home, capsys)
+    assert rc == 0, err
+    assert (first["commit"], first["files"], first["linked"], first["present"]) == (commit, 3, 3, 0)
+    blobs = hf_home / "hub" / f"models--{REPO.replace('/', '--')}" / "blobs"
+    for rel, data in files.items():
+        placed = host_dir / rel
+        assert placed.is_file() and not placed.is_symlink() and placed.read_bytes() == data
+        assert os.path.samefile(placed, next(b for b in blobs.iterdir() if b.read_bytes() == data))
+
+    rc, second, err = _fetch(inventory, hf_home, capsys)
+    assert rc == 0, err
+    assert (second["already_there"], second["linked"], second["copied"], second["present"]) == (True, 0, 0, 3)
+    assert "already there" in err
+
+    (host_dir / "model.safetensors").unlink()  # a different file in its place (not written through the link)
+    (host_dir / "model.safetensors").write_bytes(b"torn")
+    rc, third, err = _fetch(inventory, hf_home, capsys)
+    assert rc == 0, err
+    assert (third["linked"], third["present"]) == (1, 2)
+    assert (host_dir / "model.safetensors").read_bytes() == files["model.safetensors"]
+
+    missing = _inventory(tmp_path, "sparkdeploy-test/not-cached", tmp_path / "models" / "other")
+    rc, _, err = _fetch(missing, hf_home, capsys)
+    assert rc == 2, err
+    assert "model.id" in err and "sparkdeploy-test/not-cached@main is not in" in err and "profile.yaml" in err
+    assert not (tmp_path / "models" / "other").exists()
+
+
+@pytest.fixture(autouse=True)
+def _no_hub(monkeypatch):
+    """Belt and braces: even the kit's own process never reaches a hub here."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
