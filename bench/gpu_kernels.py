@@ -15,7 +15,11 @@ TP=1 and TP=2), the GDN projections (QKVZ, B/A, out_proj at TP=1/2) — and each
     ratio is >= 1 should be removed from ``overlays/spark_overlays/skinny_plans.py``.
 Timing: CUDA events around ``--iters`` back-to-back calls after warm-up; the weight set is larger than
 L2 for every lm_head shape; median of 5 such rounds.
-Exit status: 0 ok (also when there is no CUDA device: it says so), 1 when a correctness check fails.
+Then the whole draft step (head GEMM on its best kernel + argmax, + d2t for the shortlist) at the TP=1 and
+TP=2 local shapes, full 248,320-row head vs a 64k shortlist, checking that the shortlist's token equals the
+full argmax whenever that is on the list.
+Exit status: 0 ok (also when there is no CUDA device: it says so), 1 when a correctness check fails, a
+planned config does not run, or a shortlist token differs.
 `--cpu-smoke` runs the whole script on the CPU with every shape divided by 64 and a wall-clock timer (no
 kernel, figures meaningless): the test suite uses it so the script is known to run before a GPU is at hand.
 """
@@ -152,13 +156,52 @@ def main(argv=None) -> int:
                                ratio=t_sk / t_lin)
                     if e_sk > 2e-2:
                         failures.append(f"skinny N={n} K={k} M={m}: rel err {e_sk:.3g}")
-                except Exception as e:  # noqa: BLE001 - a config the kernel rejects is a finding, not a crash
+                except Exception as e:  # noqa: BLE001 - reported, and the run fails: a plan must compile
                     row["plan"] = f"{row['plan']} (rejected: {type(e).__name__}: {e})"
+                    if plan is not None:
+                        failures.append(f"skinny N={n} K={k} M={m}: planned config does not run: {e}")
             rows.append(row)
+
+    def best(w, x):
+        """Seconds of the faster of F.linear and the planned skinny kernel for x @ w.T."""
+        t = timed(lambda: F.linear(x, w), args.iters)
+        plan = skinny_plans.plans_for(plan_cap, *w.shape, lm_head=True).get(x.shape[0]) if kernel else None
+        if plan is not None:
+            gemm, Cfg = kernel
+            cfg = Cfg(x.shape[0], plan.block_size, plan.outputs_per_block, k_unroll=plan.k_unroll,
+                      vector_width=plan.vector_width, static_k=plan.static_k)
+            try:
+                t = min(t, timed(lambda: gemm(x, w, cfg), args.iters))
+            except Exception:  # noqa: BLE001 - already counted as a failure above when planned
+                pass
+        return t
+
+    # the whole draft step, seed 000's fair comparison: full head -> argmax vs 64k shortlist -> argmax + d2t,
+    # both on their best kernel, at the TP=1 and TP=2 local shapes
+    draft = []
+    shrink = 64 if smoke else 1
+    k = H // shrink
+    for tp in (1, 2):
+        v, s = 248320 // tp // shrink, 65536 // tp // shrink
+        full = (torch.randn(v, k, device=dev, generator=g) * 0.02).to(torch.bfloat16)
+        ids = torch.randperm(v, device=dev, generator=g)[:s].sort().values
+        short, d2t = full.index_select(0, ids), ids - torch.arange(s, device=dev)
+        for m in ms:
+            x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+            full_top = (x.float() @ full.float().T).argmax(-1)
+            top = (x.float() @ short.float().T).argmax(-1)
+            listed = torch.isin(full_top, ids)
+            if not torch.equal((top + d2t[top])[listed], full_top[listed]):
+                failures.append(f"draft step TP={tp} M={m}: shortlist token differs from the full argmax on the list")
+            logits_full, logits_short = F.linear(x, full), F.linear(x, short)
+            t_full = best(full, x) + timed(lambda: logits_full.argmax(-1), args.iters)
+            t_short = best(short, x) + timed(lambda: (lambda i: i + d2t[i])(logits_short.argmax(-1)), args.iters)
+            draft.append({"tp": tp, "M": m, "full_rows": v, "short_rows": s, "full_us": t_full * 1e6,
+                          "short_us": t_short * 1e6, "ratio": t_short / t_full, "on_list": int(listed.sum())})
 
     if args.json:
         print(json.dumps({"device": name, "capability": cap, "copy_GBps": copy_bw / 1e9, "rows": rows,
-                          "failures": failures}, indent=1))
+                          "draft_step": draft, "failures": failures}, indent=1))
     else:
         print(f"# {name}, capability {cap[0]}.{cap[1]}; copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write); "
               f"median of {args.rounds} rounds x {args.iters} calls")
@@ -169,6 +212,11 @@ def main(argv=None) -> int:
                   f"{r['ratio']:>10.3f}") if r["skinny_us"] is not None else f"{'-':>10} {'-':>7} {'-':>6} {'-':>10}"
             print(f"{r['N']:>7} {r['K']:>5} {r['M']:>2} {r['linear_us']:>10.2f} {r['linear_GBps']:>7.0f} "
                   f"{100 * r['linear_GBps'] * 1e9 / copy_bw:>6.1f} {sk}  {r['plan'] or '-'}")
+        print("# draft step (head GEMM on its best kernel + argmax [+ d2t]): full vocabulary vs shortlist")
+        for d in draft:
+            print(f"TP={d['tp']} M={d['M']}: full {d['full_rows']} rows {d['full_us']:.2f} us, shortlist "
+                  f"{d['short_rows']} rows {d['short_us']:.2f} us, ratio {d['ratio']:.3f} "
+                  f"({d['on_list']}/{d['M']} full argmaxes on the list)")
     for f in failures:
         print(f"FAIL {f}", file=sys.stderr)
     return 1 if failures else 0

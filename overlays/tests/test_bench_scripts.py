@@ -19,6 +19,8 @@ def test_gpu_kernels_runs_end_to_end_on_the_cpu_at_small_scale():
     assert len(shapes) >= 8 and len(report["rows"]) == 3 * len(shapes)
     assert not report["failures"] and all(r["linear_err"] < 2e-2 for r in report["rows"])
     assert report["copy_GBps"] > 0 and all(r["skinny_us"] is None for r in report["rows"])  # no kernel on the CPU
+    assert [(d["tp"], d["M"]) for d in report["draft_step"]] == [(1, 1), (1, 3), (1, 5), (2, 1), (2, 3), (2, 5)]
+    assert all(d["full_us"] > 0 and d["short_us"] > 0 for d in report["draft_step"])
 
 
 def test_gpu_kernels_exits_0_with_a_message_without_cuda():
