@@ -27,7 +27,7 @@ import requests
 from sparkdeploy import facts as F
 from sparkdeploy import faults, gather, health, paths, releases, render
 from sparkdeploy import plan as P
-from sparkdeploy.errors import HealthError, RemoteError, SparkdeployError
+from sparkdeploy.errors import HealthError, InputError, InventoryError, RemoteError, SparkdeployError
 from sparkdeploy.remote import Conn, Pool, Target, host_key_line
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps import stale, supervise
@@ -167,10 +167,23 @@ class Cluster:
             facts[n] = r[0]
             out.append(Outcome("facts", n, OK, r[1], [], time.monotonic() - t0))
         self.facts = facts
+        self.head_checkpoint()  # refuses a model.host_dir without a checkpoint before anything changes
         self.plan = P.plan(self.inv, facts, self.opts.nodes, git_commit=paths.git_commit(),
                            overlays_digest=render.overlays_digest())
         self.files = render.render(self.plan)
         return self.plan
+
+    def head_checkpoint(self):
+        """The checkpoint facts of model.host_dir on the head; refuses (InventoryError, nothing changed yet) when the
+        profile names a host_dir that holds no config.json there: the engine would fail only after the switch."""
+        p = self.inv.profile
+        ckpt = gather.checkpoint_facts(self.conn(self.head), p.host_dir)
+        if p.host_dir and ckpt is None:
+            raise InventoryError(
+                f"{p.host_dir} on {self.head} holds no config.json: put the checkpoint there first with "
+                "`sparkdeploy weights fetch` (downloads model.id) or by copying it, then `sparkdeploy weights sync` "
+                "for the other nodes", file=p.file, field="model.host_dir")
+        return ckpt
 
     # ------------------------------------------------------------------------------------------ desired
     def release_files(self, name: str, number: int) -> dict[str, tuple[bytes, int]]:
@@ -469,6 +482,8 @@ class Cluster:
         except StepFailed as err:
             res.message = str(err)
             return res
+        except InputError:
+            raise  # bad input, found before anything changed: the CLI exits 2 naming the field
         except SparkdeployError as err:
             out.append(Outcome("up", "", FAILED, str(err)))
             res.message = str(err)
