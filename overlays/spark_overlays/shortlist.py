@@ -39,7 +39,8 @@ from . import vocab_list
 from ._util import fail_closed, info, process_tag, tp_agree
 from .shortlist_math import gather_rows, scatter_to_vocab
 
-HEAD_SUFFIXES = ("lm_head.weight", "shared_head.head.weight")
+HEAD_MODULES = ("lm_head", "shared_head.head")
+HEAD_SUFFIXES = tuple(f"{m}.weight" for m in HEAD_MODULES)
 EMBED_SUFFIX = "embed_tokens.weight"
 
 
@@ -111,8 +112,10 @@ class ShortlistHeadMixin(LocalArgmaxMixin):
 
     def _spark_rewrite(self, weights: Iterable[tuple[str, torch.Tensor]]):
         for name, w in weights:
-            if name.endswith(HEAD_SUFFIXES) and self._spark_full_rows(w):
-                yield name, gather_rows(w, self._spark_ids_cpu)
+            if name.rpartition(".")[0].endswith(HEAD_MODULES):
+                if name.endswith(HEAD_SUFFIXES) and self._spark_full_rows(w):
+                    yield name, gather_rows(w, self._spark_ids_cpu)
+                # else a packed/quantized head or its scales: the BF16 shortlist head cannot take them
             elif self._spark_tied and name.endswith(EMBED_SUFFIX) and self._spark_full_rows(w):
                 yield name, w
                 yield "lm_head.weight", gather_rows(w, self._spark_ids_cpu)

@@ -2,8 +2,9 @@
 
 The script builds ``ShortlistQwen3NextMTP`` through vLLM's own model initialiser from the tiny Qwen3-Next
 config, loads a random full head through its ``load_weights`` and compares token ids with ``argmax`` over
-the full head. A shifted id mapping must break that (so the comparison can fail), a stream without the full
-head must put the stock head back, and with the shortlist off the class still takes the local argmax.
+the full head. A shifted id mapping must break that (so the comparison can fail), a stream with only a
+packed (NVFP4-like) head must put the stock head back, and with the shortlist off the class still takes
+the local argmax.
 """
 
 import json

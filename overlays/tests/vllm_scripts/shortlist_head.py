@@ -54,8 +54,9 @@ draft.draft_id_to_target_id.copy_(torch.roll(draft.draft_id_to_target_id, 1))  #
 wrong = draft.get_top_tokens(hidden)
 out["wrong_on_list_mismatches"] = int((wrong[listed] != full_top[listed]).sum())
 
-stock_fallback = build(True)  # no full head in the stream: back to stock before the runner looks
-load(stock_fallback, [])
+stock_fallback = build(True)  # only a packed (NVFP4-like) head in the stream: back to stock before the runner looks
+load(stock_fallback, [("lm_head.weight", torch.zeros(vocab, hidden_size // 2, dtype=torch.uint8)),
+                      ("lm_head.weight_scale", torch.ones(vocab, hidden_size // 16))])
 out.update(fallback_active=stock_fallback._spark_active, fallback_own_head=stock_fallback.has_own_lm_head,
            fallback_rows=int(stock_fallback.lm_head.org_vocab_size),
            fallback_d2t=hasattr(stock_fallback, "draft_id_to_target_id"))
