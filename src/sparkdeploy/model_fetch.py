@@ -67,6 +67,7 @@ class FetchResult:
     commit: str | None  # None: not in the cache (dry run)
     host_dir: str
     offline: bool
+    token_used: bool = False  # the helper saw HF_TOKEN (auth.hf_token_file)
     files: int = 0
     bytes: int = 0
     present: int = 0
@@ -200,5 +201,5 @@ def fetch(conn: Conn, spec: FetchSpec, *, dry_run: bool = False,
     if not res.ok or counts is None or "error" in counts:
         why = (counts or {}).get("message") or (res.stderr or res.stdout).strip()[-300:]
         raise RemoteError(f"placing {spec.repo_id}@{commit[:12]} at {spec.host_dir} failed: {why}", node=conn.name)
-    return FetchResult(spec.repo_id, spec.revision, commit, spec.host_dir, spec.offline,
+    return FetchResult(spec.repo_id, spec.revision, commit, spec.host_dir, spec.offline, bool(event.get("token")),
                        **{k: int(counts[k]) for k in ("files", "bytes", "present", "linked", "copied")})

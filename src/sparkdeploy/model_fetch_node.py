@@ -4,7 +4,8 @@
         Inside a container of the pinned base image (it ships huggingface_hub with vLLM): huggingface_hub's own
         `snapshot_download` into the HF hub cache CACHE (resumable: interrupted blobs stay `.incomplete` and
         continue), token from $HF_TOKEN (the root-only env file), local files only when OFFLINE is 1.
-        Prints {"progress": desc, "n", "total", "unit"} lines while downloading, then {"commit": sha}, or
+        Prints {"progress": desc, "n", "total", "unit"} lines while downloading, then {"commit": sha,
+        "token": whether one was given}, or
         {"error": kind, "message"} and exits 3 (kind: not_cached | not_found | gated | revision | other).
   place SNAPSHOT DEST DRY_RUN
         On the node itself (stdlib): make DEST hold the snapshot's files, each a hard link to its cache blob
@@ -63,7 +64,7 @@ def download(cache, repo_id, revision, offline):
         return _fail("not_cached", err)
     except Exception as err:  # noqa: BLE001 - reported as one line by the kit
         return _fail("other", err)
-    _say(commit=os.path.basename(os.path.normpath(path)))
+    _say(commit=os.path.basename(os.path.normpath(path)), token=bool(os.environ.get("HF_TOKEN")))
     return 0
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sparkdeploy import model_fetch as mf
 from sparkdeploy import paths
 from sparkdeploy.cli import main
 from tests.support import hf_cache
@@ -21,7 +22,7 @@ from tests.support import hf_cache
 REPO = "sparkdeploy-test/tiny-fetch"
 
 
-def _inventory(tmp: Path, repo_id: str, host_dir: Path) -> Path:
+def _inventory(tmp: Path, repo_id: str, host_dir: Path, token_file: Path | None = None) -> Path:
     profile = yaml.safe_load((paths.profiles_dir() / "sim-tiny.yaml").read_text())
     profile["model"].update(id=repo_id, host_dir=str(host_dir))
     profile["parallel"]["tp"] = 1
@@ -32,6 +33,8 @@ def _inventory(tmp: Path, repo_id: str, host_dir: Path) -> Path:
            "image": {"repository": "sparkdeploy/serving-sim"},
            "patches": {"shortlist": False, "skinny_gemm": False, "fp8_gdn": False, "prefix_align": False},
            "ports": {"api": 8000, "master": 29500}, "memory": {"reserve_gib": 4}}
+    if token_file:
+        inv["auth"] = {"hf_token_file": str(token_file)}
     path = tmp / f"inventory-{repo_id.split('/')[1]}.yaml"
     path.write_text(yaml.safe_dump(inv))
     return path
@@ -58,8 +61,15 @@ def test_fetch_offline_from_the_cache_then_noop_and_missing_repo_exits_2(sim_eng
         assert placed.is_file() and not placed.is_symlink() and placed.read_bytes() == data
         assert os.path.samefile(placed, next(b for b in blobs.iterdir() if b.read_bytes() == data))
 
-    rc, second, err = _fetch(inventory, hf_home, capsys)
+    token = tmp_path / "hf-token"
+    token.write_text("hf_FETCHTESTSECRET\n")
+    token.chmod(0o600)
+    with_token = _inventory(tmp_path, REPO, host_dir, token_file=token)
+    rc, second, err = _fetch(with_token, hf_home, capsys)
     assert rc == 0, err
+    assert second["token_used"] is True and not first["token_used"]  # the container got it, through its env file
+    assert "FETCHTESTSECRET" not in err + json.dumps(second)
+    assert not list(Path(mf.TOKEN_DIR).glob("hf-token-*.env"))  # removed once the container exited
     assert (second["already_there"], second["linked"], second["copied"], second["present"]) == (True, 0, 0, 3)
     assert "already there" in err
 

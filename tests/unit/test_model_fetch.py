@@ -54,6 +54,18 @@ def test_spec_refuses_what_cannot_be_fetched_naming_the_field(tmp_path, model, f
     assert exc.value.field == field and exc.value.file.endswith("profile.yaml")
 
 
+def test_a_token_file_others_can_read_exits_2_naming_auth_hf_token_file(tmp_path):
+    inv = _inventory(tmp_path, id=REPO, host_dir="/srv/models/tiny")
+    token = tmp_path / "hf-token"
+    token.write_text("hf_abc\n")
+    token.chmod(0o644)
+    raw = yaml.safe_load((tmp_path / "inventory.yaml").read_text())
+    (tmp_path / "inventory.yaml").write_text(yaml.safe_dump({**raw, "auth": {"hf_token_file": str(token)}}))
+    with pytest.raises(InventoryError) as exc:
+        mf.spec_of(I.load(tmp_path / "inventory.yaml"), revision="main", offline=False)
+    assert exc.value.field == "auth.hf_token_file" and "chmod 600" in str(exc.value)
+
+
 @pytest.mark.parametrize("revision", ["../main", "-rf", "a b", ""])
 def test_spec_refuses_a_revision_that_is_no_ref_name(tmp_path, revision):
     inv = _inventory(tmp_path, id=REPO, host_dir="/srv/models/tiny")

@@ -84,6 +84,8 @@ def fetch(inventory_file, revision, offline, hf_home, dry_run, as_json, trust_ne
             prog.update(tasks[desc], completed=event.get("n", 0), total=event.get("total"))
 
         res = mf.fetch(pool.conns[head.name], spec, dry_run=dry_run, progress=progress)
+    if res.token_used:
+        err.print("  with the token of auth.hf_token_file")
     if res.commit is None:
         err.print(f"  not in the head's cache ({spec.cache}): a fetch would download it")
     elif res.already_there:
