@@ -1,6 +1,7 @@
 """GPU kernel check for the skinny-GEMM plans: F.linear vs the skinny kernel at M = 1..5, one run.
 
-    python bench/gpu_kernels.py [--iters 200] [--shapes all|lm|shortlist|gdn] [--json]
+    python bench/gpu_kernels.py [--iters 200] [--shapes all|lm|shortlist|gdn] [--plans 12.1] [--json]
+                                [--kernel-source VLLM_SRC]   # torch + cutlass-dsl + quack, no vLLM needed
 
 For each (N, K) — the full lm_head (248,320 x 2,560) and its TP=2 half, the shortlist heads (16k/32k/64k rows,
 TP=1 and TP=2), the GDN projections (QKVZ, B/A, out_proj at TP=1/2) — and each M in 1..5 it
@@ -43,6 +44,31 @@ SHAPES = {
 }
 
 
+KERNEL_PACKAGE = "vllm.model_executor.kernels.linear.cute_dsl"
+
+
+def stub_vllm_for_kernel(source: Path) -> None:
+    """Make vLLM's two CuTe skinny-GEMM files (``skinny_gemm.py``, ``_skinny_gemm.py`` under ``source``, a vLLM
+    checkout or unpacked wheel) importable on a machine with torch and cutlass-dsl but no vLLM: empty parent
+    packages, and stand-ins for the only two vLLM helpers they call (the current stream, PDL support)."""
+    import types
+
+    import torch
+
+    directory = source / "vllm" / KERNEL_PACKAGE.split(".", 1)[1].replace(".", "/")
+    names = KERNEL_PACKAGE.split(".")
+    for i in range(1, len(names) + 1):
+        mod = sys.modules.setdefault(".".join(names[:i]), types.ModuleType(".".join(names[:i])))
+        mod.__path__ = [str(directory)] if i == len(names) else []
+    utils = sys.modules.setdefault("vllm.utils", types.ModuleType("vllm.utils"))
+    utils.__path__ = []
+    torch_utils = sys.modules.setdefault("vllm.utils.torch_utils", types.ModuleType("vllm.utils.torch_utils"))
+    torch_utils.current_stream = torch.cuda.current_stream
+    platforms = sys.modules.setdefault("vllm.platforms", types.ModuleType("vllm.platforms"))
+    platforms.current_platform = types.SimpleNamespace(
+        is_arch_support_pdl=lambda: torch.cuda.get_device_capability()[0] >= 9)
+
+
 def skinny_kernel():
     """(kernel, config class) of vLLM's CuTe-DSL skinny GEMM, or None (it says why) when it cannot run here."""
     try:
@@ -64,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="all", choices=["all", *SHAPES])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plans", help="use this capability's plan table, e.g. 12.1 (default: the device's own)")
+    ap.add_argument("--kernel-source", type=Path,
+                    help="a vLLM source tree to take the CuTe skinny kernel from, without installing vLLM")
     ap.add_argument("--cpu-smoke", action="store_true", help="run on the CPU at 1/64 scale (checks the script only)")
     args = ap.parse_args(argv)
 
@@ -87,6 +115,8 @@ def main(argv=None) -> int:
     name = "cpu (smoke run, 1/64 scale)" if smoke else torch.cuda.get_device_name()
     scale = 64 if smoke else 1
     sync = (lambda: None) if smoke else torch.cuda.synchronize
+    if args.kernel_source:
+        stub_vllm_for_kernel(args.kernel_source)
     kernel = None if smoke else skinny_kernel()
 
     def timed(fn, iters):
