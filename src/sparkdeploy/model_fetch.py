@@ -3,15 +3,16 @@
 huggingface_hub runs on the head inside a container of the pinned base image (`image.base`, which ships it with
 vLLM): nothing is installed on the node, its version is the one the engine is tested with, and `up` needs that
 image on the head anyway. The container sees only the head's HF home (the same directory the engine mounts at
-`/root/.cache/huggingface`), downloads into its hub cache with `snapshot_download` (resumable, progress as JSON
-lines, `HF_TOKEN` from a root-only 0600 env file removed afterwards: never argv, never logs), and prints the
+`/root/.cache/huggingface`), downloads into its hub cache with `snapshot_download` (a re-run keeps every file completed before,
+progress as JSON lines, `HF_TOKEN` from a root-only 0600 env file removed afterwards: never argv, never logs), and prints the
 commit. Then, on the head itself, each file of that snapshot is hard-linked into `host_dir` (no second copy on
 disk; copied across file systems): `host_dir` holds plain files that `weights sync` and the engine's read-only
 mount see, and no huggingface_hub metadata.
 
 Offline (`--offline`, or HF_HUB_OFFLINE set where sparkdeploy runs) the files come from the head's HF cache
 only; a repo id that is not there is an InventoryError naming `model.id`. The profile's own `env` is the
-engine's, which always runs offline on mounted weights, so its HF_HUB_OFFLINE does not decide here.
+engine's, which always runs offline on mounted weights, so its HF_HUB_OFFLINE does not decide here. HF_ENDPOINT
+(a mirror of the Hub) set where sparkdeploy runs is handed to the container.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ CONTAINER_HF_HOME = dict(plan_mod.CACHE_MOUNTS)["huggingface"]
 TOKEN_DIR = f"{plan_mod.STATE_DIR}/fetch"  # root-only: the token's env file lives here while the container runs
 TRUE_VALUES = ("1", "on", "yes", "true")  # huggingface_hub's reading of HF_HUB_OFFLINE
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+ENDPOINT_RE = re.compile(r"^https?://[A-Za-z0-9.:\[\]_-]+(/[A-Za-z0-9._~/-]*)?$")
 REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,127})*$")
 
 
@@ -50,6 +52,7 @@ class FetchSpec:
     hf_home: str
     profile_file: str
     token: str | None = field(default=None, repr=False)  # never shown
+    endpoint: str | None = None  # HF_ENDPOINT (a mirror of the Hub), as the head reaches it
 
     @property
     def cache(self) -> str:
@@ -86,9 +89,9 @@ def is_offline(flag: bool, environ: Mapping[str, str]) -> bool:
     return flag or environ.get("HF_HUB_OFFLINE", "").strip().lower() in TRUE_VALUES
 
 
-def spec_of(inv, *, revision: str, offline: bool, hf_home: str = HF_HOME) -> FetchSpec:
-    """Check the profile's repo id, host dir and the revision; read the token (auth.hf_token_file). Pure but for
-    reading the token file."""
+def spec_of(inv, *, revision: str, offline: bool, hf_home: str = HF_HOME, endpoint: str | None = None) -> FetchSpec:
+    """Check the profile's repo id, host dir, the revision and the endpoint; read the token (auth.hf_token_file).
+    Pure but for reading the token file."""
     p = inv.profile
     if not REPO_ID_RE.fullmatch(p.model_id or ""):
         raise InventoryError(f"{p.model_id!r} is not a Hugging Face repo id (org/name); `weights fetch` downloads "
@@ -98,8 +101,10 @@ def spec_of(inv, *, revision: str, offline: bool, hf_home: str = HF_HOME) -> Fet
                              file=p.file, field="model.host_dir")
     if not REVISION_RE.fullmatch(revision) or ".." in revision:
         raise InputError(f"--revision {revision!r} is not a branch, tag or commit name")
+    if endpoint and not ENDPOINT_RE.fullmatch(endpoint):
+        raise InputError(f"HF_ENDPOINT {endpoint!r} is not an http(s) URL")
     return FetchSpec(p.model_id, revision, p.host_dir, inv.image.base, inv.image.python, offline, hf_home, p.file,
-                     inv.auth.hf_token())
+                     inv.auth.hf_token(), endpoint or None)
 
 
 def container_argv(spec: FetchSpec, token_env_file: str | None) -> list[str]:
@@ -109,6 +114,8 @@ def container_argv(spec: FetchSpec, token_env_file: str | None) -> list[str]:
     argv = ["docker", "run", "--rm", "--network", "host", "--name", f"sparkdeploy-fetch-{secrets.token_hex(4)}",
             "-v", f"{spec.hf_home}:{CONTAINER_HF_HOME}", "-e", f"HF_HOME={CONTAINER_HF_HOME}",
             "-e", "HF_HUB_DISABLE_TELEMETRY=1", "-e", f"HF_HUB_OFFLINE={int(spec.offline)}"]
+    if spec.endpoint:
+        argv += ["-e", f"HF_ENDPOINT={spec.endpoint}"]
     if token_env_file:
         argv += ["--env-file", token_env_file]
     return argv + ["--entrypoint", python[0], spec.image, *python[1:], "-c", HELPER_SOURCE, "download",

@@ -2,8 +2,8 @@
 
   download CACHE REPO_ID REVISION OFFLINE
         Inside a container of the pinned base image (it ships huggingface_hub with vLLM): huggingface_hub's own
-        `snapshot_download` into the HF hub cache CACHE (resumable: interrupted blobs stay `.incomplete` and
-        continue), token from $HF_TOKEN (the root-only env file), local files only when OFFLINE is 1.
+        `snapshot_download` into the HF hub cache CACHE (a re-run skips the files completed before; a file
+        cut off mid-way restarts with huggingface_hub 2.4, continues with versions that resume), token from $HF_TOKEN (the root-only env file), local files only when OFFLINE is 1.
         Prints {"progress": desc, "n", "total", "unit"} lines while downloading, then {"commit": sha,
         "token": whether one was given}, or
         {"error": kind, "message"} and exits 3 (kind: not_cached | not_found | gated | revision | other).

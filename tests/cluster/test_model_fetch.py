@@ -1,8 +1,9 @@
-"""`weights fetch` for real, offline: huggingface_hub's snapshot_download in a container of the sim engine image
-(the profile's pinned base) reads a hand-built HF cache; the files land at model.host_dir as hard links.
+"""`weights fetch` for real: huggingface_hub's snapshot_download in a container of the sim engine image (the
+profile's pinned base), offline against a hand-built HF cache, and online against a stand-in hub on loopback
+(tests/support/fake_hub.py, HF_ENDPOINT): the files land at model.host_dir as hard links. No test reaches a hub.
 
 The head is this machine (root, LocalConn): the same docker, the same node-side helpers as on a Spark, without
-spending a sim cluster. ~15 s with the engine image cached.
+spending a sim cluster. ~25 s with the engine image cached.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import model_fetch as mf
 from sparkdeploy import paths
 from sparkdeploy.cli import main
+from sparkdeploy.remote import LocalConn, Target
 from tests.support import hf_cache
+from tests.support.fake_hub import FakeHub
 
 REPO = "sparkdeploy-test/tiny-fetch"
 
@@ -46,7 +50,9 @@ def _fetch(inventory: Path, hf_home: Path, capsys) -> tuple[int, dict | None, st
     return rc, (json.loads(out) if rc == 0 else None), err
 
 
-def test_fetch_offline_from_the_cache_then_noop_and_missing_repo_exits_2(sim_engine_image, tmp_path, capsys):
+def test_fetch_offline_from_the_cache_then_noop_and_missing_repo_exits_2(sim_engine_image, tmp_path, capsys,
+                                                                        monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as --offline: nothing is looked up anywhere
     hf_home, host_dir = tmp_path / "hf", tmp_path / "models" / "tiny"
     files = hf_cache.tiny_model_files()
     commit = hf_cache.build(hf_home / "hub", REPO, files)
@@ -87,7 +93,30 @@ def test_fetch_offline_from_the_cache_then_noop_and_missing_repo_exits_2(sim_eng
     assert not (tmp_path / "models" / "other").exists()
 
 
-@pytest.fixture(autouse=True)
-def _no_hub(monkeypatch):
-    """Belt and braces: even the kit's own process never reaches a hub here."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def test_fetch_online_keeps_what_an_interrupted_run_fetched_with_progress_and_the_token(sim_engine_image, tmp_path,
+                                                                                        monkeypatch):
+    files = {**hf_cache.tiny_model_files(), "model-00002.safetensors": os.urandom(3 << 20)}
+    commit = "c" * 40
+    hf_home, host_dir = tmp_path / "hf", tmp_path / "models" / "tiny"
+    earlier = {"model.safetensors": files["model.safetensors"]}  # what an interrupted run had completed
+    hf_cache.build(hf_home / "hub", REPO, earlier, commit=commit)
+    token = tmp_path / "hf-token"
+    token.write_text("hf_FETCHTESTSECRET\n")
+    token.chmod(0o600)
+    inv = inventory_mod.load(_inventory(tmp_path, REPO, host_dir, token_file=token))
+    head = LocalConn(Target("head", "localhost", user="root", local=True))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with FakeHub(REPO, files, commit, token="hf_FETCHTESTSECRET") as hub:
+        spec = mf.spec_of(inv, revision="main", offline=False, hf_home=str(hf_home), endpoint=hub.url)
+        events = []
+        res = mf.fetch(head, spec, progress=events.append)
+        assert sorted(hub.served) == sorted(set(files) - set(earlier))  # the completed file is not fetched again
+        assert all(auth for method, path, auth in hub.requests if "/resolve/" in path)
+        again = mf.fetch(head, spec)
+        assert again.already_there and sorted(hub.served) == sorted(set(files) - set(earlier))
+        assert sum(hub.served.values()) == sum(len(d) for f, d in files.items() if f not in earlier)
+    assert (res.commit, res.files, res.linked, res.token_used) == (commit, 4, 4, True)
+    for rel, data in files.items():
+        assert (host_dir / rel).read_bytes() == data
+    done = [e for e in events if e.get("unit") == "B" and e["total"] and e["n"] == e["total"]]
+    assert done and max(e["total"] for e in done) >= len(files["model-00002.safetensors"]), events

@@ -26,10 +26,11 @@ def tiny_model_files() -> dict[str, bytes]:
             "tokenizer/tokenizer_config.json": b"{}"}
 
 
-def build(hub: Path, repo_id: str, files: dict[str, bytes], *, ref: str = "main") -> str:
-    """Write `files` as one snapshot of `repo_id` under the hub cache `hub`; returns the commit."""
+def build(hub: Path, repo_id: str, files: dict[str, bytes], *, ref: str = "main", commit: str | None = None) -> str:
+    """Write `files` as one snapshot of `repo_id` under the hub cache `hub` (blobs named by sha256, as for LFS
+    files); returns the commit (given, or made from the contents)."""
     repo = hub / f"models--{repo_id.replace('/', '--')}"
-    commit = hashlib.sha1(repr(sorted(files.items())).encode()).hexdigest()
+    commit = commit or hashlib.sha1(repr(sorted(files.items())).encode()).hexdigest()
     for rel, data in files.items():
         blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
         blob.parent.mkdir(parents=True, exist_ok=True)

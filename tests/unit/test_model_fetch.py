@@ -154,3 +154,11 @@ def test_up_lets_bad_input_through_to_the_cli(tmp_path, monkeypatch):
     monkeypatch.setattr(c, "make_plan", refuse)
     with pytest.raises(InventoryError, match="model.host_dir"):
         c.up()
+
+
+def test_an_endpoint_is_passed_to_the_container_and_checked(tmp_path):
+    inv = _inventory(tmp_path, id=REPO, host_dir="/srv/models/tiny")
+    spec = mf.spec_of(inv, revision="main", offline=False, endpoint="https://hf-mirror.example/x")
+    assert "HF_ENDPOINT=https://hf-mirror.example/x" in mf.container_argv(spec, None)
+    with pytest.raises(InputError, match="HF_ENDPOINT"):
+        mf.spec_of(inv, revision="main", offline=False, endpoint="file:///etc $(x)")

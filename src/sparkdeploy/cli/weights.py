@@ -63,12 +63,13 @@ def _open(inv, trust_new_hosts, nodes=None) -> Pool:
 @_trust
 def fetch(inventory_file, revision, offline, hf_home, dry_run, as_json, trust_new_hosts):
     """Download the profile's model.id (a Hugging Face repo) once on the head into its HF cache, with
-    huggingface_hub in a container of the pinned base image (resumable; token from auth.hf_token_file), and
+    huggingface_hub in a container of the pinned base image (a re-run keeps what an interrupted one fetched; token from auth.hf_token_file), and
     place the files at model.host_dir (hard links into the cache). Then run `sparkdeploy weights sync`."""
     inv = inventory_mod.load(inventory_file or paths.default_inventory())
-    spec = mf.spec_of(inv, revision=revision, offline=mf.is_offline(offline, os.environ), hf_home=hf_home)
+    spec = mf.spec_of(inv, revision=revision, offline=mf.is_offline(offline, os.environ), hf_home=hf_home,
+                      endpoint=os.environ.get("HF_ENDPOINT"))
     head = inv.head
-    mode = "from the cache only (offline)" if spec.offline or dry_run else "from the Hub (resumes a partial download)"
+    mode = "from the cache only (offline)" if spec.offline or dry_run else "from the Hub (files already in the cache are kept)"
     err.print(f"{spec.repo_id}@{spec.revision} -> {head.name}:{spec.host_dir}, {mode}, huggingface_hub in {spec.image}")
     with _open(inv, trust_new_hosts, [head]) as pool, \
             Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
