@@ -25,7 +25,12 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from sparkdeploy import __version__
+from spark_overlays.compat import series
+
+from sparkdeploy import __version__, engine_args
+from sparkdeploy import checkpoint as checkpoint_mod
+from sparkdeploy.checkpoint import Checkpoint
+from sparkdeploy.credentials import SECRETS_ENV
 from sparkdeploy.errors import PlanError
 from sparkdeploy.facts import NodeFacts, facts_for
 from sparkdeploy.inventory import FEATURES, Inventory, Node, SshTarget
@@ -125,6 +130,8 @@ class Plan:
     speculative_config: dict[str, Any] | None
     model_host_dir: str | None = None  # host checkpoint dir (page cache evicted before launch)
     notes: tuple[str, ...] = ()
+    checkpoint: Checkpoint | None = None  # the weights' format, decides the quantization flags
+    secrets: dict[str, str] = field(default_factory=dict)  # env name -> fingerprint of what SECRETS_ENV holds
 
     def feature_enabled(self, name: str) -> bool:
         return any(f.name == name and f.enabled for f in self.features)
@@ -170,7 +177,17 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def _features(inv: Inventory, mode_of: Callable[[str, str], str]) -> tuple[Feature, ...]:
+def _checkpoint(profile, measured: Checkpoint | None) -> Checkpoint | None:
+    """The checkpoint read from the head's files wins; a profile that declares another format is an error."""
+    if measured is not None and profile.checkpoint_format and measured.format != profile.checkpoint_format:
+        raise PlanError(f"{profile.file}: checkpoint.format: the profile says {profile.checkpoint_format} but the "
+                        f"checkpoint on the head ({measured.source}) is {measured.format}")
+    if measured is not None:
+        return measured
+    return Checkpoint(profile.checkpoint_format, "profile") if profile.checkpoint_format else None
+
+
+def _features(inv: Inventory, mode_of: Callable[[str, str], str], ckpt: Checkpoint | None) -> tuple[Feature, ...]:
     profile, version = inv.profile, inv.image.vllm_version
     out = []
     for name in FEATURES:
@@ -185,6 +202,8 @@ def _features(inv: Inventory, mode_of: Callable[[str, str], str]) -> tuple[Featu
             enabled, reason = False, f"needs MTP speculation (profile uses {spec.method} depth {spec.num_speculative_tokens})"
         if requested and name == "prefix_align" and not profile.prefix_caching:
             enabled, reason = False, "prefix caching is off in the profile"
+        if requested and name == "fp8_gdn":
+            enabled, reason = checkpoint_mod.fp8_gdn_applies(ckpt)
         out.append(Feature(name, requested, enabled, mode, reason))
     return tuple(out)
 
@@ -292,7 +311,7 @@ def _serve_argv(inv: Inventory, node: Node, rank: int, nnodes: int, tp: int, pp:
         argv += ["--gpu-memory-utilization", f"{mem.gpu_memory_utilization:.2f}"]
     if p.enforce_eager:
         argv.append("--enforce-eager")
-    argv.append("--enable-prefix-caching" if p.prefix_caching else "--no-enable-prefix-caching")
+    argv += engine_args.switch(series(inv.image.vllm_version), "--enable-prefix-caching", p.prefix_caching)
     if spec is not None:
         argv += ["--speculative-config", _json(spec)]
     for feat in features:
@@ -307,11 +326,11 @@ def _serve_argv(inv: Inventory, node: Node, rank: int, nnodes: int, tp: int, pp:
                     argv += chunk
                 i += len(chunk)
     argv += ["--additional-config", _json(additional)]
-    return tuple(argv)
+    return tuple(argv) + p.engine_args
 
 
-def _docker_argv(inv: Inventory, node: Node, role: str, image_tag: str,
-                 serve_argv: tuple[str, ...]) -> tuple[str, ...]:
+def _docker_argv(inv: Inventory, node: Node, role: str, image_tag: str, serve_argv: tuple[str, ...],
+                 secrets: Mapping[str, str]) -> tuple[str, ...]:
     p = inv.profile
     argv = ["docker", "run", "--name", CONTAINER_NAME, "--init", "--stop-timeout", str(STOP_TIMEOUT_S),
             "--network", "host", "--ipc", "host"]
@@ -321,6 +340,7 @@ def _docker_argv(inv: Inventory, node: Node, role: str, image_tag: str,
         argv += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1"]
     argv += ["--ulimit", "stack=67108864", "--shm-size", p.shm_size,
              "--env-file", f"{CURRENT_LINK}/{ENV_FILE}",
+             *(("--env-file", SECRETS_ENV) if secrets else ()),
              "--label", f"io.sparkdeploy.release={_RELEASE_PLACEHOLDER}",
              "--label", f"io.sparkdeploy.node={node.name}",
              "--label", f"io.sparkdeploy.role={role}",
@@ -392,9 +412,11 @@ def _layout(inv: Inventory, nodes: int | None) -> tuple[tuple[Node, ...], int, i
 
 def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = None, nodes: int | None = None,
          *, git_commit: str = "unknown", overlays_digest: str | None = None,
-         compat: tuple[Callable[[str, str], str], Callable[[str, str], list[str]]] | None = None) -> Plan:
+         compat: tuple[Callable[[str, str], str], Callable[[str, str], list[str]]] | None = None,
+         checkpoint: Checkpoint | None = None) -> Plan:
     """Plan `nodes` nodes (default: all) of `inventory`; facts missing for a node default to nominal ones.
 
+    `checkpoint` is what the head's checkpoint files say (else the profile's `checkpoint.format`);
     `git_commit` and `overlays_digest` only feed image provenance; `compat` replaces the overlays table (tests).
     """
     inv, p = inventory, inventory.profile
@@ -402,7 +424,9 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     nnodes = len(chosen)
     facts = facts_for(chosen, facts_by_node)
     mode_of, flags_of = compat or _compat_mode()
-    features = _features(inv, mode_of)
+    ckpt = _checkpoint(p, checkpoint)
+    features = _features(inv, mode_of, ckpt)
+    secrets = inv.auth.fingerprints()
     additional = _additional_config(inv, features)
     spec = _speculative_config(p, features, tp)
     image = _image(inv, features, git_commit, overlays_digest)
@@ -440,7 +464,7 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
         role = "head" if rank == 0 else "worker"
         env = _env(inv, node, nf, nnodes, notes)
         serve = _serve_argv(inv, node, rank, nnodes, tp, pp, mem, head, features, flags_of, spec, additional)
-        docker = _docker_argv(inv, node, role, image.tag, serve)
+        docker = _docker_argv(inv, node, role, image.tag, serve, secrets)
         files = {f"{node.name}/release/{name}": f"{{release}}/{name}" for name in (ENV_FILE, LAUNCH_FILE, "node-plan.json")}
         files[f"{node.name}/unit/{UNIT_NAME}"] = UNIT_PATH
         start_order = nnodes - 1 if rank == 0 else rank - 1
@@ -453,7 +477,8 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     draft = Plan(cluster=inv.cluster, release_id=_RELEASE_PLACEHOLDER, kit_version=__version__, profile=p.name,
                  nnodes=nnodes, tp=tp, pp=pp, api_port=inv.ports.api, master_port=inv.ports.master, image=image,
                  nodes=tuple(node_plans), features=features, additional_config=additional,
-                 speculative_config=spec, model_host_dir=p.host_dir, notes=tuple(notes))
+                 speculative_config=spec, model_host_dir=p.host_dir, notes=tuple(notes), checkpoint=ckpt,
+                 secrets=secrets)
     identity = draft.to_dict()  # what reaches the nodes; not provenance, host paths or how we log in
     identity["image"] = {k: v for k, v in identity["image"].items() if k not in ("labels", "vocab_source", "transfers")}
     identity.pop("notes")

@@ -113,6 +113,36 @@ def test_second_up_changes_nothing_and_is_fast(deployed, sim_cluster):
     assert current(sim_cluster, "node1") == "releases/0001"
 
 
+def test_api_key_guards_the_api_and_stays_secret(deployed, sim_cluster):
+    """The sim inventory, like a user's, names an API key file (issue 13): vLLM enforces it, every internal
+    caller sends it (the health gate above passed), and it is in the nodes' 0600 secrets file only."""
+    import requests
+
+    inv = I.load(deployed["inv"])
+    key = inv.auth.api_key()
+    assert key and (inv.auth.api_key_file.stat().st_mode & 0o777) == 0o600
+    api = f"http://{sim_cluster.head.ip}:8000"
+    assert requests.get(f"{api}/v1/models", timeout=10).status_code == 401
+    assert requests.post(f"{api}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2},
+                         timeout=30).status_code == 401
+    ok = requests.post(f"{api}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2},
+                       headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["choices"]
+    rc, rep = health_json(deployed["inv"])
+    check = next(c for c in rep["checks"]["service"] if c["name"] == "api key")
+    assert rc == 0 and check["ok"] and "401" in check["reason"]
+    for node in sim_cluster.nodes:
+        assert sim_cluster.ssh(node, ["stat", "-c", "%a %U", "/etc/sparkdeploy/secrets.env"]).out.split() == ["600", "root"]
+        leaks = sim_cluster.ssh(node, ["sh", "-c", 'grep -rlF -e "$1" /etc/sparkdeploy/releases /etc/systemd/system '
+                                       '/usr/local/lib/sparkdeploy; ps -eo args | grep -F -e "$1" | grep -v grep; '
+                                       'journalctl --no-pager -o cat | grep -cF -e "$1"', "leak", key])
+        assert leaks.out.split() == ["0"], f"{node.name}: the key shows in {leaks.out!r}"
+        args = sim_cluster.ssh(node, ["docker", "inspect", "-f", "{{json .Args}}", "sparkdeploy-engine"]).out
+        assert key not in args and "--tool-call-parser" in args  # the profile's engine_args reached vLLM
+    rc, out, err = cli("plan", "-i", str(deployed["inv"]), "--json")
+    assert rc == 0 and key not in out + err and "VLLM_API_KEY" in out  # the fingerprint, not the key
+
+
 def test_dry_run_shows_a_change_without_making_it(deployed, sim_cluster):
     inv2 = variant(deployed["inv"], deployed["tmp"], "dry", 2.5)
     rc, out, err = cli("up", "-i", str(inv2), "--dry-run", "--json", *UP_FLAGS)

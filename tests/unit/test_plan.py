@@ -116,7 +116,10 @@ def test_additional_config_shape_and_native_flags_on_033():
     assert set(cfg["spark_overlays"]) == {"shortlist", "skinny_gemm", "fp8_gdn", "prefix_align"}
     assert all("enabled" in v for v in cfg["spark_overlays"].values())
     assert cfg["spark_overlays"]["shortlist"]["sha256"] == inventory.load(paths.default_inventory()).vocab.sha256
-    assert _arg(argv, "--quantization") == "online"  # FP8 GDN is a native flag on 0.33
+    # The shipped checkpoint is ModelOpt NVFP4: pre-quantized, so no --quantization (FP8 GDN applies to BF16 only)
+    assert "--quantization" not in argv
+    fp8 = next(f for f in p.features if f.name == "fp8_gdn")
+    assert not fp8.enabled and "pre-quantized (modelopt_fp4)" in fp8.reason
     assert cfg["spark_overlays"]["fp8_gdn"]["enabled"] is False
     assert argv.count("--enable-prefix-caching") == 1
 

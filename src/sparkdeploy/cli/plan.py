@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from sparkdeploy import credentials
 from sparkdeploy import facts as facts_mod
 from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import paths
@@ -49,6 +50,9 @@ def format_plan(p: plan_mod.Plan) -> str:
         f"api     {p.api_url}   master port {p.master_port}",
         "start   " + " -> ".join(f"{n.name} ({n.role})" for n in p.start_order),
         "patches " + "  ".join(f"{f.name}={'on' if f.enabled else 'off'}({f.mode})" for f in p.features),
+        "weights " + (f"{p.checkpoint.format} (from {p.checkpoint.source})" if p.checkpoint else "format unknown"),
+        "secrets " + ("  ".join(f"{k} {v}" for k, v in p.secrets.items()) + f" in {credentials.SECRETS_ENV} (0600)"
+                      if p.secrets else "none: the API on port %d takes requests without a key" % p.api_port),
     ]
     for n in p.nodes:
         lines += ["", f"== {n.name}: {n.role}, rank {n.rank}, starts #{n.start_order + 1}, "

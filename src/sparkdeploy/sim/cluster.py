@@ -32,6 +32,7 @@ from typing import Sequence
 from sparkdeploy import paths
 from sparkdeploy.errors import SimError
 from sparkdeploy.sim import images
+from sparkdeploy.sim.inventory_file import api_key_path
 from sparkdeploy.sim._proc import Reporter, need_tool, run
 
 DEFAULT_NAME = "demo"
@@ -568,7 +569,8 @@ class SimCluster:
             inv = Path(state.inventory)
             if inv.is_file() and "written by `sparkdeploy sim up`" in inv.read_text()[:300]:
                 inv.unlink()
-        for f in (self.state_file, self.known_hosts_path, self.key_path, Path(f"{self.key_path}.pub")):
+        for f in (self.state_file, self.known_hosts_path, self.key_path, Path(f"{self.key_path}.pub"),
+                  api_key_path(self.key_path, self.name)):
             f.unlink(missing_ok=True)
         return removed
 

@@ -25,7 +25,7 @@ from typing import Callable
 import requests
 
 from sparkdeploy import facts as F
-from sparkdeploy import faults, gather, health, paths, releases, render
+from sparkdeploy import credentials, faults, gather, health, paths, releases, render
 from sparkdeploy import plan as P
 from sparkdeploy.errors import HealthError, InputError, InventoryError, RemoteError, SparkdeployError
 from sparkdeploy.remote import Conn, Pool, Target, host_key_line
@@ -167,9 +167,8 @@ class Cluster:
             facts[n] = r[0]
             out.append(Outcome("facts", n, OK, r[1], [], time.monotonic() - t0))
         self.facts = facts
-        self.head_checkpoint()  # refuses a model.host_dir without a checkpoint before anything changes
         self.plan = P.plan(self.inv, facts, self.opts.nodes, git_commit=paths.git_commit(),
-                           overlays_digest=render.overlays_digest())
+                           overlays_digest=render.overlays_digest(), checkpoint=self.head_checkpoint())
         self.files = render.render(self.plan)
         return self.plan
 
@@ -233,6 +232,29 @@ class Cluster:
             return acts
 
         out += run_step("vocab", self.names, diff, dry_run=self.opts.dry_run, log=self.log)
+
+    def step_secrets(self, out: list[Outcome]) -> None:
+        """The engine's secrets in their own root-owned 0600 env file (never in a release, argv or a log line)."""
+        values = self.inv.auth.engine_env()
+        data = credentials.env_file(values)
+        digest = releases.sha(data)
+        path = credentials.SECRETS_ENV
+        what = ", ".join(f"{k} {v}" for k, v in self.plan.secrets.items())
+
+        def diff(n: str) -> list[Action]:
+            c = self.conn(n)
+            have = c.run(["sha256sum", path], check=False)
+            if not values:
+                return [Action(f"remove {path} (no auth.api_key_file)", lambda: c.run(["rm", "-f", path]))] \
+                    if have.ok else []
+            mode = c.run(["stat", "-c", "%a %U", path], check=False).stdout.split()
+            if have.stdout.split()[:1] == [digest] and mode == ["600", "root"]:
+                return []
+            return [Action(f"write {path} (mode 0600, root; {what})",
+                           lambda: (c.run(["mkdir", "-p", posixpath.dirname(path)]),
+                                    c.put(path, data, mode=0o600, owner="root:root")))]
+
+        out += run_step("secrets", self.names, diff, dry_run=self.opts.dry_run, log=self.log)
 
     def current_matches(self) -> tuple[bool, dict[str, str]]:
         """Does every node's current release hold exactly the desired files and image? (reason per node)"""
@@ -375,7 +397,8 @@ class Cluster:
         url = self.plan.api_url
         try:
             return health.wait_answering(url, _served(self.plan), timeout=timeout,
-                                         probe_timeout=self.opts.probe_timeout, log=self.log)
+                                         probe_timeout=self.opts.probe_timeout, log=self.log,
+                                         api_key=self.inv.auth.api_key())
         except health.NotAnswering as err:
             states = self.pool.map(lambda c: c.run(["docker", "inspect", "-f", "{{.State.Status}}",
                                                     P.CONTAINER_NAME], check=False).stdout.strip() or "absent",
@@ -387,7 +410,8 @@ class Cluster:
         """Readiness + a temperature-0 probe (twice: it must be deterministic); record it as HEALTHY."""
         t0 = time.monotonic()
         text = self.wait_ready(self.opts.ready_timeout)
-        again = health.generate(self.plan.api_url, _served(self.plan), timeout=self.opts.probe_timeout)
+        again = health.generate(self.plan.api_url, _served(self.plan), timeout=self.opts.probe_timeout,
+                                api_key=self.inv.auth.api_key())
         if again != text:
             raise HealthError(f"temperature-0 probe is not deterministic: {text!r} then {again!r}")
         rec = {"probe": text, "prompt": health.PROBE_PROMPT, "max_tokens": health.PROBE_MAX_TOKENS, "at": time.time(),
@@ -430,6 +454,7 @@ class Cluster:
             self.step_stale(out)
             self.step_image(out)
             self.step_vocab(out)
+            self.step_secrets(out)
             num = self.step_release(out)
             self.step_units(out)
             self.step_supervision(out)
@@ -643,7 +668,8 @@ class Cluster:
                 node.name, node.role, node.unit_name, node.container_name, m.get("image_id"), reserve, cur,
                 (self.plan.api_port, self.plan.master_port),
                 (supervise.TIMER,) if node.role == "head" else ()))
-        return health.ServiceExpect(self.plan.api_url, _served(self.plan), exp_nodes, rec.get("probe") if rec else None)
+        return health.ServiceExpect(self.plan.api_url, _served(self.plan), exp_nodes, rec.get("probe") if rec else None,
+                                    api_key=self.inv.auth.api_key())
 
     def health(self) -> health.Report:
         rep = health.Report()
