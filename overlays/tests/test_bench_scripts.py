@@ -30,3 +30,17 @@ def test_gpu_kernels_exits_0_with_a_message_without_cuda():
     out = subprocess.run([sys.executable, str(REPO / "bench/gpu_kernels.py")], capture_output=True, text=True)
     assert out.returncode == 0
     assert "no CUDA device" in out.stdout
+
+
+def test_the_kernel_files_load_from_a_vllm_source_without_vllm_installed():
+    pytest.importorskip("torch")
+    src = Path("/opt/sparkdeploy/vllm-0.33.0-src")
+    if not (src / "vllm" / "model_executor").is_dir():
+        pytest.skip("vLLM 0.33.0 source not unpacked")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; import gpu_kernels as g\n"
+            "g.stub_vllm_for_kernel(Path(sys.argv[2]))\n"
+            "from vllm.model_executor.kernels.linear.cute_dsl.skinny_gemm import SkinnyGemmConfig as C\n"
+            "print(C(3, 64, 2, k_unroll=2))")
+    out = subprocess.run([sys.executable, "-c", code, str(REPO / "bench"), str(src)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "SkinnyGemmConfig(num_rows=3, block_size=64, outputs_per_block=2, k_unroll=2" in out.stdout
