@@ -1,6 +1,6 @@
 #!/bin/bash
 # Rendered by sparkdeploy 0.1.0; do not edit (sparkdeploy render).
-# Engine of node node2: rank 1 of 2 (worker), release 5bdbee98be9a.
+# Engine of node node2: rank 1 of 2 (worker), release 2b138530f84e.
 # Run by sparkdeploy-engine.service as /etc/sparkdeploy/current/launch.sh, in the foreground: systemd supervises
 # `docker run` (no -d, no --rm, no docker restart policy), docker supervises vLLM (--init).
 set -euo pipefail
@@ -17,7 +17,7 @@ exec docker run \
   --ulimit stack=67108864 \
   --shm-size 1g \
   --env-file /etc/sparkdeploy/current/engine.env \
-  --label io.sparkdeploy.release=5bdbee98be9a \
+  --label io.sparkdeploy.release=2b138530f84e \
   --label io.sparkdeploy.node=node2 \
   --label io.sparkdeploy.role=worker \
   -v /var/lib/sparkdeploy/vocab:/opt/sparkdeploy/vocab:ro \
@@ -34,4 +34,6 @@ exec docker run \
   --enforce-eager \
   --enable-prefix-caching \
   --speculative-config '{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":3}' \
-  --additional-config '{"spark_overlays":{"fp8_gdn":{"enabled":false},"prefix_align":{"enabled":false},"shortlist":{"enabled":false},"skinny_gemm":{"enabled":true}}}'
+  --additional-config '{"spark_overlays":{"fp8_gdn":{"enabled":false},"prefix_align":{"enabled":false},"shortlist":{"enabled":false},"skinny_gemm":{"enabled":true}}}' \
+  --enable-auto-tool-choice \
+  --tool-call-parser hermes
