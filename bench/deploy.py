@@ -4,8 +4,8 @@
   re-run       `up` with nothing changed: wall time (median of --repeats) and the number of changes (must be 0)
   parallel     the read-and-diff steps of `up` (`up --dry-run`) on 2 nodes vs 1 node: wall(2)/wall(1)
                (1.0 = perfectly parallel, 2.0 = serial)
-  layers       (--layers; wipes the nodes' serving images and the head's registry first) `up` four times side
-               by side: (a) first deploy, (b) overlays-only change, (c) draft-list-only change, (d) nothing
+  layers       (--layers [--first-deploy]; the latter wipes the nodes' serving images and the head's registry)
+               `up` side by side: (a) first deploy, (b) overlays-only change, (c) draft-list-only change, (d) nothing
                changed: wall time, bytes each node received during the whole `up` and during the image step
                (interface counters), the compressed bytes of the layers that changed (head registry's
                manifests) and image-step bytes / changed-layer bytes per node. Overlays are a frozen copy
@@ -131,13 +131,18 @@ def measured_up(inv) -> dict:
             "ratio": {n: round(b / changed, 2) for n, b in image_rx.items()} if changed else None}
 
 
-def layers(inv_path: str, work: Path) -> dict:
-    """(a)-(d) in one run on a frozen overlays copy; see the module docstring."""
+def layers(inv_path: str, work: Path, first: bool) -> dict:
+    """(a)-(d) in one run on a frozen overlays copy ((a) only with `first`: it wipes the images); see the module
+    docstring."""
     os.environ["SPARKDEPLOY_ROOT"] = str(frozen_root(work / "root"))
     data = yaml.safe_load(Path(inv_path).read_text())
     vocab = Path(data["vocab"]) if data.get("vocab") else None
-    wipe_images(I.load(inv_path))
-    out = {"first deploy": measured_up(I.load(inv_path))}
+    out = {}
+    if first:
+        wipe_images(I.load(inv_path))
+        out["first deploy"] = measured_up(I.load(inv_path))
+    else:
+        out["baseline"] = measured_up(I.load(inv_path))  # the frozen copy may differ from what is deployed
     with open(work / "root" / "overlays" / "spark_overlays" / "__init__.py", "a") as f:
         f.write(f"# bench/deploy.py overlays-only change {time.time()}\n")
     out["overlays only"] = measured_up(I.load(inv_path))
@@ -215,7 +220,9 @@ def main(argv=None) -> int:
     ap.add_argument("--inventory", "-i", required=True)
     ap.add_argument("--sim-name", default=None, help="sim cluster name (for the double reboot)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--layers", action="store_true", help="measure (a)-(d) image delivery (wipes serving images)")
+    ap.add_argument("--layers", action="store_true", help="measure image delivery: overlays/list/nothing changed")
+    ap.add_argument("--first-deploy", action="store_true", help="with --layers: wipe the serving images and the "
+                    "registry first and measure the first deploy too")
     ap.add_argument("--reboot-timeout", type=float, default=900)
     ap.add_argument("--skip", default="", help="comma list of: rerun,parallel,reboot")
     ap.add_argument("--json", action="store_true")
@@ -233,7 +240,7 @@ def main(argv=None) -> int:
               f"wall(2)/wall(1) = {p['ratio']}", file=sys.stderr)
     if a.layers and len(inv.nodes) > 1:
         with tempfile.TemporaryDirectory(prefix="bench-layers-") as work:
-            out["layers"] = rows = layers(a.inventory, Path(work))
+            out["layers"] = rows = layers(a.inventory, Path(work), a.first_deploy)
         print_layers(rows)
     if "reboot" not in skip and a.sim_name:
         out["reboot"] = r = double_reboot(a.inventory, inv, a.sim_name, a.reboot_timeout)

@@ -33,3 +33,23 @@ def test_a_list_change_keeps_the_image_and_its_build_context(tmp_path):
 def test_an_overlays_change_makes_a_new_image(tmp_path):
     inv = _sim_with_list(tmp_path, 1000)
     assert plan.plan(inv, overlays_digest="x").image.tag != plan.plan(inv, overlays_digest="y").image.tag
+
+
+def test_registry_certificate_is_for_the_data_plane_address_only():
+    from sparkdeploy import registry
+
+    tls = registry.make_tls("10.0.0.1")
+    assert registry.cert_serves(tls[registry.CERT_FILE], tls[registry.CA_FILE], "10.0.0.1")
+    assert not registry.cert_serves(tls[registry.CERT_FILE], tls[registry.CA_FILE], "10.0.0.2")
+    other = registry.make_tls("10.0.0.1")
+    assert not registry.cert_serves(tls[registry.CERT_FILE], other[registry.CA_FILE], "10.0.0.1")  # foreign CA
+    assert b"addr: 10.0.0.1:5443" in registry.config_text("10.0.0.1")
+
+
+def test_plan_says_which_path_each_image_transfer_takes():
+    p = plan.plan(inventory.load(FIXTURES.parents[2] / "inventory.yaml"), overlays_digest="x")
+    head, worker = p.nodes
+    assert p.image.registry == f"{head.data_ip}:5443"
+    pulls = [t for t in p.image.transfers if t.startswith(f"{head.name} -> {worker.name}")]
+    assert len(pulls) == 1 and f"over data plane {worker.data_ip} ({worker.netdev})" in pulls[0]
+    assert "SSH tunnel" in p.image.transfers[0]
