@@ -163,8 +163,8 @@ def test_bf16_hybrid_gets_online_fp8_for_its_gdn_projections_and_serves_with_mtp
 
 
 def test_bf16_without_gdn_layers_gets_no_quantization_flag(tiny_models, tmp_path):
-    inv = write_inventory(tmp_path, tiny_models / "tiny-qwen3", speculative={"method": "mtp", "num_speculative_tokens": 0},
-                          prefix_caching=True)
+    inv = write_inventory(tmp_path, tiny_models / "tiny-qwen3",
+                          speculative={"method": "mtp", "num_speculative_tokens": 0}, prefix_caching=True)
     plan = planned(inv)
     assert (plan.checkpoint.format, plan.checkpoint.has_gdn) == ("bf16", False)
     assert not set(QUANT_FLAGS) & set(plan.nodes[0].serve_argv)

