@@ -3,7 +3,7 @@ profile's pinned base), offline against a hand-built HF cache, and online agains
 (tests/support/fake_hub.py, HF_ENDPOINT): the files land at model.host_dir as hard links. No test reaches a hub.
 
 The head is this machine (root, LocalConn): the same docker, the same node-side helpers as on a Spark, without
-spending a sim cluster. ~25 s with the engine image cached.
+spending a sim cluster. ~35-50 s with the engine image cached (each fetch starts one container).
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ def _inventory(tmp: Path, repo_id: str, host_dir: Path, token_file: Path | None 
     return path
 
 
-def _fetch(inventory: Path, hf_home: Path, capsys) -> tuple[int, dict | None, str]:
-    rc = main(["weights", "fetch", "--inventory", str(inventory), "--offline", "--hf-home", str(hf_home), "--json"])
+def _fetch(inventory: Path, hf_home: Path, capsys, *extra: str) -> tuple[int, dict | None, str]:
+    rc = main(["weights", "fetch", "--inventory", str(inventory), "--offline", "--hf-home", str(hf_home), "--json",
+               *extra])
     out, err = capsys.readouterr()
     return rc, (json.loads(out) if rc == 0 else None), err
 
@@ -57,6 +58,10 @@ def test_fetch_offline_from_the_cache_then_noop_and_missing_repo_exits_2(sim_eng
     files = hf_cache.tiny_model_files()
     commit = hf_cache.build(hf_home / "hub", REPO, files)
     inventory = _inventory(tmp_path, REPO, host_dir)
+
+    rc, planned, err = _fetch(inventory, hf_home, capsys, "--dry-run")
+    assert rc == 0, err
+    assert (planned["commit"], planned["linked"]) == (commit, 3) and not host_dir.exists()
 
     rc, first, err = _fetch(inventory, hf_home, capsys)
     assert rc == 0, err
@@ -87,6 +92,8 @@ def test_fetch_offline_from_the_cache_then_noop_and_missing_repo_exits_2(sim_eng
     assert (host_dir / "model.safetensors").read_bytes() == files["model.safetensors"]
 
     missing = _inventory(tmp_path, "sparkdeploy-test/not-cached", tmp_path / "models" / "other")
+    rc, planned, err = _fetch(missing, hf_home, capsys, "--dry-run")
+    assert rc == 0 and planned["commit"] is None and "a fetch would download it" in err, err
     rc, _, err = _fetch(missing, hf_home, capsys)
     assert rc == 2, err
     assert "model.id" in err and "sparkdeploy-test/not-cached@main is not in" in err and "profile.yaml" in err
