@@ -35,6 +35,7 @@ CONTAINER_HF_HOME = dict(plan_mod.CACHE_MOUNTS)["huggingface"]
 TOKEN_DIR = f"{plan_mod.STATE_DIR}/fetch"  # root-only: the token's env file lives here while the container runs
 TRUE_VALUES = ("1", "on", "yes", "true")  # huggingface_hub's reading of HF_HUB_OFFLINE
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+HF_HOME_RE = re.compile(r"^/[A-Za-z0-9_.~/+-]*$")  # a docker -v source: no ':'
 ENDPOINT_RE = re.compile(r"^https?://[A-Za-z0-9.:\[\]_-]+(/[A-Za-z0-9._~/-]*)?$")
 REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,127})*$")
 
@@ -101,6 +102,8 @@ def spec_of(inv, *, revision: str, offline: bool, hf_home: str = HF_HOME, endpoi
                              file=p.file, field="model.host_dir")
     if not REVISION_RE.fullmatch(revision) or ".." in revision:
         raise InputError(f"--revision {revision!r} is not a branch, tag or commit name")
+    if not HF_HOME_RE.fullmatch(hf_home):
+        raise InputError(f"--hf-home {hf_home!r}: expected an absolute path on the head (no ':' or spaces)")
     if endpoint and not ENDPOINT_RE.fullmatch(endpoint):
         raise InputError(f"HF_ENDPOINT {endpoint!r} is not an http(s) URL")
     return FetchSpec(p.model_id, revision, p.host_dir, inv.image.base, inv.image.python, offline, hf_home, p.file,

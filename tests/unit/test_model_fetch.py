@@ -162,3 +162,5 @@ def test_an_endpoint_is_passed_to_the_container_and_checked(tmp_path):
     assert "HF_ENDPOINT=https://hf-mirror.example/x" in mf.container_argv(spec, None)
     with pytest.raises(InputError, match="HF_ENDPOINT"):
         mf.spec_of(inv, revision="main", offline=False, endpoint="file:///etc $(x)")
+    with pytest.raises(InputError, match="--hf-home"):
+        mf.spec_of(inv, revision="main", offline=False, hf_home="/srv/hf:/etc")
