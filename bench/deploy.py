@@ -119,13 +119,12 @@ def measured_up(inv) -> dict:
         rx1 = {n.name: img.rx_bytes(c.conn(n.name)) for n in inv.nodes}
         new = registry.layer_sizes(head, c.plan.image.tag)
         changed = sum(size for digest, size in new.items() if digest not in old_layers)
-        image_rx = dict(getattr(c, "image_received", {}))
+        image_rx, image_s = dict(getattr(c, "image_received", {})), getattr(c, "image_seconds", 0.0)
     finally:
         c.close()
     if not res.healthy:
         raise SystemExit(f"up failed: {res.message}")
-    return {"wall_s": round(wall, 1), "image_step_s": round(sum(o.seconds for o in res.outcomes if o.step == "image"
-                                                                and o.node == inv.head.name), 1),
+    return {"wall_s": round(wall, 1), "image_step_s": round(image_s, 1),
             "received_up": {n: rx1[n] - rx0[n] for n in rx0}, "received_image_step": image_rx,
             "changed_layer_bytes": changed, "image_bytes": sum(new.values()), "changes": res.changes,
             "ratio": {n: round(b / changed, 2) for n, b in image_rx.items()} if changed else None}

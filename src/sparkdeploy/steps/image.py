@@ -95,13 +95,14 @@ def rx_bytes(conn: Conn) -> int:
 def converge(cl, out: list) -> str | None:
     """The image step of `up` for a `Cluster` `cl`: every node of the plan holds plan.image.tag, and so does the
     head's registry (the source of the next delivery's missing layers). Returns the image ID (None: dry run
-    with nothing built yet). Sets cl.image_received: bytes each node received while the image was delivered."""
+    with nothing built yet). Sets cl.image_received: bytes each node received while the image was delivered,
+    and cl.image_seconds: the step's wall time."""
     from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD, Outcome, StepFailed
 
     tag, head, names = cl.plan.image.tag, cl.head, cl.names
     data_ip = cl.plan.head.data_ip
     addr = registry.address(data_ip)
-    cl.image_received = {}
+    cl.image_received, started = {}, time.monotonic()
     ids = cl.pool.map(lambda c: image_id(c, tag), names)
     failed = [Outcome("image", n, FAILED, str(r)) for n, r in ids.items() if isinstance(r, Exception)]
     if failed:
@@ -166,6 +167,7 @@ def converge(cl, out: list) -> str | None:
                                [f"pull {tag} from {addr}"], dt))
         elif not any(o.step == "image" and o.node == n for o in out):
             out.append(Outcome("image", n, OK, f"has {want[:19]}" + (f"; {got / 1e6:.1f} MB received" if got > 1e6 else "")))
+    cl.image_seconds = time.monotonic() - started
     if any(o.status == FAILED for o in out if o.step == "image"):
         raise StepFailed("image", [o for o in out if o.step == "image"])
     return want
