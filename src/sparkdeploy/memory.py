@@ -45,7 +45,6 @@ from sparkdeploy.facts import GIB, NodeFacts
 CPU_ENGINE_OVERHEAD_GIB = 3.0  # one vLLM CPU server with a tiny model (measured about 3 GB RSS)
 DRAFT_HIDDEN_SIZE = 2560  # Qwen3.5 / Qwen3.8-Flash-Next; the profile states no hidden size yet
 DRAFT_HEAD_DTYPE_BYTES = 2  # the gathered rows keep the checkpoint head's BF16
-VOCAB_PADDING = 64  # vLLM pads a ParallelLMHead's rows to this before the TP split
 
 
 def shortlist_head_gib(features, vocab, tp: int, hidden_size: int = DRAFT_HIDDEN_SIZE) -> float:
@@ -53,8 +52,9 @@ def shortlist_head_gib(features, vocab, tp: int, hidden_size: int = DRAFT_HIDDEN
     shortlist = next((f for f in features if f.name == "shortlist"), None)
     if vocab is None or shortlist is None or not (shortlist.enabled and shortlist.mode == "overlay"):
         return 0.0
-    padded = -(-vocab.size // VOCAB_PADDING) * VOCAB_PADDING
-    return padded // tp * hidden_size * DRAFT_HEAD_DTYPE_BYTES / GIB
+    from spark_overlays.vocab_list import padded_size  # the engine's own padding rule
+
+    return padded_size(vocab.size, tp) // tp * hidden_size * DRAFT_HEAD_DTYPE_BYTES / GIB
 
 
 @dataclass(frozen=True)
