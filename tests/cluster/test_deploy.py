@@ -133,9 +133,12 @@ def test_api_key_guards_the_api_and_stays_secret(deployed, sim_cluster):
     assert rc == 0 and check["ok"] and "401" in check["reason"]
     for node in sim_cluster.nodes:
         assert sim_cluster.ssh(node, ["stat", "-c", "%a %U", "/etc/sparkdeploy/secrets.env"]).out.split() == ["600", "root"]
-        leaks = sim_cluster.ssh(node, ["sh", "-c", 'grep -rlF -e "$1" /etc/sparkdeploy/releases /etc/systemd/system '
-                                       '/usr/local/lib/sparkdeploy; ps -eo args | grep -F -e "$1" | grep -v grep; '
-                                       'journalctl --no-pager -o cat | grep -cF -e "$1"', "leak", key])
+        # The key is read on the node from secrets.env, never passed in argv: sudo logs every command line, so the
+        # journal would show any command that carried it (the kit's writes send it on stdin).
+        leaks = sim_cluster.ssh(node, ["sh", "-c", 'k=$(sed -n "s/^VLLM_API_KEY=//p" /etc/sparkdeploy/secrets.env); '
+                                       '[ -n "$k" ] || exit 9; grep -rlF -e "$k" /etc/sparkdeploy/releases '
+                                       '/etc/systemd/system /usr/local/lib/sparkdeploy; '
+                                       'pgrep -af -- "$k"; journalctl --no-pager -o cat | grep -cF -e "$k"'])
         assert leaks.out.split() == ["0"], f"{node.name}: the key shows in {leaks.out!r}"
         args = sim_cluster.ssh(node, ["docker", "inspect", "-f", "{{json .Args}}", "sparkdeploy-engine"]).out
         assert key not in args and "--tool-call-parser" in args  # the profile's engine_args reached vLLM
