@@ -218,13 +218,14 @@ def _additional_config(inv: Inventory, features: tuple[Feature, ...]) -> dict[st
     return {"spark_overlays": cfg}
 
 
-def _speculative_config(profile, features: tuple[Feature, ...], tp: int) -> dict[str, Any] | None:
-    """The profile's speculative config; with the shortlist overlay on under TP, greedy drafts take the
-    overlay's local argmax (`get_top_tokens`: 2 x TP values per token cross the link instead of the draft
-    logits). A profile that sets `use_local_argmax_reduction` or probabilistic drafting keeps its choice."""
+def _speculative_config(profile, features: tuple[Feature, ...]) -> dict[str, Any] | None:
+    """The profile's speculative config; with the shortlist overlay on, greedy drafts take the overlay's local
+    argmax at any TP (`get_top_tokens`: 2 x TP values per token instead of the draft logits; at TP=1 the logits
+    are never materialised). Not for the stock heads: vLLM 0.32's Qwen3NextMTP has no `get_top_tokens`.
+    A profile that sets `use_local_argmax_reduction` or probabilistic drafting keeps its choice."""
     spec = profile.speculative.config()
     shortlist = next((f for f in features if f.name == "shortlist"), None)
-    if spec and tp > 1 and shortlist and shortlist.enabled and shortlist.mode == "overlay" \
+    if spec and shortlist and shortlist.enabled and shortlist.mode == "overlay" \
             and spec.get("draft_sample_method") != "probabilistic":
         spec.setdefault("use_local_argmax_reduction", True)
     return spec
@@ -428,7 +429,7 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     features = _features(inv, mode_of, ckpt)
     secrets = inv.auth.fingerprints()
     additional = _additional_config(inv, features)
-    spec = _speculative_config(p, features, tp)
+    spec = _speculative_config(p, features)
     image = _image(inv, features, git_commit, overlays_digest)
     head = chosen[0]
     scale = tp * pp

@@ -96,14 +96,15 @@ def test_sim_mtp_profile_turns_prefix_caching_off(tmp_path):
     assert any("prefix caching is off" in note for note in p.notes)
 
 
-def test_shortlist_under_tp_drafts_by_local_argmax_only_when_the_overlay_is_on(tmp_path):
+def test_shortlist_drafts_by_local_argmax_at_any_tp_only_when_the_overlay_is_on(tmp_path):
     spec = lambda p: json.loads(_arg(p.head.serve_argv, "--speculative-config"))  # noqa: E731
     on = plan.plan(_sim(tmp_path, "sim-tiny-next-mtp"))
     assert spec(on)["use_local_argmax_reduction"] is True
     off = plan.plan(_sim(tmp_path, "sim-tiny-next-mtp", patches={"shortlist": False}))
     assert "use_local_argmax_reduction" not in spec(off)  # the stock MTP head has no get_top_tokens
     assert spec(plan.plan(_shipped()))["use_local_argmax_reduction"] is True
-    assert "use_local_argmax_reduction" not in spec(plan.plan(_shipped(), nodes=1))  # TP=1: nothing to reduce
+    # TP=1 too (issue 18: the overlay's head has get_top_tokens at any TP; no logits are materialised)
+    assert spec(plan.plan(_shipped(), nodes=1))["use_local_argmax_reduction"] is True
     ngram = plan.plan(_sim(tmp_path))
     assert "use_local_argmax_reduction" not in spec(ngram)
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Rendered by sparkdeploy 0.1.0; do not edit (sparkdeploy render).
-# Engine of node spark1: rank 0 of 1 (head), release 26d3e85312a7.
+# Engine of node spark1: rank 0 of 1 (head), release ec40c5f92879.
 # Run by sparkdeploy-engine.service as /etc/sparkdeploy/current/launch.sh, in the foreground: systemd supervises
 # `docker run` (no -d, no --rm, no docker restart policy), docker supervises vLLM (--init).
 set -euo pipefail
@@ -42,7 +42,7 @@ exec docker run \
   --ulimit stack=67108864 \
   --shm-size 16g \
   --env-file /etc/sparkdeploy/current/engine.env \
-  --label io.sparkdeploy.release=26d3e85312a7 \
+  --label io.sparkdeploy.release=ec40c5f92879 \
   --label io.sparkdeploy.node=spark1 \
   --label io.sparkdeploy.role=head \
   -v /var/lib/sparkdeploy/vocab:/opt/sparkdeploy/vocab:ro \
@@ -63,7 +63,7 @@ exec docker run \
   --kv-cache-dtype fp8 \
   --gpu-memory-utilization 0.73 \
   --enable-prefix-caching \
-  --speculative-config '{"method":"mtp","num_speculative_tokens":2}' \
+  --speculative-config '{"method":"mtp","num_speculative_tokens":2,"use_local_argmax_reduction":true}' \
   --additional-config '{"spark_overlays":{"fp8_gdn":{"enabled":false},"prefix_align":{"enabled":false},"shortlist":{"enabled":true,"path":"/opt/sparkdeploy/vocab/current.txt","sha256":"1c901ae69c6132723fec50b0fb96630649b677b9f208881d35f26e6ebe878d60"},"skinny_gemm":{"enabled":true}}}' \
   --enable-auto-tool-choice \
   --tool-call-parser qwen3_coder \
