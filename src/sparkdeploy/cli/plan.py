@@ -42,6 +42,14 @@ def _wrap(command: str, indent: str = "    ") -> str:
                          break_long_words=False, break_on_hyphens=False)
 
 
+def _why(p: plan_mod.Plan, feat) -> str:
+    """Why a patch is on or off, and how this vLLM pin does it (the overlays' compat table)."""
+    from spark_overlays import compat
+
+    how = compat.support(p.image.vllm_version, feat.name).note
+    return (f"on, {feat.mode}" + (f": {how}" if how else "")) if feat.enabled else f"off: {feat.reason}"
+
+
 def format_plan(p: plan_mod.Plan) -> str:
     lines = [
         f"cluster {p.cluster}  profile {p.profile}  nodes {p.nnodes}  tp {p.tp}  pp {p.pp}  release {p.release_id}",
@@ -50,6 +58,7 @@ def format_plan(p: plan_mod.Plan) -> str:
         f"api     {p.api_url}   master port {p.master_port}",
         "start   " + " -> ".join(f"{n.name} ({n.role})" for n in p.start_order),
         "patches " + "  ".join(f"{f.name}={'on' if f.enabled else 'off'}({f.mode})" for f in p.features),
+        *(f"  {f.name:<13} {_why(p, f)}" for f in p.features),
         "weights " + (f"{p.checkpoint.format} (from {p.checkpoint.source})" if p.checkpoint else "format unknown"),
         "secrets " + ("  ".join(f"{k} {v}" for k, v in p.secrets.items()) + f" in {credentials.SECRETS_ENV} (0600)"
                       if p.secrets else "none: the API on port %d takes requests without a key" % p.api_port),
