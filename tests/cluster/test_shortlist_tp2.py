@@ -43,7 +43,7 @@ def _deploy(sim, d: Path, name: str, shortlist: bool) -> dict:
     assert res.healthy, res.message
     url = f"http://{inv.head.ssh.host}:{inv.ports.api}"
     golden = rollout.capture(url, inv.profile.served_name, rollout.golden_prompts(per_category=2),
-                             max_tokens=24, timeout=120)
+                             max_tokens=24, timeout=120, api_key=inv.auth.api_key())
     logs = {n.name: sim.ssh(n, f"docker logs {CONTAINER_NAME} 2>&1", timeout=60).out for n in sim.nodes}
     spec = [a for a in golden.acceptance.values() if a]
     return {"outputs": golden.outputs, "drafts": sum(a["drafts"] for a in spec), "logs": logs}
@@ -75,6 +75,9 @@ def test_shortlist_off_runs_the_stock_head(runs):
 
 
 def test_greedy_outputs_identical_with_shortlist_on_and_off(runs):
+    """Guards the target path (the overlay must not touch the verifier's head or weights), not the draft head:
+    a wrong draft would pass this too. The draft head's quality is measured by acceptance in
+    overlays/tests/test_engine_shortlist.py (constructed weights: a list lacking the needed ids drops to 0)."""
     assert runs["on"]["drafts"] > 0 and runs["off"]["drafts"] > 0  # speculation really ran both times
     on, off = runs["on"]["outputs"], runs["off"]["outputs"]
     assert len(on) >= 6 and all(on.values())
