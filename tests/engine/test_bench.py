@@ -16,12 +16,14 @@ from sparkdeploy.bench.harness import harness
 from sparkdeploy.bench.probe import probe
 from sparkdeploy.bench.turn2 import turn2
 from sparkdeploy.cli import main
+from sparkdeploy.errors import BenchError
 from tests.support.vllm_server import VllmServer
 
 pytestmark = pytest.mark.engine
 
 NGRAM = '{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":3,"prompt_lookup_min":1}'
 MAX_MODEL_LEN = 2048  # the tiny model's max_position_embeddings; turn2 scales --prefix-tokens down to fit
+API_KEY = "bench-test-key-0123456789"  # the server runs behind a key, as a deployed one should
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +31,19 @@ def server(tiny_models, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     # a generous start timeout: on a loaded 2-core machine engine start has taken over 3 minutes
     with VllmServer(tiny_models / "tiny-qwen3", max_model_len=MAX_MODEL_LEN, log_path=log, timeout=480,
-                    args=["--enforce-eager", "--enable-prefix-caching", "--speculative-config", NGRAM]) as srv:
+                    args=["--enforce-eager", "--enable-prefix-caching", "--speculative-config", NGRAM],
+                    api_key=API_KEY) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def service(server):
-    return client.discover(server.base_url)
+    return client.discover(server.base_url, api_key=API_KEY)
+
+
+def test_discover_without_the_key_says_the_api_wants_one(server):
+    with pytest.raises(BenchError, match="HTTP 401: the API wants a key"):
+        client.discover(server.base_url)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +86,7 @@ def test_stray_request_during_a_run_is_discarded_not_averaged(service, cats):
             body = {"model": service.model, "prompt": "stray " * 20, "max_tokens": 200, "temperature": 0,
                     "ignore_eos": True}
             t = threading.Thread(target=requests.post, args=(service.url + "/v1/completions",),
-                                 kwargs={"json": body, "timeout": 120})
+                                 kwargs={"json": body, "timeout": 120, "headers": service.headers})
             t.start()
             strays.append(t)
 
@@ -136,8 +144,12 @@ def test_compare_same_config_is_within_noise_for_deterministic_acceptance(servic
 
 def test_cli_probe_then_compare_and_report(server, tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
+    key_file = tmp_path / "api.key"
+    key_file.write_text(API_KEY + "\n")
+    key_file.chmod(0o600)
     for out in (a, b):
-        assert main(["bench", "probe", "--url", server.base_url, "--tokens", "16", "--runs", "2",
+        assert main(["bench", "probe", "--url", server.base_url, "--api-key-file", str(key_file), "--tokens", "16",
+                     "--runs", "2",
                      "--warmup", "0", "--category", "prose_zh", "--out", str(out)]) == 0
     assert main(["bench", "compare", str(a), str(b)]) == 0
     assert main(["bench", "report", str(a), str(b), "--compare", "--out", str(tmp_path / "rep")]) == 0
@@ -157,12 +169,13 @@ def test_watchdog_probes_an_idle_engine_but_adds_nothing_to_real_traffic(server)
     spec.loader.exec_module(wd)
     url = server.base_url
 
-    first = wd.probe_api(url, "tiny", None, 30)  # no earlier tick: probe
+    assert not wd.probe_api(url, "tiny", None, 30)["probe_ok"]  # without the node's key the probe is refused
+    first = wd.probe_api(url, "tiny", None, 30, API_KEY)  # no earlier tick: probe
     assert first["health_ok"] and first["probe_ok"] and first["probed"] and first["served_total"] is not None
-    idle = wd.probe_api(url, "tiny", first["served_total"], 30)  # nothing since: probe again (its own is not traffic)
+    idle = wd.probe_api(url, "tiny", first["served_total"], 30, API_KEY)  # nothing since: probe again (its own is not traffic)
     assert idle["probed"] and idle["probe_ok"] and idle["served_total"] == first["served_total"] + 1
 
     server.completion("def main():", max_tokens=4)  # real traffic between two ticks
-    busy = wd.probe_api(url, "tiny", idle["served_total"], 30)
+    busy = wd.probe_api(url, "tiny", idle["served_total"], 30, API_KEY)
     assert busy["probe_ok"] and not busy["probed"]
     assert busy["served_total"] == idle["served_total"] + 1  # exactly our request: the watchdog sent none

@@ -86,10 +86,12 @@ class VllmServer:
         max_model_len: int = 512,
         timeout: float = 180.0,
         python: str | os.PathLike | None = None,
+        api_key: str | None = None,
     ):
         self.model = str(model)
         self.args = list(args or [])
-        self.env = dict(env or {})
+        self.env = dict(env or {}, **({"VLLM_API_KEY": api_key} if api_key else {}))
+        self.api_key = api_key  # vLLM guards /v1/* with it; request() sends it
         self.name = served_model_name
         self.max_model_len = max_model_len
         self.timeout = timeout
@@ -194,8 +196,10 @@ class VllmServer:
     # ------------------------------------------------------------------ requests
     def request(self, path: str, body: dict | None = None, timeout: float = 120.0) -> dict | str:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base_url + path, data=data,
-                                     headers={"Content-Type": "application/json"} if data else {})
+        headers = {"Content-Type": "application/json"} if data else {}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.base_url + path, data=data, headers=headers)
         with urllib.request.urlopen(req, timeout=timeout) as r:
             text = r.read().decode()
         try:
