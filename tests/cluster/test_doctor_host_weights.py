@@ -108,7 +108,8 @@ def test_doctor_baseline_is_honest(nodes, host_setup_runs, capsys):
     checks = {c for _, c in res}
     assert checks == {"ssh", "gpu", "kernel-modules", "roce-twins", "mtu", "roce-gid", "earlyoom", "sshd-oom", "disk",
                       "docker", "gpu-processes", "stale-units", "memory", "timesync", "driver-match",
-                      "data-plane-reach", "clock-skew"}
+                      "data-plane-reach", "clock-skew", "api-key"}
+    assert res[("cluster", "api-key")]["verdict"] == "ok"  # the sim inventory names a 0600 key, as users should
     for node in ("node1", "node2"):
         for check in ("gpu", "gpu-processes", "roce-twins", "roce-gid"):
             assert res[(node, check)]["verdict"] == "not-present"
