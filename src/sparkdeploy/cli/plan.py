@@ -16,7 +16,7 @@ from sparkdeploy import paths
 from sparkdeploy import plan as plan_mod
 from sparkdeploy import render as render_mod
 
-_inventory_option = click.option("--inventory", "inventory_file", type=click.Path(dir_okay=False, path_type=Path),
+_inventory_option = click.option("--inventory", "-i", "inventory_file", type=click.Path(dir_okay=False, path_type=Path),
                                  default=None, help="inventory file [default: inventory.yaml of the checkout]")
 _facts_option = click.option("--facts", "facts_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
                              help="node facts YAML (default: nominal GB10 / simulated-node facts; nothing is read)")
