@@ -56,7 +56,7 @@ def tool_venv(tmp_path_factory, wheel) -> Path:
     deps = [p for p in sys.path if p and Path(p).is_dir()
             and not any((Path(p) / pkg).exists() for pkg in ("sparkdeploy", "spark_overlays"))]
     (purelib / "zz_sparkdeploy_test_deps.pth").write_text("\n".join(deps) + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--force-reinstall",
                     "--no-deps", "--no-index", str(wheel)], check=True)
     return venv
 
