@@ -98,13 +98,15 @@ def test_ssh_config_alias_logs_in_as_the_sudoer(sim_cluster, tmp_path, monkeypat
     aliases = "".join(f"Host spark-{n.name}\n  HostName {n.ip}\n  User {sim_cluster.user}\n"
                       f"  IdentityFile ~/.ssh/spark_key\n" for n in sim_cluster.nodes)
     (home / ".ssh" / "config").write_text(aliases)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     data = yaml.safe_load(sim_cluster.inventory.read_text())
     for node in data["nodes"]:
         node["ssh"] = {"host": f"spark-{node['name']}", "known_hosts": "~/.ssh/known_hosts"}
+    # the secret stays where `sim up` wrote it (under the real $HOME): only the SSH side moves to the alias home
+    data["auth"] = {"api_key_file": str(inventory.load(sim_cluster.inventory).auth.api_key_file)}
     path = tmp_path / "inventory.yaml"
     path.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     inv = inventory.load(path)
     for node, sim_node in zip(inv.nodes, sim_cluster.nodes):
         # paramiko expands the IdentityFile's `~` itself
