@@ -211,17 +211,19 @@ def tunnel(conn: Conn, host: str, port: int) -> Iterator[int]:
     listener.listen(16)
     stop = threading.Event()
 
-    def pump(src, dst, close_both: bool):
+    def pump(src, dst):
+        """Copy one direction; when it ends, close both ends (never a half-close: paramiko can send the EOF
+        of a channel the server has already freed, and OpenSSH then drops the whole connection)."""
         try:
             while chunk := src.recv(1 << 16):
                 dst.sendall(chunk)
         except OSError:
             pass
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR) if isinstance(dst, socket.socket) else dst.shutdown_write()
-        if close_both:  # the answering side ended: the exchange is over
-            src.close()
-            dst.close()
+        for end in (src, dst):
+            with contextlib.suppress(OSError):
+                if isinstance(end, socket.socket):
+                    end.shutdown(socket.SHUT_RDWR)  # wakes the other pump's recv and sends the FIN
+                end.close()
 
     def serve():
         while not stop.is_set():
@@ -234,8 +236,8 @@ def tunnel(conn: Conn, host: str, port: int) -> Iterator[int]:
             except Exception:  # noqa: BLE001 - the client sees its connection closed
                 sock.close()
                 continue
-            threading.Thread(target=pump, args=(sock, chan, False), daemon=True).start()
-            threading.Thread(target=pump, args=(chan, sock, True), daemon=True).start()
+            threading.Thread(target=pump, args=(sock, chan), daemon=True).start()
+            threading.Thread(target=pump, args=(chan, sock), daemon=True).start()
 
     threading.Thread(target=serve, daemon=True).start()
     try:

@@ -65,6 +65,23 @@ def push(conn: Conn, tag: str, registry_addr: str) -> None:
                           node=conn.name)
 
 
+def push_through_tunnel(cl, local: Conn, tag: str, data_ip: str, attempts: int = 3) -> None:
+    """Push from this machine into the head's registry through an SSH tunnel, over a fresh connection on a retry.
+
+    A dropped SSH session (seen on a loaded host: OpenSSH ends the whole session on a packet for a channel it
+    has freed) ends the push with EOF; the registry keeps the layers that arrived, so a retry sends the rest."""
+    for attempt in range(1, attempts + 1):
+        try:
+            with registry.tunnel(cl.conn(cl.head), data_ip, registry.PORT) as port:
+                push(local, tag, f"127.0.0.1:{port}")
+            return
+        except RemoteError as err:
+            if attempt == attempts:
+                raise
+            cl.log(f"{cl.head}: push through the SSH tunnel failed ({str(err)[-160:]}); retry {attempt} of "
+                   f"{attempts - 1}")
+
+
 def pull(conn: Conn, tag: str, registry_addr: str, want_id: str) -> None:
     """`docker pull` of tag from the head's registry (docker checks each layer against its digest), then the
     image ID; a mismatch is refused and the wrong image removed, so no engine starts on it."""
@@ -147,8 +164,7 @@ def converge(cl, out: list) -> str | None:
         if source:
             push(cl.conn(source), tag, addr)
         else:
-            with registry.tunnel(hc, data_ip, registry.PORT) as port:
-                push(local, tag, f"127.0.0.1:{port}")
+            push_through_tunnel(cl, local, tag, data_ip)
     if lacking:
         cl.log(f"{', '.join(lacking)}: pulling {tag} from {addr} (only the layers each lacks)")
     pulled = cl.pool.map(lambda c: pull(c, tag, addr, want), lacking)
