@@ -9,10 +9,11 @@ resume), so the online path of `weights fetch` runs without reaching a hub (`HF_
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlparse
+
+from tests.support.http_json import send_json
 
 
 class FakeHub:
@@ -48,27 +49,19 @@ class FakeHub:
     def etag(data: bytes) -> str:
         return hashlib.sha256(data).hexdigest()
 
-    def _json(self, h, obj, status=200):
-        body = json.dumps(obj).encode()
-        h.send_response(status)
-        h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
-
     def _answer(self, h, *, head: bool) -> None:
         path = unquote(urlparse(h.path).path)
         self.requests.append((h.command, path, h.headers.get("Authorization") == f"Bearer {self.token}"))
         api = f"/api/models/{self.repo_id}/"
         if path.startswith(api + "revision/"):
-            return self._json(h, {"id": self.repo_id, "sha": self.commit,
+            return send_json(h, {"id": self.repo_id, "sha": self.commit,
                                   "siblings": [{"rfilename": f} for f in sorted(self.files)]})
         if path.startswith(api + "tree/"):
-            return self._json(h, [{"type": "file", "path": f, "size": len(d), "oid": self.etag(d)[:40]}
+            return send_json(h, [{"type": "file", "path": f, "size": len(d), "oid": self.etag(d)[:40]}
                                   for f, d in sorted(self.files.items())])
         prefix = f"/{self.repo_id}/resolve/"
         if not path.startswith(prefix):
-            return self._json(h, {"error": "not found"}, 404)
+            return send_json(h, {"error": "not found"}, 404)
         name = path[len(prefix):].split("/", 1)[1]
         if name not in self.files:
             h.send_response(404)

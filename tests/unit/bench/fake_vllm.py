@@ -9,6 +9,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.support.http_json import send_json
+
 from .metrics_text import metrics_text
 
 
@@ -97,19 +99,11 @@ class FakeVllm:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
 
-            def _json(self, obj, code=200):
-                data = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
             def do_GET(self):
                 if self.path == "/v1/models":
-                    self._json({"object": "list", "data": [{"id": "fake", "max_model_len": 4096}]})
+                    send_json(self, {"object": "list", "data": [{"id": "fake", "max_model_len": 4096}]})
                 elif self.path == "/version":
-                    self._json({"version": "0.0.0-fake"})
+                    send_json(self, {"version": "0.0.0-fake"})
                 elif self.path == "/metrics":
                     data = fake.metrics().encode()
                     self.send_response(200)
@@ -118,15 +112,15 @@ class FakeVllm:
                     self.end_headers()
                     self.wfile.write(data)
                 else:
-                    self._json({"error": "not found"}, 404)
+                    send_json(self, {"error": "not found"}, 404)
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if self.path == "/tokenize":
-                    self._json({"count": len(body["prompt"].split())})
+                    send_json(self, {"count": len(body["prompt"].split())})
                     return
                 if self.path != "/v1/chat/completions":
-                    self._json({"error": "not found"}, 404)
+                    send_json(self, {"error": "not found"}, 404)
                     return
                 text = "\n".join(m["content"] for m in body["messages"])
                 words = text.split()
