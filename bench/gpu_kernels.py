@@ -14,8 +14,8 @@ TP=1 and TP=2), the GDN projections (QKVZ, B/A, out_proj at TP=1/2) — and each
   * prints the achieved bandwidth (weight + activations + output bytes / time) next to a device-to-device
     copy bandwidth measured in the same run, and the skinny/F.linear time ratio. A plan entry whose
     ratio is >= 1 should be removed from ``overlays/spark_overlays/skinny_plans.py``.
-Timing: CUDA events around ``--iters`` back-to-back calls after warm-up; the weight set is larger than
-L2 for every lm_head shape; median of 5 such rounds.
+Timing: each call captured once in a CUDA graph and replayed ``--rounds`` x ``--iters`` times, every replay
+after an L2 flush (a 256 MiB write) and timed by its own CUDA events; the median is reported.
 Then the whole draft step (head GEMM on its best kernel + argmax, + d2t for the shortlist) at the TP=1 and
 TP=2 local shapes, full 248,320-row head vs a 64k shortlist, checking that the shortlist's token equals the
 full argmax whenever that is on the list.
@@ -119,29 +119,49 @@ def main(argv=None) -> int:
         stub_vllm_for_kernel(args.kernel_source)
     kernel = None if smoke else skinny_kernel()
 
+    # Larger than any L2 we target (H200 50 MB, GB10 24 MB): written before each timed call so the weight
+    # comes from DRAM, as it does in decode where every layer's weight is read once per step.
+    flush = None if smoke else torch.empty(256 << 20, dtype=torch.int8, device=dev)
+
     def timed(fn, iters):
-        """Seconds per call: CUDA events around `iters` calls, median of the rounds (wall clock on the CPU)."""
+        """Seconds per call, median over rounds x iters calls. On the GPU one call is captured in a CUDA graph
+        (no launch overhead from Python) and each replay, after an L2 flush, is timed by its own events; a call
+        that cannot be captured is timed eagerly the same way. Wall clock on the CPU."""
         fn()
         sync()
-        rounds = []
-        for _ in range(args.rounds):
-            if smoke:
+        if smoke:
+            rounds = []
+            for _ in range(args.rounds):
                 t0 = time.perf_counter()
                 for _ in range(iters):
                     fn()
                 rounds.append((time.perf_counter() - t0) / iters)
-                continue
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
+            return statistics.median(rounds)
+        run = fn
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()  # warm-up on a side stream before capture, as torch.cuda.graph asks
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
                 fn()
+            run = graph.replay
+        except Exception as e:  # noqa: BLE001 - the kernel's own launcher may refuse capture: time it eagerly
+            print(f"gpu_kernels: not capturable in a CUDA graph, timed eagerly: {e}", file=sys.stderr)
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                 for _ in range(args.rounds * iters)]
+        for start, end in pairs:
+            flush.zero_()
+            start.record()
+            run()
             end.record()
-            sync()
-            rounds.append(start.elapsed_time(end) / iters * 1e-3)
-        return statistics.median(rounds)
+        sync()
+        return statistics.median(start.elapsed_time(end) for start, end in pairs) * 1e-3
 
     def copy_bandwidth() -> float:
-        """Device copy bandwidth (read + write) on a 1 GiB buffer (16 MiB in a smoke run)."""
+        """Device copy bandwidth (read + write) on a 1 GiB buffer (16 MiB in a smoke run), timed as the GEMMs."""
         src = torch.empty((1 << 29) // scale, dtype=torch.bfloat16, device=dev)
         dst = torch.empty_like(src)
         return 2 * src.numel() * src.element_size() / timed(lambda: dst.copy_(src), 20)
