@@ -34,9 +34,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from sparkdeploy import layout
 from sparkdeploy import health  # noqa: E402
 from sparkdeploy import inventory as I  # noqa: E402
-from sparkdeploy import plan as P  # noqa: E402
 from sparkdeploy import registry  # noqa: E402
 from sparkdeploy.steps import image as img  # noqa: E402
 from sparkdeploy.steps.deploy import Cluster, Options  # noqa: E402
@@ -93,7 +93,7 @@ def wipe_images(inv) -> None:
     c = Cluster(inv, Options())
     try:
         c.connect([], [n.name for n in inv.nodes])
-        script = (f"systemctl stop {P.UNIT_NAME} 2>/dev/null; docker rm -f {P.CONTAINER_NAME} 2>/dev/null; "
+        script = (f"systemctl stop {layout.UNIT_NAME} 2>/dev/null; docker rm -f {layout.CONTAINER_NAME} 2>/dev/null; "
                   f"docker image ls -q {inv.image.repository} | xargs -r docker image rm -f; docker image prune -f; "
                   f"systemctl stop {registry.UNIT_NAME} 2>/dev/null; rm -rf {registry.STORAGE_DIR}; "
                   f"systemctl start {registry.UNIT_NAME} 2>/dev/null; true")

@@ -33,7 +33,7 @@ from pathlib import Path
 from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import weights as w
 from sparkdeploy.remote import Pool
-from sparkdeploy.steps.deploy import target_of
+from sparkdeploy.remote import target_of
 
 DIR = "/srv/sparkdeploy-bench/ckpt"
 RAW = "/srv/sparkdeploy-bench/raw.blob"

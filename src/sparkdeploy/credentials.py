@@ -16,7 +16,6 @@ from pathlib import Path
 
 from sparkdeploy.errors import InventoryError
 
-SECRETS_ENV = "/etc/sparkdeploy/secrets.env"
 MAX_SECRET_BYTES = 4096
 
 

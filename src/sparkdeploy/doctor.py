@@ -902,7 +902,7 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
     from sparkdeploy import plan as plan_mod
     from sparkdeploy.errors import SparkdeployError
     from sparkdeploy.remote import Pool
-    from sparkdeploy.steps.deploy import target_of
+    from sparkdeploy.remote import target_of
 
     t0 = time.monotonic()
     ckpt = checkpoint_dir or inv.profile.host_dir

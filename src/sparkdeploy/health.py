@@ -21,7 +21,6 @@ from sparkdeploy.remote import Conn
 
 PROBE_PROMPT = "The capital of France is"
 PROBE_MAX_TOKENS = 8
-WATCHDOG_STATE = "/var/lib/sparkdeploy/watchdog.json"
 
 
 @dataclass

@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from sparkdeploy import checkpoint, credentials, engine_args, paths, yamlfile
+from sparkdeploy import checkpoint, credentials, engine_args, paths, sshconfig, yamlfile
 from sparkdeploy.credentials import Auth
-from sparkdeploy.errors import InventoryError
+from sparkdeploy.errors import InventoryError, RemoteError
+from sparkdeploy.layout import VOCAB_CONTAINER_DIR
 
 FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align")
 GPU_KINDS = ("gb10", "none")
@@ -339,8 +340,6 @@ _SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc",
 
 
 def _model_path(m: _Fields) -> str:
-    from sparkdeploy.plan import VOCAB_CONTAINER_DIR
-
     value = _path_text(m, "path", absolute=True, mount=True)
     path, vocab = posixpath.normpath(value), VOCAB_CONTAINER_DIR
     if path == "/" or path == vocab or path.startswith(vocab + "/") or vocab.startswith(path + "/"):
@@ -367,22 +366,20 @@ def _node(raw: Any, index: int, file: str) -> Node:
     if role not in ROLES:
         f.fail("role", f"{role!r} is not head or worker")
     s = f.sub("ssh", _SSH_KEYS)
-    from sparkdeploy import remote
-
     # As on the ssh command line: the inventory's values win, then ~/.ssh/config's for the host (a Host alias
     # resolves to its HostName, which the head's watchdog needs too), then root on port 22. Key paths stay as
     # written (`~/.ssh/...`: plans do not depend on who runs the kit); remote expands `~` and `$VAR` at connect.
     host = s.text("host", HOST_RE, what="a host name, IP address or ~/.ssh/config Host alias")
     try:
-        cfg = remote.ssh_config(host)
+        cfg = sshconfig.ssh_config(host)
         cfg_port = int(cfg.get("port", 22))
-    except (remote.RemoteError, ValueError) as err:
+    except (RemoteError, ValueError) as err:
         s.fail("host", f"~/.ssh/config for {host!r}: {err}")
     ssh = SshTarget(
         host=cfg["hostname"],
         user=s.text("user", USER_RE, None, what="a login name") or cfg.get("user") or "root",
         port=s.integer("port", 1, 65535, None, what="a port 1..65535") or cfg_port,
-        key=_path_text(s, "key", None) or remote.identity_of(cfg),
+        key=_path_text(s, "key", None) or sshconfig.identity_of(cfg),
         known_hosts=_path_text(s, "known_hosts", None),
         proxy_jump=cfg.get("proxyjump"),
     )

@@ -25,14 +25,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
+from sparkdeploy import layout
 from sparkdeploy import credentials, plan as plan_mod
 from sparkdeploy.errors import InputError, InventoryError, RemoteError
 from sparkdeploy.remote import Conn
 
 HELPER_SOURCE = Path(__file__).with_name("model_fetch_node.py").read_text()
-HF_HOME = f"{plan_mod.CACHE_HOST_DIR}/huggingface"  # the head's HF home, the engine's /root/.cache/huggingface
+HF_HOME = f"{layout.CACHE_HOST_DIR}/huggingface"  # the head's HF home, the engine's /root/.cache/huggingface
 CONTAINER_HF_HOME = dict(plan_mod.CACHE_MOUNTS)["huggingface"]
-TOKEN_DIR = f"{plan_mod.STATE_DIR}/fetch"  # root-only: the token's env file lives here while the container runs
+TOKEN_DIR = f"{layout.STATE_DIR}/fetch"  # root-only: the token's env file lives here while the container runs
 TRUE_VALUES = ("1", "on", "yes", "true")  # huggingface_hub's reading of HF_HUB_OFFLINE
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 HF_HOME_RE = re.compile(r"^/[A-Za-z0-9_.~/+-]*$")  # a docker -v source: no ':'

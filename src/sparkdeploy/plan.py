@@ -30,26 +30,14 @@ from spark_overlays.compat import series
 from sparkdeploy import __version__, engine_args
 from sparkdeploy import checkpoint as checkpoint_mod
 from sparkdeploy.checkpoint import Checkpoint
-from sparkdeploy.credentials import SECRETS_ENV
 from sparkdeploy.errors import PlanError
 from sparkdeploy.facts import NodeFacts, facts_for
 from sparkdeploy.inventory import FEATURES, Inventory, Node, SshTarget
+from sparkdeploy.layout import (CACHE_HOST_DIR, CONTAINER_NAME, CURRENT_LINK, ENV_FILE, LAUNCH_FILE, REGISTRY_PORT,
+                                SECRETS_ENV, UNIT_NAME, UNIT_PATH, VOCAB_CONTAINER_DIR, VOCAB_CONTAINER_FILE,
+                                VOCAB_HOST_DIR)
 from sparkdeploy.memory import MemoryBudget, budget, shortlist_head_gib
 
-# ------------------------------------------------------------------------------ on-node layout (see render.py)
-ETC_DIR = "/etc/sparkdeploy"
-RELEASES_DIR = f"{ETC_DIR}/releases"  # releases/NNNN/ (numbered by sparkdeploy.releases at apply time)
-CURRENT_LINK = f"{ETC_DIR}/current"  # -> releases/NNNN; the unit and launch.sh only ever name this
-STATE_DIR = "/var/lib/sparkdeploy"
-VOCAB_HOST_DIR = f"{STATE_DIR}/vocab"
-CACHE_HOST_DIR = f"{STATE_DIR}/cache"
-VOCAB_CONTAINER_DIR = "/opt/sparkdeploy/vocab"
-VOCAB_CONTAINER_FILE = f"{VOCAB_CONTAINER_DIR}/current.txt"
-CONTAINER_NAME = "sparkdeploy-engine"
-UNIT_NAME = "sparkdeploy-engine.service"
-UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
-ENV_FILE = "engine.env"
-LAUNCH_FILE = "launch.sh"
 STOP_TIMEOUT_S = 30
 _RELEASE_PLACEHOLDER = "@RELEASE@"
 
@@ -58,7 +46,6 @@ CACHE_MOUNTS = (("huggingface", "/root/.cache/huggingface"), ("vllm", "/root/.ca
 
 
 # ----------------------------------------------------------------------------------------------- types
-REGISTRY_PORT = 5443  # the head's image registry (sparkdeploy.registry), on its data-plane address
 
 
 @dataclass(frozen=True)

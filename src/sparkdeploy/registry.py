@@ -26,15 +26,15 @@ import time
 from typing import Iterator
 
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.plan import REGISTRY_PORT
+from sparkdeploy.layout import REGISTRY_CONFIG_DIR, REGISTRY_PORT, REGISTRY_STORAGE_DIR, REGISTRY_UNIT
 from sparkdeploy.remote import Conn
 
 PORT = REGISTRY_PORT
-CONFIG_DIR = "/etc/sparkdeploy/registry"
+CONFIG_DIR = REGISTRY_CONFIG_DIR
 CONFIG = f"{CONFIG_DIR}/config.yml"
 CA_FILE, CERT_FILE, KEY_FILE = f"{CONFIG_DIR}/ca.crt", f"{CONFIG_DIR}/registry.crt", f"{CONFIG_DIR}/registry.key"
-STORAGE_DIR = "/var/lib/sparkdeploy/registry"
-UNIT_NAME = "sparkdeploy-registry.service"
+STORAGE_DIR = REGISTRY_STORAGE_DIR
+UNIT_NAME = REGISTRY_UNIT
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 UNIT_TEMPLATE = "systemd/sparkdeploy-registry.service.j2"
 PACKAGE_UNIT = "docker-registry.service"

@@ -21,18 +21,14 @@ import time
 from dataclasses import dataclass, field
 
 from sparkdeploy.errors import RemoteError
+from sparkdeploy.layout import CURRENT_LINK, HEALTHY_MARK, RELEASE_META, RELEASES_DIR
 from sparkdeploy.remote import Conn
 
-ROOT = "/etc/sparkdeploy"
-RELEASES = f"{ROOT}/releases"
-CURRENT = f"{ROOT}/current"
 KEEP = 5
-META = "release.json"
-HEALTHY = "HEALTHY"
 
 
 def rdir(number: int) -> str:
-    return f"{RELEASES}/{number:04d}"
+    return f"{RELEASES_DIR}/{number:04d}"
 
 
 def sha(data: bytes) -> str:
@@ -67,7 +63,7 @@ echo END
 
 
 def scan(conn: Conn) -> NodeReleases:
-    return parse_scan(conn.run(["sh", "-c", _SCAN, "scan", RELEASES, CURRENT], timeout=30).stdout, conn.name)
+    return parse_scan(conn.run(["sh", "-c", _SCAN, "scan", RELEASES_DIR, CURRENT_LINK], timeout=30).stdout, conn.name)
 
 
 def parse_scan(out: str, node: str) -> NodeReleases:
@@ -106,7 +102,7 @@ def file_digests(conn: Conn, number: int) -> dict[str, str]:
     for line in res.stdout.splitlines():
         h, _, name = line.partition("  ")
         name = name[2:] if name.startswith("./") else name
-        if name not in (META, HEALTHY):
+        if name not in (RELEASE_META, HEALTHY_MARK):
             digests[name] = h
     return digests
 
@@ -124,22 +120,22 @@ def write(conn: Conn, number: int, files: dict[str, tuple[bytes, int]], meta: di
     for name, (data, mode) in sorted(files.items()):
         conn.put(posixpath.join(d, name), data, mode=mode)
     full = dict(meta, number=number, files={n: sha(b) for n, (b, _) in files.items()}, written_at=time.time())
-    conn.put(posixpath.join(d, META), json.dumps(full, sort_keys=True).encode() + b"\n", mode=0o644)
+    conn.put(posixpath.join(d, RELEASE_META), json.dumps(full, sort_keys=True).encode() + b"\n", mode=0o644)
 
 
 def switch(conn: Conn, number: int) -> None:
     """Point `current` at a complete release (atomic rename of a new symlink)."""
-    if not conn.exists(posixpath.join(rdir(number), META)):
+    if not conn.exists(posixpath.join(rdir(number), RELEASE_META)):
         raise RemoteError(f"release {number} is incomplete here; refusing to switch to it", node=conn.name)
-    conn.symlink(CURRENT, f"releases/{number:04d}")
+    conn.symlink(CURRENT_LINK, f"releases/{number:04d}")
 
 
 def mark_healthy(conn: Conn, number: int, record: dict) -> None:
-    conn.put(posixpath.join(rdir(number), HEALTHY), json.dumps(record, sort_keys=True).encode() + b"\n")
+    conn.put(posixpath.join(rdir(number), HEALTHY_MARK), json.dumps(record, sort_keys=True).encode() + b"\n")
 
 
 def read_healthy(conn: Conn, number: int) -> dict | None:
-    data = conn.get(posixpath.join(rdir(number), HEALTHY))
+    data = conn.get(posixpath.join(rdir(number), HEALTHY_MARK))
     return json.loads(data) if data else None
 
 

@@ -34,6 +34,7 @@ from typing import Callable, Iterable, Sequence, TypeVar
 import paramiko
 
 from sparkdeploy.errors import RemoteError
+from sparkdeploy.sshconfig import local_path, ssh_config
 
 T = TypeVar("T")
 
@@ -41,35 +42,8 @@ CONNECT_TIMEOUT = 10.0
 CHUNK = 1 << 20
 
 
-def local_path(path: str) -> str:
-    """A local path as a shell would read it: `~`, `~user` and `$VAR`/`${VAR}` expanded."""
-    return os.path.expanduser(os.path.expandvars(path))
-
-
 def default_known_hosts() -> Path:
     return Path(local_path(os.environ.get("SPARKDEPLOY_KNOWN_HOSTS", "~/.config/sparkdeploy/known_hosts")))
-
-
-def ssh_config(host: str) -> dict:
-    """What `~/.ssh/config` says for `host` (paramiko's reading of it, the one fabric uses).
-
-    Keys as paramiko gives them: hostname (always; `host` itself without a match or a file), user, port,
-    identityfile (a list, `~` expanded), proxyjump.
-    """
-    path = Path(local_path("~/.ssh/config"))
-    if not path.is_file():
-        return {"hostname": host}
-    try:
-        return dict(paramiko.SSHConfig.from_path(str(path)).lookup(host))
-    except (OSError, paramiko.SSHException, ValueError) as err:
-        raise RemoteError(f"reading {path} failed: {err}") from None
-
-
-def identity_of(cfg: dict) -> str | None:
-    """The first IdentityFile of an ssh_config entry that exists (else the first named): OpenSSH tries them in
-    order, the kit takes one key file and the agent for the rest."""
-    keys = list(cfg.get("identityfile") or ())
-    return next((k for k in keys if os.path.isfile(local_path(k))), keys[0] if keys else None)
 
 
 @dataclass(frozen=True)
@@ -111,6 +85,12 @@ class Result:
             tail = (self.stderr or self.stdout).strip().splitlines()[-3:]
             raise RemoteError(f"`{shlex.join(self.argv)}` exited {self.rc}: {' | '.join(tail)}", node=self.node)
         return self
+
+
+def target_of(name: str, ssh) -> Target:
+    """The SSH target of an inventory node (its `ssh:` block)."""
+    return Target(name, ssh.host, port=ssh.port, user=ssh.user, identity=ssh.key and str(ssh.key),
+                  known_hosts=ssh.known_hosts and str(ssh.known_hosts), proxy_jump=ssh.proxy_jump)
 
 
 def is_local(target: Target) -> bool:

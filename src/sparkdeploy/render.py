@@ -47,8 +47,8 @@ import jinja2
 
 from sparkdeploy import paths
 from sparkdeploy.errors import InputError
-from sparkdeploy.plan import (CURRENT_LINK, ENV_FILE, LAUNCH_FILE, STOP_TIMEOUT_S, UNIT_NAME, VOCAB_CONTAINER_DIR,
-                              VOCAB_HOST_DIR, Plan)
+from sparkdeploy.layout import CURRENT_LINK, ENV_FILE, LAUNCH_FILE, UNIT_NAME, VOCAB_CONTAINER_DIR, VOCAB_HOST_DIR
+from sparkdeploy.plan import STOP_TIMEOUT_S, Plan
 
 DOCKERFILE_TEMPLATE = "images/serving.Dockerfile.j2"
 ENV_TEMPLATE = "deploy/templates/engine.env.j2"

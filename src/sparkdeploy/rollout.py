@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 import requests
 
+from sparkdeploy import layout
 from sparkdeploy import health, releases, render, vocab_live
 from sparkdeploy.bench import metrics as M
 from sparkdeploy.bench import prompts as bench_prompts
@@ -472,9 +473,7 @@ class Rollout:
         self._timed(res, "switch", t0)
 
     def _rank_state(self, conn) -> dict:
-        from sparkdeploy import plan as P
-
-        out = conn.run(["systemctl", "show", "-p", "ActiveState,SubState,Result,ExecMainStatus", P.UNIT_NAME],
+        out = conn.run(["systemctl", "show", "-p", "ActiveState,SubState,Result,ExecMainStatus", layout.UNIT_NAME],
                        check=False, timeout=20).stdout
         st = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
         st["boot"] = self._boot(conn)
@@ -482,8 +481,6 @@ class Rollout:
 
     def _check_ranks(self) -> None:
         """Fail fast: a rank whose unit failed or is waiting to restart, or a node that rebooted."""
-        from sparkdeploy import plan as P
-
         res = self.c.pool.map(self._rank_state, self.names)
         for n, st in res.items():
             if isinstance(st, Exception):
@@ -497,7 +494,7 @@ class Rollout:
                 raise Failed(f"{n} rebooted during the rollout (PID 1 started {st['boot']}, was {self.boots[n]})")
             # inactive too: a foreground server whose engine died can exit 0 (vLLM's EngineDeadError path)
             if st.get("ActiveState") in ("failed", "inactive") or st.get("SubState") == "auto-restart":
-                tail = self.conn(n).run(["journalctl", "-u", P.UNIT_NAME, "-n", "4", "--no-pager", "-o", "cat"],
+                tail = self.conn(n).run(["journalctl", "-u", layout.UNIT_NAME, "-n", "4", "--no-pager", "-o", "cat"],
                                         check=False, timeout=20).stdout.strip().replace("\n", " | ")
                 role = "worker" if n != self.c.head else "head"
                 raise Failed(f"{n} ({role}) failed to start or stopped on release {self.new_num}: unit "

@@ -19,12 +19,11 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.plan import ETC_DIR, VOCAB_HOST_DIR
+from sparkdeploy.layout import ETC_DIR, VOCAB_HOST_DIR, VOCAB_POINTER
 from sparkdeploy.remote import Conn
 
 DIR = VOCAB_HOST_DIR
-POINTER = f"{DIR}/current.txt"
-HISTORY = f"{DIR}/history.jsonl"
+POINTER = VOCAB_POINTER
 KEEP = 8  # stored versions kept besides the live one and those a kept release names
 
 

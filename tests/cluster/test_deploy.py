@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from sparkdeploy import inventory as I
-from sparkdeploy import releases
+from sparkdeploy import layout, releases
 from sparkdeploy.steps import deploy as D
 
 pytestmark = pytest.mark.cluster
@@ -71,7 +71,7 @@ def variant(base: Path, tmp: Path, name: str, reserve: float) -> Path:
 
 
 def current(sim, node) -> str:
-    return sim.ssh(node, ["readlink", releases.CURRENT]).out.strip()
+    return sim.ssh(node, ["readlink", layout.CURRENT_LINK]).out.strip()
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +204,7 @@ def test_fault_ssh_cut_mid_step_leaves_current_release(deployed, sim_cluster, mo
     assert "release" in res.message and "node2" in res.message
     # nothing switched, nothing restarted; the half-written release is incomplete and never run
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0001"
-    assert sim_cluster.ssh("node2", ["test", "-e", f"{releases.rdir(2)}/{releases.META}"]).rc != 0
+    assert sim_cluster.ssh("node2", ["test", "-e", f"{releases.rdir(2)}/{layout.RELEASE_META}"]).rc != 0
     assert health_json(deployed["inv"])[0] == 0
     monkeypatch.undo()
     # a re-run converges: release 2 written completely everywhere, switched, gated
@@ -233,8 +233,8 @@ def test_fault_disk_full_while_writing_a_file(deployed, sim_cluster):
         # open there, and a tmpfs left behind would hide the real releases from every later test
         sim_cluster.ssh("node1", ["umount", "-l", "/etc/sparkdeploy/releases"], check=True)
     for node in ("node1", "node2"):  # the releases the user had are all still there, complete
-        held = sim_cluster.ssh(node, ["sh", "-c", f"ls {releases.RELEASES}/*/{releases.META}"]).out
-        assert f"0001/{releases.META}" in held and f"0002/{releases.META}" in held, (node, held)
+        held = sim_cluster.ssh(node, ["sh", "-c", f"ls {layout.RELEASES_DIR}/*/{layout.RELEASE_META}"]).out
+        assert f"0001/{layout.RELEASE_META}" in held and f"0002/{layout.RELEASE_META}" in held, (node, held)
     # re-run with the unchanged inventory: nothing to do
     rc, res, err = up_json(deployed["inv"])
     assert rc == 0 and res["changes"] == 0, res["outcomes"]
@@ -250,7 +250,7 @@ def test_fault_health_gate_timeout_rolls_back(deployed, sim_cluster):
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0002"
     assert health_json(deployed["inv"])[0] == 0
     # the failed release stays on disk (unhealthy), and is not what `rollback` picks
-    listing = sim_cluster.ssh("node1", ["ls", releases.RELEASES]).out.split()
+    listing = sim_cluster.ssh("node1", ["ls", layout.RELEASES_DIR]).out.split()
     assert "0003" in listing and "0002" in listing
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sparkdeploy import layout
 from sparkdeploy import inventory as I
-from sparkdeploy import plan as P
 from sparkdeploy import registry
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps.deploy import Cluster, Options
@@ -115,7 +115,7 @@ def test_overlays_only_change_moves_less_than_twice_the_changed_layers(layered, 
 
 
 def _lose_images(sim, node) -> None:
-    sim.ssh(node, f"systemctl stop {P.UNIT_NAME}; docker rm -f {P.CONTAINER_NAME}; "
+    sim.ssh(node, f"systemctl stop {layout.UNIT_NAME}; docker rm -f {layout.CONTAINER_NAME}; "
                   "docker image ls -q sparkdeploy/serving-sim | xargs -r docker image rm -f; docker image prune -f",
             timeout=300, check=True)
 

@@ -27,7 +27,7 @@ from sparkdeploy import inventory as I
 from sparkdeploy import served_tokenizer
 from sparkdeploy.bench import metrics
 from sparkdeploy.health import bearer
-from sparkdeploy.plan import CONTAINER_NAME
+from sparkdeploy.layout import CONTAINER_NAME
 from sparkdeploy.steps.deploy import Cluster, Options
 from tests.support.vllm_server import require_venv
 

@@ -60,7 +60,7 @@ def test_login_is_a_sudoer_not_root_and_the_inventory_uses_tilde_paths(sim_clust
     import yaml
 
     from sparkdeploy import inventory, remote
-    from sparkdeploy.steps.deploy import target_of
+    from sparkdeploy.remote import target_of
 
     written = yaml.safe_load(sim_cluster.inventory.read_text())["nodes"][0]["ssh"]
     assert written["user"] == sim_cluster.user == "nvidia"
@@ -88,7 +88,7 @@ def test_ssh_config_alias_logs_in_as_the_sudoer(sim_cluster, tmp_path, monkeypat
     import yaml
 
     from sparkdeploy import inventory, remote
-    from sparkdeploy.steps.deploy import target_of
+    from sparkdeploy.remote import target_of
 
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)

@@ -12,8 +12,8 @@ from sparkdeploy.errors import RemoteError
 
 @pytest.fixture
 def conn(tmp_path, monkeypatch):
-    monkeypatch.setattr(releases, "RELEASES", str(tmp_path / "releases"))
-    monkeypatch.setattr(releases, "CURRENT", str(tmp_path / "current"))
+    monkeypatch.setattr(releases, "RELEASES_DIR", str(tmp_path / "releases"))
+    monkeypatch.setattr(releases, "CURRENT_LINK", str(tmp_path / "current"))
     return remote.LocalConn(remote.Target("n", "localhost", local=True))
 
 
@@ -69,7 +69,7 @@ def test_last_healthy_is_common_to_all_nodes():
 def test_scan_cut_short_is_an_error_not_an_incomplete_release(conn):
     releases.write(conn, 1, {"a": (b"1", 0o644)}, {"fingerprint": "abc"})
     releases.switch(conn, 1)
-    whole = conn.run(["sh", "-c", releases._SCAN, "scan", releases.RELEASES, releases.CURRENT]).stdout
+    whole = conn.run(["sh", "-c", releases._SCAN, "scan", releases.RELEASES_DIR, releases.CURRENT_LINK]).stdout
     assert releases.parse_scan(whole, "n").complete[1]["fingerprint"] == "abc"
     # the same output losing its tail (a META line read halfway, no CURR, no END) must not read as
     # "release 1 incomplete, none current": prune would delete the running release

@@ -14,7 +14,7 @@ import yaml
 
 from sparkdeploy import inventory, remote
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.steps.deploy import target_of
+from sparkdeploy.remote import target_of
 from tests.support.sshd import sshd  # noqa: F401 - the loopback sshd fixture
 
 SIM_INVENTORY = Path(__file__).parent / "fixtures" / "inventory.sim.yaml"

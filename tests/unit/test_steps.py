@@ -7,6 +7,7 @@ import io
 
 import pytest
 
+from sparkdeploy import layout
 from sparkdeploy import inventory as I
 from sparkdeploy import paths, releases, render
 from sparkdeploy import plan as P
@@ -97,7 +98,7 @@ def test_release_files_head_carries_watchdog_config(cluster):
     assert set(head) == {"engine.env", "launch.sh", "node-plan.json", supervise.CONFIG}
     assert head["launch.sh"][1] == 0o755
     assert set(cluster.release_files("node2", 1)) == {"engine.env", "launch.sh", "node-plan.json"}
-    assert list(cluster.unit_files("node2")) == [P.UNIT_PATH]
+    assert list(cluster.unit_files("node2")) == [layout.UNIT_PATH]
 
 
 def test_image_context_has_dockerfile_and_overlays_but_no_list(cluster):

@@ -9,6 +9,7 @@ import sys
 import click
 from rich.console import Console
 
+from sparkdeploy import layout
 from sparkdeploy import paths
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD
 from sparkdeploy.steps.deploy import Options, load_cluster
@@ -153,7 +154,6 @@ def rollback(inventory, number, ready_timeout, trust_new_hosts):
 @_trust_option
 def logs(inventory, node, follow, lines, journal, trust_new_hosts):
     """The engine's log on NODE (default: the head): docker logs, or the unit's journal with --journal."""
-    from sparkdeploy import plan as P
     from sparkdeploy.remote import LocalConn
 
     with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts)) as cluster:
@@ -164,8 +164,8 @@ def logs(inventory, node, follow, lines, journal, trust_new_hosts):
             raise click.BadParameter(f"no node {name!r} in the inventory", param_hint="NODE") from None
         cluster.connect([], [name])
         c = cluster.conn(name)
-        argv = (["journalctl", "-u", P.UNIT_NAME, "-n", str(lines), "--no-pager"] + (["-f"] if follow else [])
-                if journal else ["docker", "logs", "--tail", str(lines)] + (["-f"] if follow else []) + [P.CONTAINER_NAME])
+        argv = (["journalctl", "-u", layout.UNIT_NAME, "-n", str(lines), "--no-pager"] + (["-f"] if follow else [])
+                if journal else ["docker", "logs", "--tail", str(lines)] + (["-f"] if follow else []) + [layout.CONTAINER_NAME])
         if isinstance(c, LocalConn):
             subprocess.run(argv)
             return

@@ -12,7 +12,7 @@ from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import paths
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.remote import Pool
-from sparkdeploy.steps.deploy import target_of
+from sparkdeploy.remote import target_of
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 _STYLE = {hs.OK: "green", hs.CHANGE: "yellow", hs.SKIPPED: "dim", "changed": "yellow", "failed": "red bold"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from sparkdeploy import credentials
+from sparkdeploy import layout
 from sparkdeploy import facts as facts_mod
 from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import paths
@@ -60,7 +60,7 @@ def format_plan(p: plan_mod.Plan) -> str:
         "patches " + "  ".join(f"{f.name}={'on' if f.enabled else 'off'}({f.mode})" for f in p.features),
         *(f"  {f.name:<13} {_why(p, f)}" for f in p.features),
         "weights " + (f"{p.checkpoint.format} (from {p.checkpoint.source})" if p.checkpoint else "format unknown"),
-        "secrets " + ("  ".join(f"{k} {v}" for k, v in p.secrets.items()) + f" in {credentials.SECRETS_ENV} (0600)"
+        "secrets " + ("  ".join(f"{k} {v}" for k, v in p.secrets.items()) + f" in {layout.SECRETS_ENV} (0600)"
                       if p.secrets else "none: the API on port %d takes requests without a key" % p.api_port),
     ]
     for n in p.nodes:

@@ -15,7 +15,7 @@ from sparkdeploy import paths
 from sparkdeploy import weights as w
 from sparkdeploy.errors import InputError, RemoteError
 from sparkdeploy.remote import Pool
-from sparkdeploy.steps.deploy import target_of
+from sparkdeploy.remote import target_of
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 GIB = 1 << 30

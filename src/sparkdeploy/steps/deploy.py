@@ -24,11 +24,12 @@ from typing import Callable
 
 import requests
 
+from sparkdeploy import layout
 from sparkdeploy import facts as F
 from sparkdeploy import credentials, faults, gather, health, paths, releases, render
 from sparkdeploy import plan as P
 from sparkdeploy.errors import HealthError, InputError, InventoryError, RemoteError, SparkdeployError
-from sparkdeploy.remote import Conn, Pool, Target, host_key_line
+from sparkdeploy.remote import Conn, Pool, host_key_line, target_of
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps import stale, supervise
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD, Action, Outcome, StepFailed, run_step
@@ -71,11 +72,6 @@ class UpResult:
                 "restarted": self.restarted, "rolled_back_to": self.rolled_back_to, "changes": self.changes,
                 "seconds": round(self.seconds, 2), "message": self.message, "probe": self.probe,
                 "outcomes": [o.to_dict() for o in self.outcomes]}
-
-
-def target_of(name: str, ssh) -> Target:
-    return Target(name, ssh.host, port=ssh.port, user=ssh.user, identity=ssh.key and str(ssh.key),
-                  known_hosts=ssh.known_hosts and str(ssh.known_hosts), proxy_jump=ssh.proxy_jump)
 
 
 def _served(plan: P.Plan) -> str:
@@ -151,7 +147,7 @@ class Cluster:
             c = self.conn(name)
             nr = self.rel[name]
             meta = nr.complete.get(nr.current) if nr.current else None
-            running = c.run(["systemctl", "is-active", "--quiet", P.UNIT_NAME], check=False).ok
+            running = c.run(["systemctl", "is-active", "--quiet", layout.UNIT_NAME], check=False).ok
             if meta and running and meta.get("facts"):
                 return _facts_from_dict(meta["facts"]), f"re-used the facts of release {nr.current} (engine running)"
             return gather.gather(c, self.inv.node(name)), "measured"
@@ -201,7 +197,7 @@ class Cluster:
 
     # -------------------------------------------------------------------------------------------- steps
     def step_stale(self, out: list[Outcome]) -> None:
-        ours = [P.UNIT_NAME, supervise.SERVICE]
+        ours = [layout.UNIT_NAME, supervise.SERVICE]
         ports = [self.plan.api_port, self.plan.master_port]
         out += run_step("stale units", self.names, lambda n: stale.diff(self.conn(n), ours, ports),
                         dry_run=self.opts.dry_run, log=self.log)
@@ -218,7 +214,7 @@ class Cluster:
             return
         data = open(src, "rb").read()
         digest = releases.sha(data)
-        d = P.VOCAB_HOST_DIR
+        d = layout.VOCAB_HOST_DIR
 
         def diff(n: str) -> list[Action]:
             c = self.conn(n)
@@ -238,7 +234,7 @@ class Cluster:
         values = self.inv.auth.engine_env()
         data = credentials.env_file(values)
         digest = releases.sha(data)
-        path = credentials.SECRETS_ENV
+        path = layout.SECRETS_ENV
         what = ", ".join(f"{k} {v}" for k, v in self.plan.secrets.items())
 
         def diff(n: str) -> list[Action]:
@@ -316,8 +312,8 @@ class Cluster:
                         c.put(p, units[p])
                     c.run(["systemctl", "daemon-reload"])
                 acts.append(Action(f"install {', '.join(posixpath.basename(p) for p in changed)} + daemon-reload", install))
-            if c.run(["systemctl", "is-enabled", P.UNIT_NAME], check=False).stdout.strip() != "enabled":
-                acts.append(Action(f"enable {P.UNIT_NAME}", lambda c=c: c.run(["systemctl", "enable", P.UNIT_NAME])))
+            if c.run(["systemctl", "is-enabled", layout.UNIT_NAME], check=False).stdout.strip() != "enabled":
+                acts.append(Action(f"enable {layout.UNIT_NAME}", lambda c=c: c.run(["systemctl", "enable", layout.UNIT_NAME])))
             return acts
 
         out += run_step("units", self.names, diff, dry_run=self.opts.dry_run, log=self.log)
@@ -344,7 +340,7 @@ class Cluster:
         """Stop the timer while we stop/start ranks ourselves; on start, the watchdog begins with a clean slate."""
         c = self.conn(self.head)
         if on:
-            c.run(["rm", "-f", health.WATCHDOG_STATE], check=False)
+            c.run(["rm", "-f", layout.WATCHDOG_STATE], check=False)
             c.run(["systemctl", "start", supervise.TIMER], check=False)
         else:
             c.run(["systemctl", "stop", supervise.TIMER, supervise.SERVICE], check=False, timeout=330)
@@ -357,9 +353,9 @@ class Cluster:
         names = names or self.names
         self.watchdog(False)
         if self.head in names:
-            self.conn(self.head).run(["systemctl", "stop", P.UNIT_NAME], timeout=120)
+            self.conn(self.head).run(["systemctl", "stop", layout.UNIT_NAME], timeout=120)
         rest = [n for n in names if n != self.head]
-        res = self.pool.map(lambda c: c.run(["systemctl", "stop", P.UNIT_NAME], timeout=120), rest)
+        res = self.pool.map(lambda c: c.run(["systemctl", "stop", layout.UNIT_NAME], timeout=120), rest)
         for n, r in res.items():
             if isinstance(r, Exception):
                 raise RemoteError(f"stopping the engine: {r}", node=n)
@@ -376,9 +372,9 @@ class Cluster:
         faults.hit("memory-guard")
         weights.enforce(guards)
         for node in self.plan.start_order:
-            self.conn(node.name).run(["systemctl", "reset-failed", P.UNIT_NAME], check=False)
-            self.conn(node.name).run(["systemctl", "start", P.UNIT_NAME], timeout=120)
-            self.log(f"{node.name}: started {P.UNIT_NAME} ({node.role}, rank {node.rank})")
+            self.conn(node.name).run(["systemctl", "reset-failed", layout.UNIT_NAME], check=False)
+            self.conn(node.name).run(["systemctl", "start", layout.UNIT_NAME], timeout=120)
+            self.log(f"{node.name}: started {layout.UNIT_NAME} ({node.role}, rank {node.rank})")
 
     def switch(self, num: int) -> None:
         res = self.pool.map(lambda c: releases.switch(c, num), self.names)
@@ -401,7 +397,7 @@ class Cluster:
                                          api_key=self.inv.auth.api_key())
         except health.NotAnswering as err:
             states = self.pool.map(lambda c: c.run(["docker", "inspect", "-f", "{{.State.Status}}",
-                                                    P.CONTAINER_NAME], check=False).stdout.strip() or "absent",
+                                                    layout.CONTAINER_NAME], check=False).stdout.strip() or "absent",
                                    self.names)
             raise HealthError(f"not ready after {timeout:.0f} s: last saw {err.last} at {url}; containers: "
                               + ", ".join(f"{n} {s}" for n, s in states.items())) from None
@@ -433,12 +429,12 @@ class Cluster:
             c = self.conn(n)
 
             def diff(n: str, c=c) -> list[Action]:
-                en = c.run(["systemctl", "is-enabled", P.UNIT_NAME], check=False).stdout.strip()
-                act = c.run(["systemctl", "is-active", P.UNIT_NAME], check=False).stdout.strip()
+                en = c.run(["systemctl", "is-enabled", layout.UNIT_NAME], check=False).stdout.strip()
+                act = c.run(["systemctl", "is-active", layout.UNIT_NAME], check=False).stdout.strip()
                 if en != "enabled" and act != "active":
                     return []
-                return [Action(f"stop and disable {P.UNIT_NAME} (node not in this {len(self.names)}-node plan)",
-                               lambda: c.run(["systemctl", "disable", "--now", P.UNIT_NAME], timeout=120))]
+                return [Action(f"stop and disable {layout.UNIT_NAME} (node not in this {len(self.names)}-node plan)",
+                               lambda: c.run(["systemctl", "disable", "--now", layout.UNIT_NAME], timeout=120))]
 
             out += run_step("retire", [n], diff, dry_run=self.opts.dry_run, log=self.log)
 
@@ -466,7 +462,7 @@ class Cluster:
                 res.message = (f"dry run: {res.changes} change(s) would be made"
                                + (f"; release {num} would be started" if res.new_release else ""))
                 return res
-            active = self.pool.map(lambda c: c.run(["systemctl", "is-active", "--quiet", P.UNIT_NAME], check=False).ok,
+            active = self.pool.map(lambda c: c.run(["systemctl", "is-active", "--quiet", layout.UNIT_NAME], check=False).ok,
                                    self.names)
             need_start = res.new_release or not all(v is True for v in active.values()) or any(
                 o.step == "retire" and o.status == CHANGED for o in out)
@@ -563,7 +559,7 @@ class Cluster:
         """Engine stopped everywhere, its unit and the watchdog timer disabled (what `down` leaves)."""
         self.stop_all()
         for n in self.names:
-            self.conn(n).run(["systemctl", "disable", P.UNIT_NAME], check=False)
+            self.conn(n).run(["systemctl", "disable", layout.UNIT_NAME], check=False)
         self.conn(self.head).run(["systemctl", "disable", supervise.TIMER], check=False)
 
     def prune(self) -> None:
@@ -638,7 +634,7 @@ class Cluster:
         for n in self.names:
             acts = ["stopped"]
             if not keep_enabled:
-                self.conn(n).run(["systemctl", "disable", P.UNIT_NAME], check=False)
+                self.conn(n).run(["systemctl", "disable", layout.UNIT_NAME], check=False)
                 if n == self.head:
                     self.conn(n).run(["systemctl", "disable", supervise.TIMER], check=False)
                 acts.append("disabled")
@@ -688,7 +684,7 @@ class Cluster:
         if not exp.nodes[0].release:
             rep.add("release", False, "nothing deployed: run `sparkdeploy up` (no release is current on the head)")
             return rep
-        ours = [P.UNIT_NAME, supervise.SERVICE]
+        ours = [layout.UNIT_NAME, supervise.SERVICE]
         ports = [self.plan.api_port, self.plan.master_port]
 
         def node_check(c: Conn):

@@ -14,19 +14,17 @@ from pathlib import Path
 import jinja2
 
 from sparkdeploy import paths
-from sparkdeploy.credentials import SECRETS_ENV
+from sparkdeploy.layout import (CURRENT_LINK, LIB_DIR, RANK_CTL, SECRETS_ENV, WATCHDOG_CONFIG, WATCHDOG_DIR, WATCHDOG_PY,
+                                WATCHDOG_SERVICE, WATCHDOG_TIMER)
 from sparkdeploy.remote import Conn
 from sparkdeploy.steps.base import Action
 
-LIB = "/usr/local/lib/sparkdeploy"
-WATCHDOG_PY = f"{LIB}/watchdog.py"
-RANK_CTL = f"{LIB}/rank-ctl"
-KEY_DIR = "/etc/sparkdeploy/watchdog"
+KEY_DIR = WATCHDOG_DIR
 KEY = f"{KEY_DIR}/id_ed25519"
 KNOWN = f"{KEY_DIR}/known_hosts"
-SERVICE = "sparkdeploy-watchdog.service"
-TIMER = "sparkdeploy-watchdog.timer"
-CONFIG = "watchdog.json"
+SERVICE = WATCHDOG_SERVICE
+TIMER = WATCHDOG_TIMER
+CONFIG = WATCHDOG_CONFIG
 SETTINGS = f"{KEY_DIR}/settings.json"  # knobs (grace, backoff, cap): not part of a release
 KEY_COMMENT = "sparkdeploy-watchdog"
 
@@ -40,7 +38,7 @@ def node_file(name: str) -> bytes:
 def unit_files() -> dict[str, bytes]:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.templates_root())),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    ctx = {"watchdog": WATCHDOG_PY, "config": f"/etc/sparkdeploy/current/{CONFIG}"}
+    ctx = {"watchdog": WATCHDOG_PY, "config": f"{CURRENT_LINK}/{CONFIG}"}
     return {f"/etc/systemd/system/{SERVICE}": env.get_template(f"systemd/{SERVICE}.j2").render(**ctx).encode(),
             f"/etc/systemd/system/{TIMER}": env.get_template(f"systemd/{TIMER}.j2").render(**ctx).encode()}
 
@@ -77,7 +75,7 @@ def worker_actions(worker: Conn, pubkey: str) -> list[Action]:
     acts = []
     want = node_file("rank-ctl.sh")
     if worker.get(RANK_CTL) != want:
-        acts.append(Action(f"install {RANK_CTL}", lambda: (worker.run(["mkdir", "-p", LIB]),
+        acts.append(Action(f"install {RANK_CTL}", lambda: (worker.run(["mkdir", "-p", LIB_DIR]),
                                                             worker.put(RANK_CTL, want, mode=0o755))))
     line = f'restrict,command="{RANK_CTL}" {" ".join(pubkey.split()[:2])} {KEY_COMMENT}'
     ak_path = "/root/.ssh/authorized_keys"
@@ -98,7 +96,7 @@ def head_actions(head: Conn, known_lines: list[str], units: dict[str, bytes], kn
                            lambda: (head.run(["mkdir", "-p", "-m", "0700", KEY_DIR]), head.put(SETTINGS, knobs))))
     want_py = node_file("watchdog.py")
     if head.get(WATCHDOG_PY) != want_py:
-        acts.append(Action(f"install {WATCHDOG_PY}", lambda: (head.run(["mkdir", "-p", LIB]),
+        acts.append(Action(f"install {WATCHDOG_PY}", lambda: (head.run(["mkdir", "-p", LIB_DIR]),
                                                                head.put(WATCHDOG_PY, want_py, mode=0o755))))
     known = ("\n".join(known_lines) + "\n").encode() if known_lines else b""
     if head.get(KNOWN) != known:

@@ -1,0 +1,47 @@
+"""Every path and name the kit owns on a node, in one place (the layout is described in `render.py`).
+
+The planner, the steps, health, the watchdog wiring, the registry and the vocab rollout all name these; a
+path written anywhere else is a bug. (The watchdog's own copy, `steps/node_files/watchdog.py`, runs on the
+node with the standard library only, so it repeats the few it reads; a unit test checks they agree.)
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------------------------------------- releases
+ETC_DIR = "/etc/sparkdeploy"
+RELEASES_DIR = f"{ETC_DIR}/releases"  # releases/NNNN/ (numbered by sparkdeploy.releases at apply time)
+CURRENT_LINK = f"{ETC_DIR}/current"  # -> releases/NNNN; the unit and launch.sh only ever name this
+RELEASE_META = "release.json"
+HEALTHY_MARK = "HEALTHY"  # in a release directory once it passed its health gate
+ENV_FILE = "engine.env"
+LAUNCH_FILE = "launch.sh"
+SECRETS_ENV = f"{ETC_DIR}/secrets.env"  # root-only 0600, the engine's second --env-file
+
+# ------------------------------------------------------------------------------------------------ engine
+CONTAINER_NAME = "sparkdeploy-engine"
+UNIT_NAME = "sparkdeploy-engine.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+
+# ---------------------------------------------------------------------------------------- state, caches
+STATE_DIR = "/var/lib/sparkdeploy"
+CACHE_HOST_DIR = f"{STATE_DIR}/cache"
+VOCAB_HOST_DIR = f"{STATE_DIR}/vocab"
+VOCAB_POINTER = f"{VOCAB_HOST_DIR}/current.txt"  # relative symlink to <sha256>.txt
+VOCAB_CONTAINER_DIR = "/opt/sparkdeploy/vocab"  # VOCAB_HOST_DIR mounted read-only
+VOCAB_CONTAINER_FILE = f"{VOCAB_CONTAINER_DIR}/current.txt"
+
+# ----------------------------------------------------------------------------------------- supervision
+LIB_DIR = "/usr/local/lib/sparkdeploy"
+WATCHDOG_PY = f"{LIB_DIR}/watchdog.py"
+RANK_CTL = f"{LIB_DIR}/rank-ctl"
+WATCHDOG_DIR = f"{ETC_DIR}/watchdog"  # its SSH key, known_hosts and settings
+WATCHDOG_SERVICE = "sparkdeploy-watchdog.service"
+WATCHDOG_TIMER = "sparkdeploy-watchdog.timer"
+WATCHDOG_CONFIG = "watchdog.json"  # in each release
+WATCHDOG_STATE = f"{STATE_DIR}/watchdog.json"
+
+# ------------------------------------------------------------------------------------- image registry
+REGISTRY_PORT = 5443  # on the head's data-plane address
+REGISTRY_CONFIG_DIR = f"{ETC_DIR}/registry"
+REGISTRY_STORAGE_DIR = f"{STATE_DIR}/registry"
+REGISTRY_UNIT = "sparkdeploy-registry.service"
