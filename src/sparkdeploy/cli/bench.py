@@ -14,6 +14,7 @@ from rich.table import Table
 
 from sparkdeploy import credentials
 from sparkdeploy.bench import client, context, prompts, results
+from sparkdeploy.cli.options import inventory_option
 from sparkdeploy.errors import BenchError, InputError
 
 _err = Console(stderr=True, highlight=False)
@@ -60,8 +61,7 @@ def _service(url: str | None, inventory: str | None, model: str | None,
 
 def _service_options(fn):
     fn = click.option("--model", help="Served model name (default: the first one /v1/models lists).")(fn)
-    fn = click.option("--inventory", type=click.Path(dir_okay=False),
-                      help="Inventory: the head node's API address; its release facts are recorded.")(fn)
+    fn = inventory_option("inventory", help="Inventory: the head node's API address; its release facts are recorded.")(fn)
     fn = click.option("--url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000.")(fn)
     fn = click.option("--api-key-file", type=click.Path(dir_okay=False),
                       help="File (mode 0600) holding the API key [default: the inventory's auth.api_key_file; "

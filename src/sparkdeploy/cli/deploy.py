@@ -11,6 +11,7 @@ from rich.console import Console
 
 from sparkdeploy import layout
 from sparkdeploy import paths
+from sparkdeploy.cli.options import inventory_option
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD
 from sparkdeploy.steps.deploy import Options, load_cluster
 
@@ -19,9 +20,7 @@ err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() el
 _STYLE = {OK: "green", CHANGED: "yellow", WOULD: "yellow", FAILED: "red bold", "skipped": "dim"}
 
 
-def _inventory_option(f):
-    return click.option("--inventory", "-i", "inventory", default=None, metavar="FILE",
-                        help="inventory file (default: inventory.yaml of the checkout)")(f)
+_inventory_option = inventory_option("inventory")
 
 
 def _trust_option(f):

@@ -10,14 +10,14 @@ from rich.console import Console
 from sparkdeploy import doctor as doctor_mod
 from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import paths
+from sparkdeploy.cli.options import inventory_option
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "red bold", "not-present": "dim"}
 
 
 @click.command()
-@click.option("--inventory", "-i", "inventory_file", default=None, metavar="FILE",
-              help="inventory file (default: inventory.yaml of the checkout)")
+@inventory_option()
 @click.option("--json", "as_json", is_flag=True, help="print every result as JSON on stdout")
 @click.option("--facts", "facts_file", default=None, metavar="FILE",
               help="facts YAML (as for `plan --facts`): its gpu_name/driver per node replace what nvidia-smi says "

@@ -10,6 +10,7 @@ from rich.console import Console
 from sparkdeploy import hostsetup as hs
 from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import paths
+from sparkdeploy.cli.options import inventory_option
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.remote import Pool
 from sparkdeploy.remote import target_of
@@ -24,8 +25,7 @@ def host() -> None:
 
 
 @host.command()
-@click.option("--inventory", "-i", "inventory_file", default=None, metavar="FILE",
-              help="inventory file (default: inventory.yaml of the checkout)")
+@inventory_option()
 @click.option("--dry-run", is_flag=True, help="show the diff and the actions; change nothing")
 @click.option("--apply-network", is_flag=True,
               help="also write /etc/netplan/40-cx7.yaml (one /24 per CX-7 twin, MTU 9000) and `netplan apply`")

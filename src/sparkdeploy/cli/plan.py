@@ -15,16 +15,16 @@ from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import paths
 from sparkdeploy import plan as plan_mod
 from sparkdeploy import render as render_mod
+from sparkdeploy.cli.options import inventory_option
 
-_inventory_option = click.option("--inventory", "-i", "inventory_file", type=click.Path(dir_okay=False, path_type=Path),
-                                 default=None, help="inventory file [default: inventory.yaml of the checkout]")
+_inventory_option = inventory_option()
 _facts_option = click.option("--facts", "facts_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
                              help="node facts YAML (default: nominal GB10 / simulated-node facts; nothing is read)")
 _nodes_option = click.option("--nodes", type=click.IntRange(min=1), default=None,
                              help="plan this many nodes: 1 = single box, or the profile's tp x pp x dp")
 
 
-def build_plan(inventory_file: Path | None, facts_file: Path | None, nodes: int | None) -> plan_mod.Plan:
+def build_plan(inventory_file: str | Path | None, facts_file: Path | None, nodes: int | None) -> plan_mod.Plan:
     """Load inventory (+ facts file) and plan; shared by commands that need a plan without touching nodes."""
     inv = inventory_mod.load(inventory_file or paths.default_inventory())
     given = facts_mod.load_facts_file(facts_file) if facts_file else None
@@ -82,7 +82,7 @@ def format_plan(p: plan_mod.Plan) -> str:
 @_inventory_option
 @_facts_option
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
-def plan_command(nodes: int | None, inventory_file: Path | None, facts_file: Path | None, as_json: bool) -> None:
+def plan_command(nodes: int | None, inventory_file: str | None, facts_file: Path | None, as_json: bool) -> None:
     """Show what each node will run: role, rank, commands, env, files, memory budget. Touches nothing."""
     p = build_plan(inventory_file, facts_file, nodes)
     if as_json:
@@ -97,7 +97,7 @@ def plan_command(nodes: int | None, inventory_file: Path | None, facts_file: Pat
 @_nodes_option
 @_inventory_option
 @_facts_option
-def render_command(out_dir: Path, nodes: int | None, inventory_file: Path | None, facts_file: Path | None) -> None:
+def render_command(out_dir: Path, nodes: int | None, inventory_file: str | None, facts_file: Path | None) -> None:
     """Write every artifact (Dockerfile, env files, launch scripts, units, plan.json) under DIR."""
     p = build_plan(inventory_file, facts_file, nodes)
     for path in render_mod.write(p, out_dir):

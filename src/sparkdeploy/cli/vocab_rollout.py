@@ -15,6 +15,7 @@ from rich.console import Console
 
 from sparkdeploy import inventory as I
 from sparkdeploy import paths
+from sparkdeploy.cli.options import inventory_option
 from sparkdeploy.cli.vocab import vocab
 
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
@@ -25,8 +26,7 @@ def _log(msg: str) -> None:
 
 
 def _common(f):
-    f = click.option("--inventory", "-i", "inventory", default=None, metavar="FILE",
-                     help="inventory file (default: inventory.yaml of the checkout)")(f)
+    f = inventory_option("inventory")(f)
     f = click.option("--trust-new-hosts", is_flag=True, help="accept and record SSH host keys not seen before")(f)
     f = click.option("--json", "as_json", is_flag=True, help="print the result as JSON on stdout")(f)
     return f

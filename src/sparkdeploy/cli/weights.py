@@ -12,6 +12,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColu
 from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import model_fetch as mf
 from sparkdeploy import paths
+from sparkdeploy.cli.options import inventory_option
 from sparkdeploy import weights as w
 from sparkdeploy.errors import InputError, RemoteError
 from sparkdeploy.remote import Pool
@@ -20,8 +21,7 @@ from sparkdeploy.remote import target_of
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 GIB = 1 << 30
 
-_inventory = click.option("--inventory", "-i", "inventory_file", default=None, metavar="FILE",
-                          help="inventory file (default: inventory.yaml of the checkout)")
+_inventory = inventory_option()
 _dir = click.option("--dir", "directory", default=None, metavar="PATH",
                     help="checkpoint directory, the same path on every node (default: the profile's model.host_dir)")
 _trust = click.option("--trust-new-hosts", is_flag=True, help="accept and record SSH host keys not seen before")
