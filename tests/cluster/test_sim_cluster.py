@@ -148,7 +148,7 @@ def test_reboot_all_brings_systemd_and_enabled_units_back(sim_cluster):
         before[node.name] = sim_cluster.ssh(node, "cat /proc/1/stat", check=True).out
     secs = sim_cluster.cluster.reboot("all")
     assert set(secs) == {n.name for n in sim_cluster.nodes}
-    from sparkdeploy.sim.cluster import pid1_start_ticks
+    from sparkdeploy.sim.containers import pid1_start_ticks
 
     for node in sim_cluster.nodes:
         # known_hosts from `sim up` still holds: a reboot keeps the node's host keys.
@@ -179,7 +179,7 @@ def test_cli_status_json_and_ssh_exit_code(sim_cluster):
 
 
 def test_up_is_idempotent_and_keeps_nodes(sim_cluster):
-    from sparkdeploy.sim.cluster import pid1_start_ticks
+    from sparkdeploy.sim.containers import pid1_start_ticks
 
     before = pid1_start_ticks(sim_cluster.ssh(sim_cluster.head, "cat /proc/1/stat", check=True).out)
     up = _cli(sim_cluster, "up", "--nodes", "2", "--no-engine-image", "--inventory", str(sim_cluster.inventory),

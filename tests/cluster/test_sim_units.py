@@ -8,7 +8,8 @@ import pytest
 
 from sparkdeploy.errors import SimError
 from sparkdeploy.sim import engine, images
-from sparkdeploy.sim.cluster import SimCluster, SimNode, SimState, cluster_name, pid1_start_ticks
+from sparkdeploy.sim.cluster import SimCluster, SimNode, SimState, cluster_name
+from sparkdeploy.sim.containers import pid1_start_ticks, subnet_candidates
 
 STAT = ("1 (systemd) S 0 1 1 0 -1 4194560 3140 81231 74 345 9 15 190 120 20 0 1 0 123456 23523328 2947 "
         "18446744073709551615 1 1 0 0 0 0 671173123 4096 1260 0 0 0 17 1 0 0 0 0 0")
@@ -33,7 +34,7 @@ def test_cluster_name_from_env_and_object_names(monkeypatch, tmp_path):
     monkeypatch.setenv("SPARKDEPLOY_SIM_NAME", "ci-1")
     c = SimCluster(state_dir=tmp_path)
     assert c.name == "ci-1" and c.network == "sparkdeploy-sim-ci-1-net" and c.prefix == "sparkdeploy-sim-ci-1"
-    cands = c._subnet_candidates()
+    cands = subnet_candidates(c.name)
     assert len(set(cands)) == 150 and all(s.startswith("172.30.") and s.endswith(".0/24") for s in cands)
 
 

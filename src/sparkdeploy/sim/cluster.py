@@ -17,7 +17,6 @@ names them with `~` paths, as a real inventory does.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import ipaddress
 import json
 import os
@@ -31,7 +30,8 @@ from typing import Sequence
 
 from sparkdeploy import paths
 from sparkdeploy.errors import SimError
-from sparkdeploy.sim import images
+from sparkdeploy.sim import containers, images
+from sparkdeploy.sim.containers import docker
 from sparkdeploy.sim.inventory_file import api_key_path
 from sparkdeploy.sim._proc import Reporter, need_tool, run
 
@@ -40,23 +40,6 @@ DEFAULT_USER = "nvidia"  # the login of the shipped inventory.yaml (DGX OS asks 
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
-CLUSTER_LABEL = "sparkdeploy.sim.cluster"
-NODE_LABEL = "sparkdeploy.sim.node"
-NODE_SHM = "2g"  # a real host has a big /dev/shm; engines run with --ipc host
-READY_TIMEOUT = 180.0
-
-# What worked where --privileged is refused (DESIGN.md, reference/cluster-sim-feasibility.md B.2).
-NODE_RUN_OPTS = (
-    "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
-    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-    "--security-opt", "systempaths=unconfined",
-    "--device-cgroup-rule", "a *:* rwm",
-    "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-    "--tmpfs", "/run", "--tmpfs", "/run/lock", "--tmpfs", "/tmp",
-    "--restart", "unless-stopped", "--stop-timeout", "30",
-)
-
-
 # Run on a node as root with the login name as $1 and our public key on stdin: the user DGX OS makes at first
 # boot (home, bash, group sudo, sudo without password), our key its only authorized one. Idempotent.
 _LOGIN_SCRIPT = r"""set -eu
@@ -139,30 +122,6 @@ class SimState:
         return cls(**d)
 
 
-def _docker(*args: str, what: str, check: bool = True, timeout: float = 120, input: bytes | None = None):
-    return run(["docker", *args], what=what, check=check, timeout=timeout, input=input)
-
-
-def pid1_start_ticks(stat_line: str) -> int:
-    """PID 1's start time (clock ticks since the host booted) from /proc/1/stat: changes on every node reboot.
-
-    boot_id and /proc/uptime belong to the host's kernel and do not change when a node container restarts.
-    """
-    rest = stat_line[stat_line.rindex(")") + 2:].split()
-    return int(rest[19])  # field 22 of proc(5); rest starts at field 3
-
-
-def _host_btime() -> float:
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    return 0.0
-
-
-def ticks_to_epoch(ticks: int) -> float:
-    return _host_btime() + ticks / os.sysconf("SC_CLK_TCK")
-
-
 class SimCluster:
     """One named simulated cluster. `up` is idempotent; every method raises SimError naming node and remedy."""
 
@@ -239,19 +198,21 @@ class SimCluster:
         previous = self._existing_state()
         self.user = user  # after reading the previous state, which sets its own
         with self.reporter.phase("network") as info:
-            net_subnet = self._ensure_network(subnet or (previous.subnet if previous else None), mtu)
+            want = subnet or (previous.subnet if previous else None)
+            net_subnet = containers.ensure_network(self.network, self.name, want, mtu)
             info["detail"] = f"{self.network} {net_subnet}"
         net = ipaddress.ip_network(net_subnet)
         nodes_: list[SimNode] = []
         for i, n in enumerate(names):
             nodes_.append(SimNode(name=n, ip=str(net.network_address + 11 + i), container=f"{self.prefix}-{n}",
                                   volume=f"{self.prefix}-{n}-docker", role="head" if i == 0 else "worker"))
-        self._remove_stale_nodes(keep={n.container for n in nodes_})
+        containers.remove_stale_nodes(self.name, {n.container for n in nodes_})
         with self.reporter.phase("start nodes", f"{len(nodes_)} x {image}") as info:
-            started = [self._ensure_node(node, image) for node in nodes_]
+            started = [containers.ensure_node(node, image, self.network, self.name, self.reporter, self._install_key)
+                       for node in nodes_]
             info["detail"] = ", ".join(f"{n.name} {n.ip} ({how})" for n, how in zip(nodes_, started))
         with self.reporter.phase("wait for systemd, ssh, docker"):
-            self._parallel(lambda node: self._wait_ready(node, require_running=True), nodes_)
+            self._parallel(lambda node: containers.wait_ready(node, self.reporter, require_running=True), nodes_)
         with self.reporter.phase("known_hosts from host keys"):
             self._write_known_hosts(nodes_)
         with self.reporter.phase("check ssh by key (host keys verified)"):
@@ -283,153 +244,16 @@ class SimCluster:
             run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"sparkdeploy-sim-{self.name}", "-f",
                  str(self.key_path)], what="ssh-keygen")
 
-    def _ensure_network(self, want: str | None, mtu: int | None = None) -> str:
-        done = _docker("network", "inspect", self.network, "--format", "{{range .IPAM.Config}}{{.Subnet}}{{end}}",
-                       what="docker network inspect", check=False)
-        if done.rc == 0 and done.out.strip():
-            return done.out.strip()
-        taken = self._taken_subnets()
-        candidates = [want] if want else self._subnet_candidates()
-        for cand in candidates:
-            net = ipaddress.ip_network(cand, strict=False)
-            if any(net.overlaps(t) for t in taken):
-                if want:
-                    raise SimError(f"subnet {want} overlaps an existing Docker network; pick another with --subnet")
-                continue
-            gateway = str(net.network_address + 1)
-            opts = ["--opt", f"com.docker.network.driver.mtu={mtu}"] if mtu else []
-            created = _docker("network", "create", "--driver", "bridge", "--subnet", str(net), "--gateway", gateway,
-                              *opts, "--label", f"{CLUSTER_LABEL}={self.name}", self.network,
-                              what="docker network create", check=False)
-            if created.rc == 0:
-                return str(net)
-            if want or "overlap" not in created.err.lower():
-                raise SimError(f"cannot create network {self.network} ({net}): {created.err.strip()[:300]}")
-        raise SimError("no free /24 in 172.30.100.0-172.30.249.0 for the sim network; pass --subnet")
-
-    def _subnet_candidates(self) -> list[str]:
-        start = int(hashlib.sha256(self.name.encode()).hexdigest(), 16) % 150
-        return [f"172.30.{100 + (start + k) % 150}.0/24" for k in range(150)]
-
-    @staticmethod
-    def _taken_subnets() -> list:
-        ids = _docker("network", "ls", "-q", what="docker network ls").out.split()
-        if not ids:
-            return []
-        out = _docker("network", "inspect", "--format", "{{range .IPAM.Config}}{{.Subnet}} {{end}}", *ids,
-                      what="docker network inspect").out
-        nets = []
-        for tok in out.split():
-            try:
-                nets.append(ipaddress.ip_network(tok, strict=False))
-            except ValueError:
-                pass
-        return [n for n in nets if n.version == 4]
-
-    def _containers(self) -> list[str]:
-        out = _docker("ps", "-a", "--filter", f"label={CLUSTER_LABEL}={self.name}", "--format", "{{.Names}}",
-                      what="docker ps").out
-        return sorted(out.split())
-
-    def _remove_stale_nodes(self, keep: set[str]) -> None:
-        for c in self._containers():
-            if c not in keep:
-                self.reporter.note(f"removing {c} (not part of the requested node list)")
-                _docker("rm", "-f", "-v", c, what=f"docker rm {c}")
-                vol = f"{c}-docker"
-                _docker("volume", "rm", "-f", vol, what=f"docker volume rm {vol}", check=False)
-
-    def _inspect(self, container: str) -> dict | None:
-        done = _docker("inspect", "--type", "container", container, what="docker inspect", check=False)
-        if done.rc != 0:
-            return None
-        return json.loads(done.out)[0]
-
-    def _ensure_node(self, node: SimNode, image: str) -> str:
-        info = self._inspect(node.container)
-        if info is not None:
-            same_image = info["Config"]["Image"] == image
-            nets = info["NetworkSettings"]["Networks"]
-            same_ip = nets.get(self.network, {}).get("IPAMConfig", {}) and \
-                nets[self.network]["IPAMConfig"].get("IPv4Address") == node.ip
-            if same_image and same_ip:
-                how = "kept"
-                if not info["State"]["Running"]:
-                    _docker("start", node.container, what=f"{node.name}: docker start")
-                    how = "started"
-                self._install_key(node)
-                return how
-            self.reporter.note(f"{node.name}: recreating (image or address changed); its Docker volume is kept")
-            _docker("rm", "-f", node.container, what=f"{node.name}: docker rm")
-        _docker("run", "-d", "--name", node.container, "--hostname", node.name, "--network", self.network,
-                "--ip", node.ip, "--label", f"{CLUSTER_LABEL}={self.name}", "--label", f"{NODE_LABEL}={node.name}",
-                "-v", f"{node.volume}:/var/lib/docker", "--shm-size", NODE_SHM, *NODE_RUN_OPTS, image,
-                what=f"{node.name}: docker run of the node container (if this says 'operation not permitted', the "
-                     "host refuses the capability set; see DESIGN.md 'The simulated cluster')")
-        self._install_key(node)
-        return "created"
-
     def _install_key(self, node: SimNode) -> None:
         """Make the login user (a sudoer without password, as DGX OS's first user) and authorize our key for it."""
         pub = Path(f"{self.key_path}.pub").read_bytes()
-        _docker("exec", "-i", node.container, "sh", "-c", _LOGIN_SCRIPT, "login", self.user, input=pub,
-                what=f"{node.name}: make the login user {self.user} and install the SSH key")
-
-    # ------------------------------------------------------------------------------------------ waiting
-    def _exec(self, node: SimNode, script: str, timeout: float = 30):
-        return _docker("exec", node.container, "sh", "-c", script, what=f"{node.name}: docker exec", check=False,
-                       timeout=timeout)
-
-    def _wait_ready(self, node: SimNode, *, require_running: bool, after_ticks: int | None = None,
-                    timeout: float = READY_TIMEOUT) -> dict:
-        """Wait until PID 1 is a (new) systemd, the system is up, ssh and docker are active. Returns what it saw."""
-        deadline = time.monotonic() + timeout
-        last = "container not running"
-        while time.monotonic() < deadline:
-            info = self._inspect(node.container)
-            if info is None:
-                raise SimError(f"{node.name}: container {node.container} is gone; run `sparkdeploy sim up`")
-            if not info["State"]["Running"]:
-                last = f"container state {info['State']['Status']}"
-                time.sleep(0.3)
-                continue
-            stat = self._exec(node, "cat /proc/1/stat", timeout=10)
-            if stat.rc != 0:
-                last = "cannot read /proc/1/stat"
-                time.sleep(0.3)
-                continue
-            ticks = pid1_start_ticks(stat.out)
-            if after_ticks is not None and ticks <= after_ticks:
-                last = "PID 1 has not restarted yet"
-                time.sleep(0.3)
-                continue
-            left = max(5, int(deadline - time.monotonic()))
-            sysstate = self._exec(node, f"timeout {left} systemctl is-system-running --wait", timeout=left + 5)
-            state = sysstate.out.strip()
-            if state in ("initializing", "starting", "") or "Failed to connect" in sysstate.err:
-                last = f"systemd {state or 'not answering'}"
-                time.sleep(0.3)
-                continue
-            if state != "running":
-                failed = self._exec(node, "systemctl --failed --no-legend --plain | cut -d' ' -f1").out.split()
-                if require_running or state not in ("degraded",):
-                    raise SimError(f"{node.name}: systemd is {state!r}, failed units: {', '.join(failed) or 'none'}; "
-                                   f"look with `sparkdeploy sim ssh {node.name} -- journalctl -b -p err` "
-                                   f"(or recreate: `sparkdeploy sim down && sparkdeploy sim up`)")
-                self.reporter.note(f"{node.name}: systemd is degraded (failed: {', '.join(failed)})")
-            units = self._exec(node, "systemctl is-active ssh docker").out.split()
-            if units != ["active", "active"]:
-                last = f"ssh/docker units: {' '.join(units)}"
-                time.sleep(0.3)
-                continue
-            return {"pid1_ticks": ticks, "system": state}
-        raise SimError(f"{node.name}: not ready after {timeout:.0f} s ({last}); see `docker logs {node.container}` "
-                       f"or recreate it with `sparkdeploy sim down && sparkdeploy sim up`")
+        docker("exec", "-i", node.container, "sh", "-c", _LOGIN_SCRIPT, "login", self.user, input=pub,
+               what=f"{node.name}: make the login user {self.user} and install the SSH key")
 
     def _write_known_hosts(self, nodes: list[SimNode]) -> None:
         lines = []
         for node in nodes:
-            keys = self._exec(node, "cat /etc/ssh/ssh_host_*_key.pub")
+            keys = containers.exec_in(node, "cat /etc/ssh/ssh_host_*_key.pub")
             if keys.rc != 0 or not keys.out.strip():
                 raise SimError(f"{node.name}: no SSH host keys in /etc/ssh (sparkdeploy-ssh-hostkeys.service failed?)")
             for line in keys.out.splitlines():
@@ -486,7 +310,7 @@ class SimCluster:
         return run(self.ssh_argv(node, command), what=f"{node.name}: ssh {command if isinstance(command, str) else shlex.join(command)}"[:200],
                    timeout=timeout, check=check)
 
-    def reboot(self, which: Sequence[str] | str = "all", *, timeout: float = READY_TIMEOUT) -> dict[str, float]:
+    def reboot(self, which: Sequence[str] | str = "all", *, timeout: float = containers.READY_TIMEOUT) -> dict[str, float]:
         """Restart node containers (a reboot: PID 1 starts anew, enabled units come back); wait until ready.
 
         Returns seconds per node from the restart to systemd + ssh + docker being up again.
@@ -495,15 +319,15 @@ class SimCluster:
         targets = state.nodes if which == "all" or list(which) == ["all"] else [state.node(n) for n in which]
         before = {}
         for node in targets:
-            stat = self._exec(node, "cat /proc/1/stat", timeout=10)
+            stat = containers.exec_in(node, "cat /proc/1/stat", timeout=10)
             if stat.rc != 0:
                 raise SimError(f"{node.name}: is not running; start it with `sparkdeploy sim up`")
-            before[node.name] = pid1_start_ticks(stat.out)
+            before[node.name] = containers.pid1_start_ticks(stat.out)
 
         def one(node: SimNode) -> float:
             t0 = time.monotonic()
-            _docker("restart", "-t", "30", node.container, what=f"{node.name}: docker restart", timeout=120)
-            self._wait_ready(node, require_running=False, after_ticks=before[node.name], timeout=timeout)
+            docker("restart", "-t", "30", node.container, what=f"{node.name}: docker restart", timeout=120)
+            containers.wait_ready(node, self.reporter, require_running=False, after_ticks=before[node.name], timeout=timeout)
             self._check_ssh(node)
             return round(time.monotonic() - t0, 2)
 
@@ -521,7 +345,7 @@ class SimCluster:
         def one(node: SimNode) -> dict:
             entry = {**node.to_dict(), "container_state": "missing", "booted_at": None, "system": None,
                      "ssh": False, "docker": None, "containers": []}
-            info = self._inspect(node.container)
+            info = containers.inspect(node.container)
             if info is None:
                 return entry
             entry["container_state"] = info["State"]["Status"]
@@ -535,8 +359,8 @@ class SimCluster:
                 entry["ssh_error"] = done.err.strip()[-200:]
                 return entry
             entry["ssh"] = True
-            ticks = pid1_start_ticks(parts[0].strip())
-            entry["booted_at"] = round(ticks_to_epoch(ticks), 2)
+            ticks = containers.pid1_start_ticks(parts[0].strip())
+            entry["booted_at"] = round(containers.ticks_to_epoch(ticks), 2)
             entry["system"] = parts[1].strip()
             entry["docker"] = parts[2].strip()
             entry["containers"] = [dict(zip(("name", "image", "status"), line.split("\t")))
@@ -551,18 +375,18 @@ class SimCluster:
         removed = []
         state = self._existing_state()
         with self.reporter.phase("remove nodes") as info:
-            containers = self._containers()
-            if containers:
-                _docker("rm", "-f", *containers, what="docker rm of the sim nodes", timeout=300)
-                removed += containers
+            nodes = containers.cluster_containers(self.name)
+            if nodes:
+                docker("rm", "-f", *nodes, what="docker rm of the sim nodes", timeout=300)
+                removed += nodes
             if not keep_volumes:
-                vols = _docker("volume", "ls", "-q", "--filter", f"name={self.prefix}-", what="docker volume ls").out.split()
+                vols = docker("volume", "ls", "-q", "--filter", f"name={self.prefix}-", what="docker volume ls").out.split()
                 vols = [v for v in vols if v.startswith(f"{self.prefix}-") and v.endswith("-docker")]
                 if vols:
-                    _docker("volume", "rm", "-f", *vols, what="docker volume rm", timeout=600)
+                    docker("volume", "rm", "-f", *vols, what="docker volume rm", timeout=600)
                     removed += vols
-            if _docker("network", "inspect", self.network, what="docker network inspect", check=False).rc == 0:
-                _docker("network", "rm", self.network, what=f"docker network rm {self.network}")
+            if docker("network", "inspect", self.network, what="docker network inspect", check=False).rc == 0:
+                docker("network", "rm", self.network, what=f"docker network rm {self.network}")
                 removed.append(self.network)
             info["detail"] = f"{len(removed)} objects"
         if state and state.inventory:
@@ -585,8 +409,8 @@ class SimCluster:
 
         state = self.load_state()
         targets = state.nodes if not nodes else [state.node(n) for n in nodes]
-        want = _docker("image", "inspect", "--format", "{{.Id}}", image, what=f"docker image inspect {image}",
-                       check=False)
+        want = docker("image", "inspect", "--format", "{{.Id}}", image, what=f"docker image inspect {image}",
+                      check=False)
         if want.rc != 0:
             raise SimError(f"image {image!r} is not on this host; build it first (e.g. `sparkdeploy sim image`)")
         image_id = want.out.strip()
