@@ -22,9 +22,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-import jinja2
-
-from sparkdeploy import doctor, paths
+from sparkdeploy import doctor, render
 from sparkdeploy.errors import RemoteError
 
 EARLYOOM_DEFAULT = "/etc/default/earlyoom"
@@ -78,9 +76,7 @@ class Item:
 
 
 # ----------------------------------------------------------------------------------------------- render
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.templates_root())),
-                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+_env = render.environment
 
 
 def render_earlyoom(mem_term: int = EARLYOOM_MEM_TERM, mem_kill: int = EARLYOOM_MEM_KILL) -> str:

@@ -60,7 +60,7 @@ def config_text(data_ip: str) -> bytes:
 def unit_text() -> bytes:
     from sparkdeploy import render
 
-    return render._environment().get_template(UNIT_TEMPLATE).render(binary=BINARY, config=CONFIG).encode()
+    return render.environment().get_template(UNIT_TEMPLATE).render(binary=BINARY, config=CONFIG).encode()
 
 
 def make_tls(data_ip: str, days: int = 3650) -> dict[str, bytes]:

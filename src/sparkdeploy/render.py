@@ -86,7 +86,9 @@ def _environment_for(root: str) -> jinja2.Environment:
     return env
 
 
-def _environment() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
+    """The one jinja2 environment for every template under `paths.templates_root()` (StrictUndefined, no
+    autoescape, trailing newline kept, no block trimming; filters sh, shargs, sd, dq)."""
     return _environment_for(str(paths.templates_root()))
 
 
@@ -96,7 +98,7 @@ def _json_bytes(value: Any) -> bytes:
 
 def render(plan: Plan) -> dict[str, bytes]:
     """Every artifact of `plan` as {relative path: content}; deterministic."""
-    env = _environment()
+    env = environment()
     common = dict(plan=plan, kit_version=plan.kit_version, current_link=CURRENT_LINK, unit_name=UNIT_NAME,
                   stop_timeout=STOP_TIMEOUT_S, vocab_host_dir=VOCAB_HOST_DIR, vocab_container_dir=VOCAB_CONTAINER_DIR,
                   vocab_host_file=f"{VOCAB_HOST_DIR}/current.txt")

@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jinja2
-
-from sparkdeploy import paths
+from sparkdeploy import render
 from sparkdeploy.layout import (CURRENT_LINK, LIB_DIR, RANK_CTL, SECRETS_ENV, WATCHDOG_CONFIG, WATCHDOG_DIR, WATCHDOG_PY,
                                 WATCHDOG_SERVICE, WATCHDOG_TIMER)
 from sparkdeploy.remote import Conn
@@ -36,8 +34,7 @@ def node_file(name: str) -> bytes:
 
 
 def unit_files() -> dict[str, bytes]:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.templates_root())),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env = render.environment()
     ctx = {"watchdog": WATCHDOG_PY, "config": f"{CURRENT_LINK}/{CONFIG}"}
     return {f"/etc/systemd/system/{SERVICE}": env.get_template(f"systemd/{SERVICE}.j2").render(**ctx).encode(),
             f"/etc/systemd/system/{TIMER}": env.get_template(f"systemd/{TIMER}.j2").render(**ctx).encode()}
