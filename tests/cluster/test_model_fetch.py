@@ -12,7 +12,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 import yaml
 
 from sparkdeploy import inventory as inventory_mod

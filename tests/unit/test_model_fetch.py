@@ -55,7 +55,7 @@ def test_spec_refuses_what_cannot_be_fetched_naming_the_field(tmp_path, model, f
 
 
 def test_a_token_file_others_can_read_exits_2_naming_auth_hf_token_file(tmp_path):
-    inv = _inventory(tmp_path, id=REPO, host_dir="/srv/models/tiny")
+    _inventory(tmp_path, id=REPO, host_dir="/srv/models/tiny")
     token = tmp_path / "hf-token"
     token.write_text("hf_abc\n")
     token.chmod(0o644)

@@ -12,7 +12,7 @@ init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp
 initialize_model_parallel(1, 1)
 from vllm.model_executor.layers.linear import ReplicatedLinear, UnquantizedLinearMethod
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-from spark_overlays import skinny_gemm, skinny_plans
+from spark_overlays import skinny_gemm
 GB10 = (12, 1)
 out = {}
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from sparkdeploy.bench import results
 from sparkdeploy.bench.client import Service, stream_chat
-from sparkdeploy.bench.probe import Hook, Progress, repeat
+from sparkdeploy.bench.probe import Progress, repeat
 from sparkdeploy.bench.prompts import Category
 
 
 def harness(service: Service, categories: list[Category], *, tokens: int = 128, runs: int = 3, warmup: int = 1,
             concurrency: list[int] = (1, 2, 4, 8), ignore_eos: bool = True, context: dict | None = None,
-            prompt_set: str | None = None, on_run_start: Hook | None = None, watch_interval: float = 0.1,
+            prompt_set: str | None = None, watch_interval: float = 0.1,
             progress: Progress | None = None) -> dict:
     settings = {"tokens": tokens, "runs": runs, "warmup": warmup, "concurrency": list(concurrency),
                 "ignore_eos": ignore_eos, "temperature": 0, "prompt_set": prompt_set,
@@ -25,7 +25,7 @@ def harness(service: Service, categories: list[Category], *, tokens: int = 128, 
                         for i in range(len(cat.prompts))]
             return [stream]
 
-        repeat(result, cat.name, runs, warmup, make_send, on_run_start=on_run_start, progress=progress)
+        repeat(result, cat.name, runs, warmup, make_send, progress=progress)
 
     everything = [(c, i) for c in categories for i in range(len(c.prompts))]
     for k in concurrency:
@@ -34,7 +34,7 @@ def harness(service: Service, categories: list[Category], *, tokens: int = 128, 
             return [lambda c=c, i=i: stream_chat(service, c.messages(i), tokens, ignore_eos=ignore_eos)
                     for c, i in picks]
 
-        repeat(result, f"c{k}", runs, warmup, make_send, on_run_start=on_run_start, progress=progress,
+        repeat(result, f"c{k}", runs, warmup, make_send, progress=progress,
                watch_interval=watch_interval, values=_with_throughput)
     results.summarize_runs(result, overall_groups={c.name for c in categories})
     result["peak_check"] = {f"c{k}": peak_check(result, f"c{k}", k) for k in concurrency}

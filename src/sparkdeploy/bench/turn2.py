@@ -13,7 +13,7 @@ import uuid
 
 from sparkdeploy.bench import results
 from sparkdeploy.bench.client import Service, count_tokens, stream_chat
-from sparkdeploy.bench.probe import Hook, Progress, measured_run_for
+from sparkdeploy.bench.probe import Progress, measured_run_for
 from sparkdeploy.errors import BenchError
 
 QUESTION = "\n\nUsing the notes above, summarise the three most important points in one sentence each."
@@ -53,7 +53,7 @@ def make_prefix(n_tokens: int, nonce: str, count=None, seed: int = 0) -> str:
 
 
 def turn2(service: Service, prefix_tokens: list[int], *, tokens: int = 32, runs: int = 3, warmup: int = 1,
-          context: dict | None = None, on_run_start: Hook | None = None, progress: Progress | None = None) -> dict:
+          context: dict | None = None, progress: Progress | None = None) -> dict:
     settings = {"prefix_tokens": list(prefix_tokens), "tokens": tokens, "runs": runs, "warmup": warmup,
                 "temperature": 0}
     if service.max_model_len:
@@ -74,14 +74,13 @@ def turn2(service: Service, prefix_tokens: list[int], *, tokens: int = 32, runs:
             nonce = uuid.uuid4().hex[:12]
             prefix = make_prefix(p, nonce, count)
             first = [{"role": "user", "content": prefix + QUESTION}]
-            one = measured_run_for(result, [lambda: stream_chat(service, first, tokens)], on_run_start, group,
-                                   attempt)
+            one = measured_run_for(result, [lambda: stream_chat(service, first, tokens)], None, group, attempt)
             two = None
             if one.kept:
                 second = first + [{"role": "assistant", "content": one.requests[0].text},
                                   {"role": "user", "content": FOLLOW_UP}]
-                two = measured_run_for(result, [lambda: stream_chat(service, second, tokens)], on_run_start,
-                                       group, attempt)
+                two = measured_run_for(result, [lambda: stream_chat(service, second, tokens)], None, group,
+                                       attempt)
             record_outcome = two if (two is not None and not two.kept) else one
             if one.kept and two is not None and two.kept:
                 hits1 = one.delta.prefix_cache()["hits"]

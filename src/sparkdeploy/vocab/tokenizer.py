@@ -122,9 +122,6 @@ class Tokenizer:
             h.update(f"{i} {'s' if special else 'n'} {raw.hex()}\n".encode())
         return "sha256:" + h.hexdigest()
 
-    def id_of(self, text: str) -> int | None:
-        return self._specials_by_text.get(text)
-
     @cached_property
     def _specials_by_text(self) -> dict[str, int]:
         return {raw.decode("utf-8", "replace"): i for i, (raw, special) in enumerate(self.table) if special}
@@ -134,11 +131,6 @@ class Tokenizer:
         ids = {int(i) for i in self.eos_ids}
         ids.update(i for t in CONTROL_TAGS if (i := self._specials_by_text.get(t)) is not None)
         return np.array(sorted(ids), dtype=np.int64)
-
-    def describe(self) -> dict:
-        return {"name": self.name, "source": self.source, "content_hash": self.content_hash,
-                "vocab_size": self.vocab_size, "specials": int(len(self.special_ids)),
-                "eos_ids": [int(i) for i in self.eos_ids]}
 
 
 class TiktokenTokenizer(Tokenizer):
