@@ -1,0 +1,26 @@
+"""`down`: the engine stopped on every node of the inventory (head first), its unit and the watchdog timer
+disabled unless --keep-enabled."""
+
+from __future__ import annotations
+
+from sparkdeploy import layout
+from sparkdeploy.steps import engine, supervise
+from sparkdeploy.steps.base import CHANGED, Outcome
+from sparkdeploy.steps.context import Context
+
+
+def down(cx: Context, keep_enabled: bool = False) -> list[Outcome]:
+    out: list[Outcome] = []
+    names = [n.name for n in cx.inv.nodes]
+    cx.names = [cx.inv.head.name] + [n for n in names if n != cx.inv.head.name]
+    cx.connect(out, cx.names)
+    engine.stop_all(cx)
+    for n in cx.names:
+        acts = ["stopped"]
+        if not keep_enabled:
+            cx.conn(n).run(["systemctl", "disable", layout.UNIT_NAME], check=False)
+            if n == cx.head:
+                cx.conn(n).run(["systemctl", "disable", supervise.TIMER], check=False)
+            acts.append("disabled")
+        out.append(Outcome("down", n, CHANGED, "", acts))
+    return out

@@ -1,0 +1,145 @@
+"""Engine control on a `Context`: the watchdog timer, stop, evict + memory guard + start, switching `current`,
+readiness and the health gate; and the two procedures every verb shares:
+
+    switch_and_restart(cx, num)   stop head, stop workers, switch `current` (and current.txt), start workers, head
+    serve_again(cx, good, ...)    release `good` (it passed its gate) back in service, waited for until it answers
+
+`up` (new release and its automatic rollback), `rollback` and `vocab rollout` (switch and roll-back) use these;
+none of them stops, switches or starts on its own.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from sparkdeploy import faults, health, layout, releases
+from sparkdeploy.errors import HealthError
+from sparkdeploy.steps import supervise
+from sparkdeploy.steps.base import OK, Outcome
+from sparkdeploy.steps.context import Context, served
+
+
+# ---------------------------------------------------------------------------------------------- watchdog
+def watchdog(cx: Context, on: bool) -> None:
+    """Stop the timer while we stop/start ranks ourselves; on start, the watchdog begins with a clean slate."""
+    c = cx.conn(cx.head)
+    if on:
+        c.run(["rm", "-f", layout.WATCHDOG_STATE], check=False)
+        c.run(["systemctl", "start", supervise.TIMER], check=False)
+    else:
+        c.run(["systemctl", "stop", supervise.TIMER, supervise.SERVICE], check=False, timeout=330)
+
+
+def watchdog_active(cx: Context) -> bool:
+    return cx.conn(cx.head).run(["systemctl", "is-active", "--quiet", supervise.TIMER], check=False).ok
+
+
+# ------------------------------------------------------------------------------------ stop, switch, start
+def stop_all(cx: Context, names: list[str] | None = None) -> None:
+    """Head first (it holds the rendezvous and the API), then the workers in parallel."""
+    names = names or cx.names
+    watchdog(cx, False)
+    if cx.head in names:
+        cx.conn(cx.head).run(["systemctl", "stop", layout.UNIT_NAME], timeout=120)
+    rest = [n for n in names if n != cx.head]
+    cx.each(lambda c: c.run(["systemctl", "stop", layout.UNIT_NAME], timeout=120), "stopping the engine", rest)
+
+
+def stop_and_disable(cx: Context) -> None:
+    """Engine stopped everywhere, its unit and the watchdog timer disabled (what `down` leaves)."""
+    stop_all(cx)
+    for n in cx.names:
+        cx.conn(n).run(["systemctl", "disable", layout.UNIT_NAME], check=False)
+    cx.conn(cx.head).run(["systemctl", "disable", supervise.TIMER], check=False)
+
+
+def start_all(cx: Context) -> None:
+    """Evict the checkpoint's page cache and refuse a start the plan's memory budget cannot hold (the
+    field's OOM cascades); then workers first (they wait for the head's rendezvous), the head last."""
+    from sparkdeploy import weights
+
+    _, guards = weights.evict_and_guard(cx.pool, cx.plan, cx.inv.profile.host_dir)
+    for g in guards:
+        if g.verdict.value != "ok":
+            cx.log(f"{g.node}: memory guard {g.verdict.value}: {g.reason}")
+    faults.hit("memory-guard")
+    weights.enforce(guards)
+    for node in cx.plan.start_order:
+        cx.conn(node.name).run(["systemctl", "reset-failed", layout.UNIT_NAME], check=False)
+        cx.conn(node.name).run(["systemctl", "start", layout.UNIT_NAME], timeout=120)
+        cx.log(f"{node.name}: started {layout.UNIT_NAME} ({node.role}, rank {node.rank})")
+
+
+def switch(cx: Context, num: int, list_sha: str | None = None, what: str | None = None) -> None:
+    """`current` -> release `num` on every node. The draft list follows: to `list_sha` when given (a rollout
+    points current.txt itself, before the release switch), else to the list the release names (a release
+    made by `vocab rollout` names another list than up's)."""
+    from sparkdeploy import vocab_live
+
+    if list_sha is not None:
+        cx.each(lambda c: (vocab_live.point(c, list_sha), releases.switch(c, num)),
+                what or f"switching to release {num}")
+        return
+    cx.each(lambda c: releases.switch(c, num), what or f"switching to release {num}")
+    cx.each(vocab_live.follow_release, f"pointing the draft list at release {num}'s")
+
+
+def switch_and_restart(cx: Context, num: int, *, list_sha: str | None = None, what: str | None = None,
+                       plan_of_release: bool = False) -> None:
+    """The one switch: stop head, stop workers, switch `current` to `num`, start workers, then the head, under
+    cx.plan, or under the plan release `num` recorded (`plan_of_release`, taken once switched). The fault
+    seam's after-stop/after-switch boundaries sit here (each fires once per process)."""
+    stop_all(cx)
+    faults.hit("after-stop")
+    switch(cx, num, list_sha=list_sha, what=what)
+    faults.hit("after-switch")
+    if plan_of_release:
+        cx.plan = cx.release_plan(num)
+    start_all(cx)
+
+
+def serve_again(cx: Context, good: int, *, plan_of_release: bool = True, list_sha: str | None = None,
+                what: str | None = None, watchdog_was: bool | None = None,
+                started: Callable[[], object] | None = None, wait: Callable[[], str] | None = None) -> str:
+    """The one rollback: release `good` (it passed its gate on every node) serves again. Switch and restart on
+    it (under its own recorded plan unless `plan_of_release` is False: the caller's plan is already that
+    release's), `started()` once it is started, the watchdog back as it was (when `watchdog_was` is given),
+    then wait until it answers (`wait`, default readiness within rollback_timeout); returns the probe's text."""
+    switch_and_restart(cx, good, list_sha=list_sha, what=what, plan_of_release=plan_of_release)
+    if started:
+        started()
+    if watchdog_was is not None:
+        watchdog(cx, watchdog_was)
+    return wait() if wait else wait_ready(cx, cx.opts.rollback_timeout)
+
+
+# ----------------------------------------------------------------------------------- readiness + gate
+def wait_ready(cx: Context, timeout: float) -> str:
+    """Poll the head until a real temperature-0 completion answers; returns its text."""
+    url = cx.plan.api_url
+    try:
+        return health.wait_answering(url, served(cx.plan), timeout=timeout,
+                                     probe_timeout=cx.opts.probe_timeout, log=cx.log,
+                                     api_key=cx.inv.auth.api_key())
+    except health.NotAnswering as err:
+        states = cx.map(lambda c: c.run(["docker", "inspect", "-f", "{{.State.Status}}",
+                                         layout.CONTAINER_NAME], check=False).stdout.strip() or "absent")
+        raise HealthError(f"not ready after {timeout:.0f} s: last saw {err.last} at {url}; containers: "
+                          + ", ".join(f"{n} {s}" for n, s in states.items())) from None
+
+
+def gate(cx: Context, num: int, out: list[Outcome]) -> str:
+    """Readiness + a temperature-0 probe (twice: it must be deterministic); record it as HEALTHY."""
+    t0 = time.monotonic()
+    text = wait_ready(cx, cx.opts.ready_timeout)
+    again = health.generate(cx.plan.api_url, served(cx.plan), timeout=cx.opts.probe_timeout,
+                            api_key=cx.inv.auth.api_key())
+    if again != text:
+        raise HealthError(f"temperature-0 probe is not deterministic: {text!r} then {again!r}")
+    rec = {"probe": text, "prompt": health.PROBE_PROMPT, "max_tokens": health.PROBE_MAX_TOKENS, "at": time.time(),
+           "seconds_to_ready": round(time.monotonic() - t0, 1)}
+    cx.each(lambda c: releases.mark_healthy(c, num, rec), "recording the health gate")
+    out.append(Outcome("health gate", cx.head, OK, f"release {num} answered in {time.monotonic() - t0:.1f} s: {text!r}",
+                       [], time.monotonic() - t0))
+    return text

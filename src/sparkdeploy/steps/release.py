@@ -1,0 +1,80 @@
+"""The release step of `up`: a new numbered release directory on every node when any desired file or the
+image differs from the current release's (nothing differs -> no new release); and pruning old releases and
+the images no kept release names."""
+
+from __future__ import annotations
+
+from sparkdeploy import paths, releases
+from sparkdeploy.remote import Conn
+from sparkdeploy.steps.base import OK, Action, Outcome, run_step
+from sparkdeploy.steps.context import Context
+
+
+def current_matches(cx: Context) -> tuple[bool, dict[str, str]]:
+    """Does every node's current release hold exactly the desired files and image? (reason per node)"""
+    why = {}
+    for n in cx.names:
+        nr = cx.rel[n]
+        if nr.current is None or nr.current not in nr.complete:
+            why[n] = "no current release"
+            continue
+        meta = nr.complete[nr.current]
+        want = {k: releases.sha(v) for k, (v, _) in cx.release_files(n, nr.current).items()}
+        if meta.get("files") != want:
+            diff = sorted(k for k in set(want) | set(meta.get("files", {}))
+                          if want.get(k) != meta.get("files", {}).get(k))
+            why[n] = f"release {nr.current} differs in {', '.join(diff)}"
+        elif meta.get("image_id") != cx.image_id:
+            why[n] = f"release {nr.current} uses image {str(meta.get('image_id'))[:19]}"
+    nums = {cx.rel[n].current for n in cx.names}
+    if not why and len(nums) != 1:
+        why = {n: f"current release {cx.rel[n].current} differs across nodes" for n in cx.names}
+    return not why, why
+
+
+def step_release(cx: Context, out: list[Outcome]) -> int:
+    """Write a new numbered release on every node if anything differs; returns the release to run."""
+    same, why = current_matches(cx)
+    if same:
+        num = cx.rel[cx.head].current
+        out += [Outcome("release", n, OK, f"release {num} is current") for n in cx.names]
+        return num
+    newest = max(nr.newest for nr in cx.rel.values())
+    # An aborted or failed attempt (newest number, current nowhere, healthy nowhere) is rewritten in place.
+    reuse = newest and all(nr.current != newest and newest not in nr.healthy for nr in cx.rel.values())
+    num = newest if reuse else newest + 1
+    meta = {"fingerprint": cx.plan.release_id, "image": cx.plan.image.tag, "image_id": cx.image_id,
+            "nodes": cx.names, "kit_version": cx.plan.kit_version, "git_commit": paths.git_commit()}
+
+    def diff(n: str) -> list[Action]:
+        files = cx.release_files(n, num)
+
+        def write():
+            m = dict(meta, node=n, facts=cx.facts[n].to_dict(), reason=why.get(n, "another node changed"))
+            releases.write(cx.conn(n), num, files, m)
+
+        return [Action(f"write release {num} ({', '.join(sorted(files))}): {why.get(n, 'another node changed')}",
+                       write)]
+
+    out += run_step("release", cx.names, diff, dry_run=cx.opts.dry_run, log=cx.log)
+    return num
+
+
+def prune(cx: Context) -> None:
+    """Old releases (releases.prune keeps the newest healthy ones) and the images no kept release names."""
+    nrs = cx.scan()
+    keep_images = set()
+    for n, nr in nrs.items():
+        releases.prune(cx.conn(n), nr)
+    for nr in cx.scan().values():
+        keep_images |= {m.get("image") for m in nr.complete.values() if m.get("image")}
+    repo = cx.plan.image.repository
+
+    def drop_images(c: Conn):
+        tags = c.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repo], check=False).stdout.split()
+        old = [t for t in tags if t not in keep_images and not t.endswith(":<none>")]
+        if old:
+            c.run(["docker", "image", "rm", *old], check=False, timeout=300)
+        c.run(["docker", "image", "prune", "-f"], check=False, timeout=300)
+
+    cx.map(drop_images)

@@ -1,0 +1,56 @@
+"""`rollback [N]`: release N (default: the newest older one that passed its gate everywhere) serves again under
+the plan it recorded; when that fails, the release that was serving goes back (up.back_to_last_good)."""
+
+from __future__ import annotations
+
+import time
+
+from sparkdeploy import releases
+from sparkdeploy.errors import HealthError, SparkdeployError
+from sparkdeploy.steps import engine
+from sparkdeploy.steps.context import Context
+from sparkdeploy.steps.up import ENGINE_ERRORS, UpResult, back_to_last_good
+
+
+def rollback(cx: Context, to: int | None) -> UpResult:
+    res = UpResult()
+    t0 = time.monotonic()
+    try:
+        cx.connect(res.outcomes)
+        cx.scan()
+        cur = cx.rel[cx.head].current
+        common = releases.common_complete({n: cx.rel[n] for n in cx.names})
+        if to is None:
+            to = releases.last_healthy({n: cx.rel[n] for n in cx.names}, before=cur)
+            if to is None:
+                raise HealthError(f"no healthy release older than the current one ({cur}) on every node")
+        if to not in common:
+            lacking = {n: sorted(cx.rel[n].complete) for n in cx.names if to not in cx.rel[n].complete}
+            raise HealthError(f"release {to} is not complete on every node: "
+                              + "; ".join(f"{n} holds {h}" for n, h in lacking.items())
+                              + f" (complete everywhere: {sorted(common)})")
+        meta = cx.rel[cx.head].complete[to]
+        cx.plan = cx.release_plan(to)
+        watchdog_was = engine.watchdog_active(cx)
+        try:
+            engine.switch_and_restart(cx, to)
+            res.release, res.restarted = to, True
+            res.rolled_back_to = to
+            rec = releases.read_healthy(cx.conn(cx.head), to)
+            res.probe = engine.wait_ready(cx, cx.opts.ready_timeout)
+            if not rec:
+                engine.gate(cx, to, res.outcomes)
+        except ENGINE_ERRORS as err:
+            # The release that was serving goes back, if it had passed its gate everywhere.
+            back = cur if cur is not None and all(cur in cx.rel[n].healthy for n in cx.names) else None
+            res.release = res.rolled_back_to = None
+            back_to_last_good(cx, f"rollback to release {to} failed ({err})", back, res, watchdog_was)
+            return res
+        engine.watchdog(cx, True)
+        res.healthy = True
+        res.message = f"rolled back from release {cur} to {to} ({meta.get('image')}); healthy"
+    except SparkdeployError as err:
+        res.message = str(err)
+    finally:
+        res.seconds = time.monotonic() - t0
+    return res

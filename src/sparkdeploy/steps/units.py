@@ -1,0 +1,74 @@
+"""The unit steps of `up`: stale units (ours under another name, or strangers on our ports), our systemd
+units installed and enabled, the supervision (watchdog) wiring, and nodes outside the plan retired."""
+
+from __future__ import annotations
+
+import posixpath
+
+from sparkdeploy import layout
+from sparkdeploy.remote import host_key_line
+from sparkdeploy.steps import stale, supervise
+from sparkdeploy.steps.base import Action, Outcome, run_step
+from sparkdeploy.steps.context import Context
+
+
+def step_stale(cx: Context, out: list[Outcome]) -> None:
+    ours = [layout.UNIT_NAME, supervise.SERVICE]
+    ports = [cx.plan.api_port, cx.plan.master_port]
+    out += run_step("stale units", cx.names, lambda n: stale.diff(cx.conn(n), ours, ports),
+                    dry_run=cx.opts.dry_run, log=cx.log)
+
+
+def step_units(cx: Context, out: list[Outcome]) -> None:
+    def diff(n: str) -> list[Action]:
+        c = cx.conn(n)
+        acts = []
+        units = cx.unit_files(n)
+        changed = [p for p, data in units.items() if c.get(p) != data]
+        if changed:
+            def install(c=c, changed=changed, units=units):
+                for p in changed:
+                    c.put(p, units[p])
+                c.run(["systemctl", "daemon-reload"])
+            acts.append(Action(f"install {', '.join(posixpath.basename(p) for p in changed)} + daemon-reload", install))
+        if c.run(["systemctl", "is-enabled", layout.UNIT_NAME], check=False).stdout.strip() != "enabled":
+            acts.append(Action(f"enable {layout.UNIT_NAME}", lambda c=c: c.run(["systemctl", "enable", layout.UNIT_NAME])))
+        return acts
+
+    out += run_step("units", cx.names, diff, dry_run=cx.opts.dry_run, log=cx.log)
+
+
+def step_supervision(cx: Context, out: list[Outcome]) -> None:
+    head = cx.conn(cx.head)
+    workers = cx.names[1:]
+    if cx.opts.dry_run:
+        pub = "ssh-ed25519 AAAA(dry-run) x"
+    else:
+        pub = supervise.ensure_key(head)
+    out += run_step("supervision", workers, lambda n: supervise.worker_actions(cx.conn(n), pub),
+                    dry_run=cx.opts.dry_run, log=cx.log) if workers else []
+    known = [host_key_line(cx.conn(n), cx.plan.node(n).ssh.host, cx.plan.node(n).ssh.port)
+             for n in workers]
+    knobs = supervise.settings(start_grace_s=cx.opts.watchdog_grace or cx.opts.ready_timeout,
+                               backoff_base_s=cx.opts.watchdog_backoff_s, retry_cap=cx.opts.watchdog_cap)
+    out += run_step("supervision", [cx.head],
+                    lambda n: supervise.head_actions(head, known, supervise.unit_files(), knobs),
+                    dry_run=cx.opts.dry_run, log=cx.log)
+
+
+def retire_others(cx: Context, out: list[Outcome]) -> None:
+    """Nodes of the inventory outside this plan (up --nodes 1): stop and disable our unit there."""
+    for n in cx.others:
+        if not cx.connected(n):
+            continue
+        c = cx.conn(n)
+
+        def diff(n: str, c=c) -> list[Action]:
+            en = c.run(["systemctl", "is-enabled", layout.UNIT_NAME], check=False).stdout.strip()
+            act = c.run(["systemctl", "is-active", layout.UNIT_NAME], check=False).stdout.strip()
+            if en != "enabled" and act != "active":
+                return []
+            return [Action(f"stop and disable {layout.UNIT_NAME} (node not in this {len(cx.names)}-node plan)",
+                           lambda: c.run(["systemctl", "disable", "--now", layout.UNIT_NAME], timeout=120))]
+
+        out += run_step("retire", [n], diff, dry_run=cx.opts.dry_run, log=cx.log)

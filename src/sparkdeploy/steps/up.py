@@ -1,0 +1,166 @@
+"""`up`: converge the nodes on the plan; its automatic rollback; the result it reports (UpResult, `up --json`).
+
+    connect -> facts -> plan + render -> stale units -> image -> vocab -> secrets -> release files -> units
+    -> supervision wiring -> retire -> [switch + restart] -> wait for readiness -> health gate -> prune
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import requests
+
+from sparkdeploy import layout, releases
+from sparkdeploy.errors import InputError, SparkdeployError
+from sparkdeploy.steps import engine
+from sparkdeploy.steps import image as img
+from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD, Outcome, StepFailed
+from sparkdeploy.steps.context import Context
+from sparkdeploy.steps.release import prune, step_release
+from sparkdeploy.steps.secrets import step_secrets
+from sparkdeploy.steps.units import retire_others, step_stale, step_supervision, step_units
+from sparkdeploy.steps.vocab import step_vocab
+
+# What can go wrong past the first stop (a lost node, the memory guard, a probe that fails or times out).
+ENGINE_ERRORS = (SparkdeployError, requests.RequestException, ValueError, KeyError)
+
+
+@dataclass
+class UpResult:
+    outcomes: list[Outcome] = field(default_factory=list)
+    release: int | None = None
+    new_release: bool = False
+    restarted: bool = False
+    rolled_back_to: int | None = None
+    healthy: bool = False
+    message: str = ""
+    seconds: float = 0.0
+    probe: str | None = None
+
+    @property
+    def changes(self) -> int:
+        return sum(len(o.actions) for o in self.outcomes if o.status in (CHANGED, WOULD))
+
+    def to_dict(self) -> dict:
+        return {"healthy": self.healthy, "release": self.release, "new_release": self.new_release,
+                "restarted": self.restarted, "rolled_back_to": self.rolled_back_to, "changes": self.changes,
+                "seconds": round(self.seconds, 2), "message": self.message, "probe": self.probe,
+                "outcomes": [o.to_dict() for o in self.outcomes]}
+
+
+def step_image(cx: Context, out: list[Outcome]) -> str | None:
+    """The serving image on every node, as layers through the head's registry (steps/image.py: converge)."""
+    cx.image_id = img.converge(cx, out)
+    return cx.image_id
+
+
+def up(cx: Context) -> UpResult:
+    res = UpResult()
+    t0 = time.monotonic()
+    out = res.outcomes
+    try:
+        cx.connect(out)
+        cx.connect([], cx.others, required=False)
+        cx.scan()
+        cx.make_plan(out)
+        step_stale(cx, out)
+        step_image(cx, out)
+        step_vocab(cx, out)
+        step_secrets(cx, out)
+        num = step_release(cx, out)
+        step_units(cx, out)
+        step_supervision(cx, out)
+        retire_others(cx, out)
+        res.release = num
+        cur = {cx.rel[n].current for n in cx.names}
+        res.new_release = cur != {num}
+        if cx.opts.dry_run:
+            res.message = (f"dry run: {res.changes} change(s) would be made"
+                           + (f"; release {num} would be started" if res.new_release else ""))
+            return res
+        active = cx.map(lambda c: c.run(["systemctl", "is-active", "--quiet", layout.UNIT_NAME], check=False).ok)
+        need_start = res.new_release or not all(v is True for v in active.values()) or any(
+            o.step == "retire" and o.status == CHANGED for o in out)
+        watchdog_was = engine.watchdog_active(cx)
+        stage = "start"
+        # From the first stop on, any failure (memory guard, a node lost mid-switch, the gate) ends in
+        # auto_rollback: the last release that passed its gate serving again, or the service stopped.
+        try:
+            if need_start:
+                prev = cx.rel[cx.head].current
+                cx.log(f"switching to release {num} (was {prev}): stop head, stop workers, switch, start "
+                       "workers, head")
+                engine.switch_and_restart(cx, num)
+                res.restarted = True
+                out.append(Outcome("start", cx.head, CHANGED, f"release {num} started workers-first",
+                                   [f"restart on release {num}"]))
+            stage = "health gate"
+            healthy_rec = releases.read_healthy(cx.conn(cx.head), num)
+            if need_start or not healthy_rec:
+                res.probe = engine.gate(cx, num, out)
+            else:
+                res.probe = healthy_rec.get("probe")
+                out.append(Outcome("health gate", cx.head, OK, f"release {num} already passed its gate"))
+        except ENGINE_ERRORS as err:
+            out.append(Outcome(stage, cx.head, FAILED, str(err)))
+            auto_rollback(cx, num, f"{stage}: {err}", res, watchdog_was)
+            return res
+        engine.watchdog(cx, True)
+        prune(cx)
+        res.healthy = True
+        res.message = (f"release {num} healthy" + (" (new release)" if res.new_release else "")
+                       + f"; {res.changes} change(s)")
+        return res
+    except StepFailed as err:
+        res.message = str(err)
+        return res
+    except InputError:
+        raise  # bad input, found before anything changed: the CLI exits 2 naming the field
+    except SparkdeployError as err:
+        out.append(Outcome("up", "", FAILED, str(err)))
+        res.message = str(err)
+        return res
+    finally:
+        res.seconds = time.monotonic() - t0
+
+
+def auto_rollback(cx: Context, failed: int, reason: str, res: UpResult, watchdog_was: bool) -> None:
+    """After a failure past the first stop: the newest release older than `failed` that passed its gate on
+    every node serves again under its own plan, with the watchdog as it was; with none, the service is
+    stopped and disabled (a reboot must not start a release that never passed its gate)."""
+    what = f"release {failed} failed ({reason})"
+    try:
+        cx.scan()
+    except SparkdeployError as err:
+        res.message = f"{what}; the releases on the nodes could not be read to roll back: {err}"
+        return
+    back_to_last_good(cx, what, releases.last_healthy({n: cx.rel[n] for n in cx.names}, before=failed), res,
+                      watchdog_was)
+
+
+def back_to_last_good(cx: Context, what: str, good: int | None, res: UpResult, watchdog_was: bool) -> None:
+    """Put release `good` (passed its gate on every node) back with engine.serve_again (its plan, watchdog as
+    it was, waited for); with no good release, stop and disable the service. The message says which."""
+    try:
+        if good is None:
+            engine.stop_and_disable(cx)
+            res.message = (f"{what}; no healthy release to go back to: the service is STOPPED and disabled; "
+                           "fix and re-run `up`")
+            return
+        cx.log(f"{what}: rolling back to release {good}")
+        rec: dict = {}
+
+        def ready() -> str:
+            rec.update(releases.read_healthy(cx.conn(cx.head), good) or {})
+            return engine.wait_ready(cx, cx.opts.rollback_timeout)
+
+        text = engine.serve_again(cx, good, watchdog_was=watchdog_was,
+                                  started=lambda: setattr(res, "rolled_back_to", good), wait=ready)
+        ok = text == rec.get("probe", text)
+        res.message = (f"{what}; ROLLED BACK to release {good}"
+                       + (" which is healthy again" if ok else f" but its probe now differs: {text!r}"))
+    except ENGINE_ERRORS as err:
+        res.message = (f"{what}; rolling back to release {good} did not complete either: {err}"
+                       if good is not None else f"{what}; and stopping the service failed: {err}")
+
