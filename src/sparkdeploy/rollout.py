@@ -30,158 +30,27 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import requests
 
 from sparkdeploy import layout
 from sparkdeploy import health, releases, render, vocab_live
-from sparkdeploy.bench import metrics as M
-from sparkdeploy.bench import prompts as bench_prompts
-from sparkdeploy.errors import RemoteError, SparkdeployError, VocabError
-from sparkdeploy.vocab.formats import list_bytes, parse_list
+from sparkdeploy.errors import SparkdeployError, VocabError
+from sparkdeploy.rollout_checks import (Candidate, Golden, capture, check_candidate, coverage_change,
+                                        golden_prompts, list_diff, mismatches, pick_version,
+                                        write_list_with_manifest)
+from sparkdeploy.steps import engine, healthcheck
+from sparkdeploy.steps.context import Context
+from sparkdeploy.vocab.formats import parse_list
+
+__all__ = ["Candidate", "Failed", "Golden", "Rollout", "RolloutError", "RolloutOptions", "RolloutResult", "capture",
+           "check_candidate", "coverage_change", "golden_prompts", "history", "list_diff", "mismatches",
+           "pick_version", "rollback", "rollout", "validate_locally", "write_list_with_manifest"]
 
 Log = Callable[[str], None]
 
 
 class RolloutError(SparkdeployError):
     """The rollout could not start or complete (the message says which step and node)."""
-
-
-# ------------------------------------------------------------------------------------- local validation
-@dataclass
-class Candidate:
-    """A list that passed validation against the served tokenizer."""
-
-    path: str
-    data: bytes
-    ids: np.ndarray
-    sha256: str
-    tokenizer_hash: str
-    manifest: dict | None
-
-    @property
-    def version(self) -> str:
-        return self.sha256[:12]
-
-    @property
-    def size(self) -> int:
-        return int(self.ids.size)
-
-    def meta(self) -> dict:
-        m = self.manifest or {}
-        return {"source": Path(self.path).name, "size": self.size, "tokenizer": self.tokenizer_hash,
-                "name": m.get("name"), "manifest": bool(self.manifest)}
-
-
-def check_candidate(path: str, tokenizer, *, allow_no_manifest: bool = False) -> Candidate:
-    """Validate a list file against the served tokenizer; VocabError (exit 2) says why it is refused.
-
-    Only plain id lists travel (the engine reads one id per line): `.npy` and EAGLE-3 offset files are
-    converted by `sparkdeploy vocab build/merge -o x.txt` first.
-    """
-    from sparkdeploy.vocab import find_manifest, validate_list
-
-    p = Path(path)
-    data = list_bytes(p)
-    ids = parse_list(data, str(p), tokenizer.vocab_size)
-    manifest = find_manifest(p)
-    if manifest is None and not allow_no_manifest:
-        raise VocabError(f"{path}: no manifest names the tokenizer this list was built for, so its tokenizer hash "
-                         "cannot be checked; build it with `sparkdeploy vocab build/merge` (which write one) or "
-                         "pass --allow-no-manifest")
-    ids = validate_list(ids, tokenizer, manifest, what=str(p))
-    return Candidate(str(p), data, ids, hashlib.sha256(data).hexdigest(), tokenizer.content_hash, manifest)
-
-
-def list_diff(old: np.ndarray | None, new: np.ndarray, examples: int = 8) -> dict:
-    """Ids added and removed going from `old` to `new` (old None: unknown)."""
-    if old is None:
-        return {"old_size": None, "new_size": int(new.size), "added": None, "removed": None}
-    added, removed = np.setdiff1d(new, old), np.setdiff1d(old, new)
-    return {"old_size": int(old.size), "new_size": int(new.size), "added": int(added.size),
-            "removed": int(removed.size), "added_examples": added[:examples].tolist(),
-            "removed_examples": removed[:examples].tolist()}
-
-
-def coverage_change(old: np.ndarray | None, new: np.ndarray, tokenizer, samples: list[str]) -> list[dict]:
-    """Per sample text file: share of its tokens off the old and the new list."""
-    from sparkdeploy.vocab import coverage
-
-    rows = []
-    for s in samples:
-        try:
-            text = Path(s).read_text(encoding="utf-8", errors="replace")
-        except OSError as err:
-            raise VocabError(f"--samples {s}: {err.strerror or err}") from None
-        after = coverage(new, tokenizer, [text])
-        row = {"text": s, "tokens": int(after.tokens), "miss_new": after.miss_rate, "miss_old": None}
-        if old is not None:
-            row["miss_old"] = coverage(old, tokenizer, [text]).miss_rate
-        rows.append(row)
-    return rows
-
-
-# -------------------------------------------------------------------------------------------- golden
-@dataclass
-class Golden:
-    outputs: dict[str, str] = field(default_factory=dict)  # "category#i" -> text
-    acceptance: dict[str, dict | None] = field(default_factory=dict)  # category -> spec-decode figures
-    notes: list[str] = field(default_factory=list)
-
-
-def golden_prompts(categories: list[str] | None = None, per_category: int = 1) -> list[tuple[str, str]]:
-    """(category, prompt) pairs from the bench prompt set: the same fixed text on every run."""
-    cats = bench_prompts.select(bench_prompts.load(), categories or [])
-    out = []
-    for c in cats:
-        for p in c.prompts[:per_category]:
-            out.append((c.name, (c.system + "\n\n" if c.system else "") + p))
-    return out
-
-
-def capture(url: str, model: str, prompts: list[tuple[str, str]], *, max_tokens: int, timeout: float,
-            metrics: bool = True, api_key: str | None = None) -> Golden:
-    """Temperature-0 outputs, one request at a time; acceptance per category from counter deltas (kept only
-    when exactly our requests finished in between)."""
-    g = Golden()
-    by_cat: dict[str, list[tuple[int, str]]] = {}
-    for i, (cat, text) in enumerate(prompts):
-        by_cat.setdefault(cat, []).append((i, text))
-    for cat, items in by_cat.items():
-        before = _scrape(url) if metrics else None
-        for i, text in items:
-            g.outputs[f"{cat}#{i}"] = health.generate(url, model, prompt=text, max_tokens=max_tokens, timeout=timeout,
-                                                        api_key=api_key)
-        if before is None:
-            continue
-        after = _scrape(url)
-        try:
-            d = M.Delta(before, after) if after else None
-        except M.CounterReset as err:
-            g.notes.append(f"{cat}: {err}")
-            d = None
-        if d is None:
-            g.acceptance[cat] = None
-            continue
-        done = d(M.SUCCESS)
-        if done != len(items):
-            g.notes.append(f"{cat}: {done:g} requests finished while {len(items)} were sent (other traffic): "
-                           "acceptance not kept")
-            g.acceptance[cat] = None
-        else:
-            g.acceptance[cat] = d.spec_decode()
-    return g
-
-
-def _scrape(url: str):
-    try:
-        return M.scrape(url)
-    except SparkdeployError:
-        return None
-
-
-def mismatches(golden: dict[str, str], got: dict[str, str]) -> list[str]:
-    return [k for k in golden if golden[k] != got.get(k)]
 
 
 # ------------------------------------------------------------------------------------------- result
@@ -244,9 +113,9 @@ class Failed(SparkdeployError):
 
 
 class Rollout:
-    """One rollout on a connected `steps.deploy.Cluster` (its pool, plan and engine control)."""
+    """One rollout on a cluster context (steps.context.Context), through steps/engine.py's switch and rollback."""
 
-    def __init__(self, cluster, cand: Candidate, opts: RolloutOptions, tokenizer=None):
+    def __init__(self, cluster: Context, cand: Candidate, opts: RolloutOptions, tokenizer=None):
         self.c = cluster
         self.cand = cand
         self.opts = opts
@@ -256,6 +125,13 @@ class Rollout:
         self.watchdog_was: bool | None = None  # the timer's state before the rollout stopped it
         self.boots: dict[str, str] = {}
         self.golden: Golden | None = None
+        self.exp: health.ServiceExpect | None = None  # what the current release serves (read by _prepare)
+        self.prev: int | None = None  # the release running before
+        self.old_sha: str | None = None  # the list it names
+        self.new_num: int | None = None  # the release this rollout writes
+        self.prompts: list[tuple[str, str]] = []
+        self.probe: str | None = None
+        self.started_at = 0.0
 
     # ----------------------------------------------------------------------------------------- helpers
     def conn(self, n: str):
@@ -265,33 +141,8 @@ class Rollout:
     def names(self) -> list[str]:
         return self.c.names
 
-    def _each(self, fn, what: str, names: list[str] | None = None) -> dict:
-        res = self.c.pool.map(fn, names or self.names)
-        for n, r in res.items():
-            if isinstance(r, Exception):
-                raise RemoteError(f"{what}: {r}", node=n)
-        return res
-
     def _boot(self, conn) -> str:
         return conn.run(["ps", "-o", "lstart=", "-p", "1"], check=False, timeout=20).stdout.strip()
-
-    def reconnect(self, names: list[str] | None = None, wait: float = 0.0) -> dict[str, Exception]:
-        """Drop and re-open connections (after a node rebooted); retry for up to `wait` seconds."""
-        names = names or self.names
-        deadline = time.monotonic() + wait
-        while True:
-            for n in names:
-                c = self.c.pool.conns.pop(n, None)
-                if c is not None:
-                    try:
-                        c.close()
-                    except Exception:  # noqa: BLE001
-                        pass
-            errs = {n: e for n, e in self.c.pool.open().items() if n in names}
-            if not errs or time.monotonic() > deadline:
-                return errs
-            names = list(errs)
-            time.sleep(3)
 
     def _hook(self, name: str) -> None:
         fn = self.opts.hooks.get(name)
@@ -310,8 +161,8 @@ class Rollout:
             if not self._prepare(res):
                 return res
             # The watchdog's probes would land inside the golden metric deltas; it is stopped for the switch anyway.
-            self.watchdog_was = self.c.watchdog_active()
-            self.c.watchdog(False)
+            self.watchdog_was = engine.watchdog_active(self.c)
+            engine.watchdog(self.c, False)
             self._capture_before(res)
             self._distribute(res)
             self._hook("distributed")
@@ -328,7 +179,7 @@ class Rollout:
             else:
                 self._discard(res)
                 if self.watchdog_was is not None:
-                    self.c.watchdog(self.watchdog_was)
+                    engine.watchdog(self.c, self.watchdog_was)
                 res.status = "failed"
                 res.message = f"rollout stopped before any node switched: {reason}"
         finally:
@@ -340,13 +191,13 @@ class Rollout:
         return res
 
     def live(self) -> dict[str, vocab_live.LiveVocab]:
-        return self._each(vocab_live.read_state, "reading the live vocab")
+        return self.c.each(vocab_live.read_state, "reading the live vocab")
 
     def _prepare(self, res: RolloutResult) -> bool:
         """Read-only: releases, live lists, diff; False when there is nothing (more) to do."""
         t0 = time.monotonic()
         self.c.connect([])
-        exp = self.c.expect()  # scans releases, plans from the current release's facts, reads its HEALTHY probe
+        exp = healthcheck.expect(self.c)  # scans releases, plans from the current release's facts, reads its HEALTHY probe
         self.exp = exp
         cur = {n: self.c.rel[n].current for n in self.names}
         if None in cur.values() or len(set(cur.values())) != 1:
@@ -398,7 +249,7 @@ class Rollout:
             res.status = "dry-run"
             res.message = f"dry run: would roll out {self.cand.version} as release {self.new_num} (nothing changed)"
             return False
-        self.boots = self._each(self._boot, "reading boot time")
+        self.boots = self.c.each(self._boot, "reading boot time")
         return True
 
     def _capture_before(self, res: RolloutResult) -> None:
@@ -456,7 +307,7 @@ class Rollout:
             releases.write(c, self.new_num, files, m)
             return wrote
 
-        self._each(put, "distributing the list and release")
+        self.c.each(put, "distributing the list and release")
         res.new_release = self.new_num
         self.log(f"list {self.cand.version} and release {self.new_num} are on every node")
         self._timed(res, "distribute", t0)
@@ -466,9 +317,7 @@ class Rollout:
         self.log(f"switching to release {self.new_num} (list {self.cand.version}): stop head, workers; start "
                  "workers, head")
         self.switched = True  # from the first stop on, a failure puts the previous release back (not a discard)
-        self.c.stop_all()
-        self._each(lambda c: (vocab_live.point(c, self.cand.sha256), releases.switch(c, self.new_num)), "switching")
-        self.c.start_all()
+        engine.switch_and_restart(self.c, self.new_num, list_sha=self.cand.sha256, what="switching")
         self.started_at = time.monotonic()
         self._timed(res, "switch", t0)
 
@@ -481,10 +330,10 @@ class Rollout:
 
     def _check_ranks(self) -> None:
         """Fail fast: a rank whose unit failed or is waiting to restart, or a node that rebooted."""
-        res = self.c.pool.map(self._rank_state, self.names)
+        res = self.c.map(self._rank_state, self.names)
         for n, st in res.items():
             if isinstance(st, Exception):
-                errs = self.reconnect([n], wait=0)
+                errs = self.c.reconnect([n], wait=0)
                 boot = None if errs else self._boot(self.conn(n))
                 if boot and self.boots.get(n) and boot != self.boots[n]:
                     raise Failed(f"{n} rebooted during the rollout (PID 1 started {boot}, was {self.boots[n]})")
@@ -546,12 +395,12 @@ class Rollout:
         old = self.exp.probe_expected
         if old is not None and old != self.probe:
             raise Failed(f"the health probe changed: {old!r} recorded for release {self.prev}, now {self.probe!r}")
-        self._each(lambda c: releases.mark_healthy(c, self.new_num, rec), "recording the health gate")
+        self.c.each(lambda c: releases.mark_healthy(c, self.new_num, rec), "recording the health gate")
         entry = {"action": self.opts.action, "sha256": self.cand.sha256, "version": self.cand.version,
                  "from": self.old_sha, "release": self.new_num, "previous_release": self.prev,
                  "size": self.cand.size, "source": Path(self.cand.path).name, "result": "live"}
-        self._each(lambda c: vocab_live.record(c, entry), "recording history")
-        self.c.watchdog(self.watchdog_was)
+        self.c.each(lambda c: vocab_live.record(c, entry), "recording history")
+        engine.watchdog(self.c, self.watchdog_was)
         for n in self.names:
             try:
                 c = self.conn(n)
@@ -567,37 +416,36 @@ class Rollout:
     # ------------------------------------------------------------------------------------ failure paths
     def _discard(self, res: RolloutResult) -> None:
         """Nothing switched: remove the release directory this rollout wrote (the stored list may stay)."""
-        num = getattr(self, "new_num", None)
-        if num is None or not getattr(self, "exp", None) or res.new_release is None:
+        num = self.new_num
+        if num is None or self.exp is None or res.new_release is None:
             return
-        self.c.pool.map(lambda c: c.run(["rm", "-rf", releases.rdir(num)], check=False), self.names)
+        self.c.map(lambda c: c.run(["rm", "-rf", releases.rdir(num)], check=False), self.names)
 
     def _roll_back(self, res: RolloutResult, reason: str) -> None:
         t0 = time.monotonic()
         self.log(f"rollout failed ({reason}); rolling back to release {self.prev} and list {res.from_version}")
         try:
-            errs = self.reconnect(wait=180)
+            errs = self.c.reconnect(wait=180)
             if errs:
                 raise RolloutError("cannot reach " + ", ".join(f"{n} ({e})" for n, e in errs.items()))
             self.c.scan()
-            self.c.stop_all()
-            self._each(lambda c: (vocab_live.point(c, self.old_sha), releases.switch(c, self.prev)), "switching back")
-            self.c.start_all()
-            self.boots = self._each(self._boot, "reading boot time")
-            self.wait_ready(self.opts.rollback_timeout, watch=False)
+            # the plan is release prev's already (planned from its facts by _prepare); the watchdog comes back below
+            engine.serve_again(self.c, self.prev, plan_of_release=False, list_sha=self.old_sha, what="switching back",
+                               started=lambda: setattr(self, "boots", self.c.each(self._boot, "reading boot time")),
+                               wait=lambda: self.wait_ready(self.opts.rollback_timeout, watch=False))
             same = None
             if self.golden is not None:
                 again = capture(self.exp.api_url, self.exp.served_model, self.prompts,
                                 max_tokens=self.opts.max_tokens, timeout=self.opts.probe_timeout, metrics=False,
                                 api_key=self.exp.api_key)
                 same = not mismatches(self.golden.outputs, again.outputs)
-            self.c.watchdog(self.watchdog_was)
-            self.c.pool.map(lambda c: c.put(f"{releases.rdir(self.new_num)}/FAILED", (reason + "\n").encode()),
+            engine.watchdog(self.c, self.watchdog_was)
+            self.c.map(lambda c: c.put(f"{releases.rdir(self.new_num)}/FAILED", (reason + "\n").encode()),
                             self.names)
             entry = {"action": "auto-rollback", "sha256": self.old_sha, "version": res.from_version,
                      "from": self.cand.sha256, "release": self.prev, "failed_release": self.new_num,
                      "reason": reason, "result": "live"}
-            self.c.pool.map(lambda c: vocab_live.record(c, entry), self.names)
+            self.c.map(lambda c: vocab_live.record(c, entry), self.names)
             res.status, res.release = "rolled-back", self.prev
             res.message = (f"rollout of {self.cand.version} FAILED: {reason}; ROLLED BACK to release {self.prev} "
                            f"with list {res.from_version}, healthy again"
@@ -651,24 +499,6 @@ def history(inventory, *, trust_new_hosts: bool = False) -> dict:
         return {"history": vocab_live.history(head), "stored": stored,
                 "nodes": {n: s.to_dict() for n, s in states.items()}}
 
-
-def pick_version(entries: list[dict], stored: list[str], live: str | None, wanted: str | None) -> str:
-    """The sha256 to roll back to: a stored version by (prefix of) its sha256, or the list live before the
-    current one (the newest rollout/rollback that switched to the live list names it as `from`)."""
-    if wanted:
-        w = wanted.lower()
-        hits = [s for s in stored if s.startswith(w)]
-        if len(w) < 6 or not hits:
-            raise VocabError(f"no stored version {wanted!r} (stored: {', '.join(s[:12] for s in stored) or 'none'})")
-        if len(hits) > 1:
-            raise VocabError(f"version {wanted!r} is ambiguous: {', '.join(s[:12] for s in hits)}")
-        return hits[0]
-    for e in reversed(entries):  # automatic rollbacks name the failed list as `from`: skip them
-        if e.get("action") in ("rollout", "rollback") and e.get("sha256") == live and e.get("from") not in (None, live):
-            return e["from"]
-    raise VocabError("no earlier list in the history to roll back to; name a VERSION (`sparkdeploy vocab history`)")
-
-
 def rollback(inventory, version: str | None, opts: RolloutOptions, *, tokenizer_spec: str | None = None,
              trust_new_hosts: bool = False) -> RolloutResult:
     """Roll out a stored version (default: the one live before the current), with the rollout's checks."""
@@ -691,20 +521,3 @@ def rollback(inventory, version: str | None, opts: RolloutOptions, *, tokenizer_
         m = vocab_live.meta(head, sha)
         cand = Candidate(m.get("source") or f"{sha[:12]}.txt", data, ids, sha, tok.content_hash, None)
         return Rollout(cluster, cand, opts, tok).run()
-
-
-def write_list_with_manifest(path: str | Path, ids, tokenizer, *, name: str | None = None, note: str = "") -> Path:
-    """Write a list (one id per line) and the manifest naming its tokenizer, so a rollout can check the hash."""
-    from sparkdeploy.vocab import write_list
-    from sparkdeploy.vocab.manifest import MANIFEST_FORMAT, ids_sha256, manifest_path_for
-    from sparkdeploy.vocab.formats import atomic_write_json
-
-    p = Path(path)
-    arr = np.unique(np.asarray(ids, dtype=np.int64))
-    write_list(p, arr)
-    atomic_write_json(manifest_path_for(p), {
-        "format": MANIFEST_FORMAT, "name": name or p.stem, "file": p.name, "size": int(arr.size),
-        "ids_sha256": ids_sha256(arr), "parts": {"note": note} if note else {},
-        "tokenizer": {"name": tokenizer.name, "content_hash": tokenizer.content_hash,
-                      "vocab_size": int(tokenizer.vocab_size)}})
-    return p
