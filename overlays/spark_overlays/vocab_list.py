@@ -166,10 +166,16 @@ def padded_size(num_rows: int, tp_size: int, padding: int = VOCAB_PADDING) -> in
     return (num_rows + padding - 1) // padding * padding
 
 
-def tp_ranges(num_rows: int, tp_size: int, padding: int = VOCAB_PADDING) -> list[tuple[int, int]]:
-    """Per-rank ``[start, end)`` of real (unpadded) list positions, as VocabParallelEmbedding splits them."""
+def rows_per_rank(num_rows: int, tp_size: int, padding: int = VOCAB_PADDING) -> int:
+    """Rows (padding included) each TP rank's slice of the head holds: VocabParallelEmbedding divides the padded
+    size evenly (vLLM's ``divide`` refuses a TP size that does not divide it, and so does this)."""
     padded = padded_size(num_rows, tp_size, padding)
     if padded % tp_size:
         raise VocabListError(f"padded size {padded} not divisible by TP {tp_size}")
-    per = padded // tp_size
+    return padded // tp_size
+
+
+def tp_ranges(num_rows: int, tp_size: int, padding: int = VOCAB_PADDING) -> list[tuple[int, int]]:
+    """Per-rank ``[start, end)`` of real (unpadded) list positions, as VocabParallelEmbedding splits them."""
+    per = rows_per_rank(num_rows, tp_size, padding)
     return [(min(r * per, num_rows), min((r + 1) * per, num_rows)) for r in range(tp_size)]

@@ -52,9 +52,9 @@ def shortlist_head_gib(features, vocab, tp: int, hidden_size: int = DRAFT_HIDDEN
     shortlist = next((f for f in features if f.name == "shortlist"), None)
     if vocab is None or shortlist is None or not (shortlist.enabled and shortlist.mode == "overlay"):
         return 0.0
-    from spark_overlays.vocab_list import padded_size  # the engine's own padding rule
+    from spark_overlays.vocab_list import rows_per_rank  # the engine's own padding and split rule
 
-    return padded_size(vocab.size, tp) // tp * hidden_size * DRAFT_HEAD_DTYPE_BYTES / GIB
+    return rows_per_rank(vocab.size, tp) * hidden_size * DRAFT_HEAD_DTYPE_BYTES / GIB
 
 
 @dataclass(frozen=True)

@@ -240,7 +240,7 @@ def validate(list_arg, spec, as_json) -> None:
 @click.option("--out-dir", type=click.Path(file_okay=False), help="write rank<R>.txt shards here")
 @click.option("--json", "as_json", is_flag=True)
 def split(list_arg, tp, pad_to, out_dir, as_json) -> None:
-    """Even contiguous split per TP rank, as the overlay shards the draft head."""
+    """Even contiguous split per TP rank, as vLLM's vocab-parallel layer shards the overlay's draft head."""
     from sparkdeploy.vocab import split_for_tp, write_list
 
     path, ids, _ = _read(list_arg)
