@@ -1,9 +1,9 @@
-"""What the planner needs to know about a node, as plain frozen data, plus pure parsers for raw node output.
+"""What the planner needs to know about a node, as plain frozen data.
 
 `NodeFacts` is filled three ways: `nominal(node)` (a built-in nominal GB10 or simulated node, the default so
-`plan` works with no node reachable), `load_facts_file(path)` (YAML, `plan --facts FILE`), or by the
-orchestration reading the node over SSH and feeding the raw text to the `parse_*` functions here
-(`/proc/meminfo`, `ip -j addr`, `/sys/class/infiniband/<dev>/ports/1/gids/*` + `gid_attrs/types/*`).
+`plan` works with no node reachable), `load_facts_file(path)` (YAML, `plan --facts FILE`), or by `gather`
+reading the node over SSH and feeding the raw text to the parsers in `probes` (`/proc/meminfo`, `ip -j addr`,
+`/sys/class/infiniband/<dev>/ports/1/gids/*` + `gid_attrs/types/*`).
 Memory is kept in bytes (`mem_total_bytes`, `mem_available_bytes`); `*_gib` properties convert.
 
 Facts file shape:
@@ -23,8 +23,6 @@ Facts file shape:
 from __future__ import annotations
 
 import ipaddress
-import json
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -32,6 +30,9 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from sparkdeploy.errors import InventoryError
+# The parsers of raw node output live in probes (one per fact, shared with doctor and host setup); the
+# planner's callers and tests read these names here.
+from sparkdeploy.probes import NetDev, parse_gid, parse_ip_addr_json, parse_meminfo, roce_v2_ipv4_gid_index  # noqa: F401
 
 GIB = 1 << 30
 
@@ -44,17 +45,6 @@ NOMINAL_GB10_DRIVER = "580.95.05"
 # Simulated node: a container on a small VM; memory is the host's, shared by both nodes.
 NOMINAL_SIM_MEM_TOTAL_BYTES = 24 * GIB
 NOMINAL_SIM_MEM_AVAILABLE_BYTES = 20 * GIB
-
-
-@dataclass(frozen=True)
-class NetDev:
-    name: str
-    ipv4: tuple[str, ...] = ()  # "a.b.c.d/prefix"
-    mtu: int | None = None
-    up: bool | None = None
-
-    def addresses(self) -> tuple[str, ...]:
-        return tuple(a.split("/", 1)[0] for a in self.ipv4)
 
 
 @dataclass(frozen=True)
@@ -127,57 +117,6 @@ def nominal_sim(node: Any) -> NodeFacts:
 
 def nominal(node: Any) -> NodeFacts:
     return nominal_gb10(node) if node.gpu != "none" else nominal_sim(node)
-
-
-# ---------------------------------------------------------------------------------------- pure parsers
-def parse_meminfo(text: str) -> dict[str, int]:
-    """`/proc/meminfo` -> {field: bytes} ("MemTotal: 125000000 kB" -> 128000000000)."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        m = re.match(r"^\s*([A-Za-z0-9_()]+):\s+(\d+)(?:\s+(kB))?\s*$", line)
-        if m:
-            out[m.group(1)] = int(m.group(2)) * (1024 if m.group(3) else 1)
-    return out
-
-
-def parse_ip_addr_json(text: str) -> tuple[NetDev, ...]:
-    """`ip -j addr` -> NetDevs with IPv4/prefix, MTU and operstate (loopback kept; callers pick by name)."""
-    out = []
-    for entry in json.loads(text or "[]"):
-        addrs = tuple(f"{a['local']}/{a.get('prefixlen', 32)}" for a in entry.get("addr_info", ())
-                      if a.get("family") == "inet" and "local" in a)
-        state = entry.get("operstate")
-        out.append(NetDev(entry["ifname"], addrs, entry.get("mtu"), None if state is None else state == "UP"))
-    return tuple(out)
-
-
-def parse_gid(text: str) -> ipaddress.IPv6Address | None:
-    """One `gids/<i>` file ("0000:0000:0000:0000:0000:ffff:c0a8:b10b") -> address, None if empty/invalid."""
-    try:
-        addr = ipaddress.IPv6Address(text.strip())
-    except ValueError:
-        return None
-    return None if addr == ipaddress.IPv6Address(0) else addr
-
-
-def roce_v2_ipv4_gid_index(gids: Mapping[int, str], types: Mapping[int, str], ipv4: str | None = None) -> int | None:
-    """The index of the RoCE v2 GID that is an IPv4-mapped address (of `ipv4` when given), else None.
-
-    `gids` and `types` map GID index -> the text of `ports/1/gids/<i>` and `ports/1/gid_attrs/types/<i>`
-    ("RoCE v2", "IB/RoCE v1"). The lowest matching index wins. Never guess: None means leave
-    NCCL_IB_GID_INDEX unset (an empty value would parse as 0, the link-local fe80 GID).
-    """
-    want = ipaddress.IPv4Address(ipv4) if ipv4 else None
-    for index in sorted(gids):
-        kind = types.get(index, "").strip().lower()
-        if kind != "roce v2":
-            continue
-        addr = parse_gid(gids[index])
-        if addr is None or addr.ipv4_mapped is None:
-            continue
-        if want is None or addr.ipv4_mapped == want:
-            return index
-    return None
 
 
 # ------------------------------------------------------------------------------------------ facts file

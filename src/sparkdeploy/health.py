@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable
 
 import requests
 
+from sparkdeploy import memguard
 from sparkdeploy.remote import Conn
+from sparkdeploy.verdict import Status
 
 PROBE_PROMPT = "The capital of France is"
 PROBE_MAX_TOKENS = 8
@@ -26,9 +28,18 @@ PROBE_MAX_TOKENS = 8
 @dataclass
 class Check:
     name: str
-    ok: bool
+    status: Status  # ok / warn / failed (the one result vocabulary, `verdict`)
     reason: str
     node: str = ""  # "" = the service as a whole
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not Status.FAILED
+
+    def as_dict(self) -> dict:
+        """The keys `health --json` has always printed, plus the status."""
+        return {"name": self.name, "ok": self.ok, "reason": self.reason, "node": self.node,
+                "status": self.status.value}
 
 
 @dataclass
@@ -67,15 +78,16 @@ class Report:
     def failed(self) -> list[Check]:
         return [c for c in self.checks if not c.ok]
 
-    def add(self, name: str, ok: bool, reason: str, node: str = "") -> Check:
-        c = Check(name, bool(ok), reason, node)
+    def add(self, name: str, ok: bool, reason: str, node: str = "", *, status: Status | None = None) -> Check:
+        """One check: `ok` True/False is ok/failed; `status` (e.g. warn, which is still ok) overrides it."""
+        c = Check(name, status if status is not None else (Status.OK if ok else Status.FAILED), reason, node)
         self.checks.append(c)
         return c
 
     def to_dict(self) -> dict:
         nodes: dict[str, list] = {}
         for c in self.checks:
-            nodes.setdefault(c.node or "service", []).append(asdict(c))
+            nodes.setdefault(c.node or "service", []).append(c.as_dict())
         return {"healthy": self.healthy, "failed": [f"{c.node or 'service'}: {c.name}: {c.reason}" for c in self.failed()],
                 "checks": nodes}
 
@@ -142,11 +154,9 @@ def check_node(report: Report, exp: NodeExpect, snap: dict, stale: list[str]) ->
         mem = int(float(snap.get("mem") or 0))
     except ValueError:
         mem = 0
-    from sparkdeploy import doctor
-
-    margin = doctor.serving_margin(n, mem, exp.reserve_bytes)  # below the reserve fails; a thin margin warns
-    warning = f" -- warning: {margin.fix}" if margin.verdict is doctor.Verdict.WARN else ""
-    report.add("memory", margin.verdict is not doctor.Verdict.FAIL, margin.reason + warning, n)
+    margin = memguard.serving_margin(n, mem, exp.reserve_bytes)  # below the reserve fails; a thin margin warns
+    warning = f" -- warning: {margin.fix}" if margin.status is Status.WARN else ""
+    report.add("memory", margin.ok, margin.reason + warning, n, status=margin.status)
     cur = snap.get("current", "")
     want = f"releases/{exp.release:04d}" if exp.release is not None else None
     boot_ok = en == "enabled" and snap.get("docker_enabled") == "enabled" and bool(cur) and (want is None or cur == want)

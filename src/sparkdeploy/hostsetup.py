@@ -22,7 +22,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from sparkdeploy import doctor, render
+from sparkdeploy import probes, render
 from sparkdeploy.errors import RemoteError
 
 EARLYOOM_DEFAULT = "/etc/default/earlyoom"
@@ -34,6 +34,12 @@ EARLYOOM_MEM_TERM, EARLYOOM_MEM_KILL = 4, 2
 EARLYOOM_SWAP, EARLYOOM_REPORT_S = "100,100", 3600
 
 OK, CHANGE, SKIPPED = "ok", "change", "skipped"
+
+#: earlyoom arguments the kit installs (rendered into /etc/default/earlyoom; doctor checks for them).
+EARLYOOM_PREFER = "^(vllm|VLLM|python|ray)"
+EARLYOOM_AVOID = "^(sshd|dockerd|containerd|systemd)"
+#: the MTU of the CX-7 data plane (netplan here; doctor's mtu check)
+DATA_PLANE_MTU = 9000
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,7 @@ _env = render.environment
 def render_earlyoom(mem_term: int = EARLYOOM_MEM_TERM, mem_kill: int = EARLYOOM_MEM_KILL) -> str:
     return _env().get_template("deploy/host/earlyoom.default.j2").render(
         mem_term=mem_term, mem_kill=mem_kill, swap=EARLYOOM_SWAP, report=EARLYOOM_REPORT_S,
-        prefer=doctor.EARLYOOM_PREFER, avoid=doctor.EARLYOOM_AVOID)
+        prefer=EARLYOOM_PREFER, avoid=EARLYOOM_AVOID)
 
 
 def earlyoom_args(mem_term: int = EARLYOOM_MEM_TERM, mem_kill: int = EARLYOOM_MEM_KILL) -> list[str]:
@@ -109,7 +115,7 @@ def twins_for(netdev: str, data_ip: str, twin_netdevs: Sequence[str]) -> list[Tw
     return out
 
 
-def render_netplan(node: str, twins: Sequence[Twin], mtu: int = doctor.DATA_PLANE_MTU) -> str:
+def render_netplan(node: str, twins: Sequence[Twin], mtu: int = DATA_PLANE_MTU) -> str:
     return _env().get_template("deploy/host/netplan-cx7.yaml.j2").render(node=node, twins=twins, mtu=mtu)
 
 
@@ -213,51 +219,22 @@ def plan_items(node: str, state: HostState, *, netdev: str, data_ip: str, hca: S
 
 
 # ----------------------------------------------------------------------------------------- read / apply
-_STATE_SCRIPT = r"""
-echo "@@@ pkg"; command -v earlyoom >/dev/null 2>&1 && echo installed=yes || echo installed=no
-command -v rsync >/dev/null 2>&1 && echo rsync=yes || echo rsync=no
-command -v apt-get >/dev/null 2>&1 && echo apt=yes || echo apt=no
-command -v netplan >/dev/null 2>&1 && echo netplan=yes || echo netplan=no
-echo "@@@ rc=0"
-echo "@@@ earlyoom"
-echo "enabled=$(systemctl is-enabled earlyoom 2>/dev/null)"; echo "active=$(systemctl is-active earlyoom 2>/dev/null)"
-pid=$(systemctl show -p MainPID --value earlyoom 2>/dev/null)
-if [ -n "$pid" ] && [ "$pid" != 0 ]; then echo "cmdline=$(tr '\0' ' ' < /proc/$pid/cmdline)"; fi
-echo "@@@ rc=0"
-echo "@@@ sshd"
-u=ssh; systemctl cat ssh.service >/dev/null 2>&1 || u=sshd; echo unit=$u
-pid=$(systemctl show -p MainPID --value $u 2>/dev/null); echo pid=$pid
-echo "live_adj=$(cat /proc/$pid/oom_score_adj 2>/dev/null)"
-echo "capbnd=$(awk '/^CapBnd:/{print $2}' /proc/1/status 2>/dev/null)"
-echo "@@@ rc=0"
-echo "@@@ rdma"
-""" + doctor.SECTIONS["rdma"] + "\necho \"@@@ rc=0\"\n"
-
-
-def has_cap_sys_resource(capbnd_hex: str) -> bool:
-    """CAP_SYS_RESOURCE (bit 24) in a CapBnd mask; unknown counts as present (a real host has it)."""
-    try:
-        return bool(int(capbnd_hex, 16) >> 24 & 1)
-    except ValueError:
-        return True
-
-
 def sudo_prefix(user: str) -> list[str]:
     return [] if user == "root" else ["sudo", "-n"]
 
 
 def read_state(conn, hca: Sequence[str] = (), *, sudo: Sequence[str] = ()) -> HostState:
-    out = conn.run(["sh", "-c", _STATE_SCRIPT], timeout=60).stdout
-    sec = doctor.split_sections(out)
-    pkg, eo, ssh = (doctor.parse_kv(sec.get(k, doctor.Section(0, "")).text) for k in ("pkg", "earlyoom", "sshd"))
-    ports = doctor.parse_rdma(sec.get("rdma", doctor.Section(0, "")).text)
+    out = conn.run(probes.host_state_argv(), timeout=60).stdout
+    sec = probes.split_sections(out)
+    pkg, eo, ssh = (probes.parse_kv(sec.get(k, probes.Section(0, "")).text) for k in ("pkg", "earlyoom", "sshd"))
+    ports = probes.parse_rdma(sec.get("rdma", probes.Section(0, "")).text)
     st = HostState(
         earlyoom_installed=pkg.get("installed") == "yes", rsync_installed=pkg.get("rsync") == "yes",
         apt_available=pkg.get("apt") == "yes",
         netplan_available=pkg.get("netplan") == "yes",
         earlyoom_enabled=eo.get("enabled", ""), earlyoom_active=eo.get("active", ""),
         earlyoom_cmdline=eo.get("cmdline", ""),
-        can_lower_oom=has_cap_sys_resource(ssh.get("capbnd", "")),
+        can_lower_oom=probes.has_cap_sys_resource(ssh.get("capbnd", "")),
         ssh_unit=ssh.get("unit", "ssh"), sshd_pid=ssh.get("pid", ""), sshd_live_adj=ssh.get("live_adj", ""),
         twin_netdevs=tuple(ports[d].netdev for d in hca if d in ports and ports[d].netdev),
     )

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from sparkdeploy import doctor
+from sparkdeploy import memguard, probes
 from sparkdeploy.errors import PlanError, RemoteError, SparkdeployError
 from sparkdeploy.remote import host_key_line, parallel
+from sparkdeploy.verdict import Result, Status
 
 HELPER_SOURCE = (Path(__file__).with_name("weights_node.py")).read_text()
 GIB = 1 << 30
@@ -338,7 +339,7 @@ class MemoryGuardError(SparkdeployError):
     """Starting now would eat the host reserve on a node (exit 1): the start is refused."""
 
 
-def guard(node: str, mem_available: int, budget, *, mem_free: int | None = None) -> doctor.CheckResult:
+def guard(node: str, mem_available: int, budget, *, mem_free: int | None = None) -> Result:
     """The start-time memory guard on one node. `budget` is the plan's `memory.MemoryBudget` for that node:
     need = its engine budget (weights + activations + KV), reserve = its reserve.
 
@@ -346,25 +347,25 @@ def guard(node: str, mem_available: int, budget, *, mem_free: int | None = None)
     resident makes vLLM's own start check fail even when MemAvailable is fine: a warning with the fix."""
     need = int(round(budget.engine_gib * GIB))
     reserve = int(round(budget.reserve_gib * GIB))
-    res = doctor.memory_margin("memory-guard", node, mem_available, need, reserve)
-    if res.verdict is not doctor.Verdict.FAIL and budget.gpu and mem_free is not None and mem_free < need:
-        return doctor.CheckResult(
-            "memory-guard", node, doctor.Verdict.WARN,
+    res = memguard.memory_margin("memory-guard", node, mem_available, need, reserve)
+    if res.status is not Status.FAILED and budget.gpu and mem_free is not None and mem_free < need:
+        return Result(
+            "memory-guard", node, Status.WARN,
             res.reason + f"; but MemFree {mem_free / GIB:.1f} GiB < engine {need / GIB:.1f} GiB: CUDA on GB10 counts "
             "page cache as used, so vLLM's start check may refuse",
             "drop other caches before the start: `sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`")
     return res
 
 
-def enforce(results: Sequence[doctor.CheckResult]) -> None:
+def enforce(results: Sequence[Result]) -> None:
     """Raise (refuse to start) when any node's guard failed."""
-    bad = [r for r in results if r.verdict is doctor.Verdict.FAIL]
+    bad = [r for r in results if r.status is Status.FAILED]
     if bad:
         raise MemoryGuardError("refusing to start: " + "; ".join(f"{r.node}: {r.reason}" for r in bad) +
                         f" -- {bad[0].fix}")
 
 
-def evict_and_guard(pool, plan, directory: str | None) -> tuple[dict[str, dict], list[doctor.CheckResult]]:
+def evict_and_guard(pool, plan, directory: str | None) -> tuple[dict[str, dict], list[Result]]:
     """Before a start: evict the checkpoint's page cache on every planned node (when there is a host
     directory), then judge MemAvailable after eviction against each node's planned budget. Returns
     ({node: evict report}, guard results); `enforce(results)` refuses the start. For `up` and `weights evict`."""
@@ -388,7 +389,7 @@ def evict_and_guard(pool, plan, directory: str | None) -> tuple[dict[str, dict],
 
 
 def _meminfo(conn) -> dict[str, int]:
-    mem = doctor.parse_meminfo(conn.run(["cat", "/proc/meminfo"], timeout=30).stdout)
+    mem = probes.parse_meminfo(conn.run(["cat", "/proc/meminfo"], timeout=30).stdout)
     if "MemAvailable" not in mem:
         raise RemoteError("no MemAvailable in /proc/meminfo", node=conn.name)
     return mem

@@ -98,7 +98,7 @@ def doctor_run(capsys, nodes, *extra: str) -> tuple[int, dict[tuple[str, str], d
 
 
 def red(results) -> set[tuple[str, str]]:
-    return {k for k, r in results.items() if r["verdict"] in ("fail", "warn")}
+    return {k for k, r in results.items() if r["status"] in ("failed", "warn")}
 
 
 def test_doctor_baseline_is_honest(nodes, host_setup_runs, capsys):
@@ -109,16 +109,16 @@ def test_doctor_baseline_is_honest(nodes, host_setup_runs, capsys):
     assert checks == {"ssh", "gpu", "kernel-modules", "roce-twins", "mtu", "roce-gid", "earlyoom", "sshd-oom", "disk",
                       "docker", "gpu-processes", "stale-units", "memory", "timesync", "driver-match",
                       "data-plane-reach", "clock-skew", "api-key"}
-    assert res[("cluster", "api-key")]["verdict"] == "ok"  # the sim inventory names a 0600 key, as users should
+    assert res[("cluster", "api-key")]["status"] == "ok"  # the sim inventory names a 0600 key, as users should
     for node in ("node1", "node2"):
         for check in ("gpu", "gpu-processes", "roce-twins", "roce-gid"):
-            assert res[(node, check)]["verdict"] == "not-present"
+            assert res[(node, check)]["status"] == "skipped"
         # the sim shares the host's kernel: said, not judged
-        assert res[(node, "kernel-modules")]["verdict"] == "not-present"
+        assert res[(node, "kernel-modules")]["status"] == "skipped"
         assert "host's" in res[(node, "kernel-modules")]["reason"]
-        assert res[(node, "mtu")]["verdict"] == "ok" and "mtu 9000" in res[(node, "mtu")]["reason"]
-        assert res[(node, "earlyoom")]["verdict"] == "ok"
-    assert res[("cluster", "data-plane-reach")]["verdict"] == "ok"
+        assert res[(node, "mtu")]["status"] == "ok" and "mtu 9000" in res[(node, "mtu")]["reason"]
+        assert res[(node, "earlyoom")]["status"] == "ok"
+    assert res[("cluster", "data-plane-reach")]["status"] == "ok"
     assert "by construction" in res[("cluster", "clock-skew")]["reason"]
 
 
@@ -146,9 +146,9 @@ def test_doctor_planted_problem_turns_exactly_that_check_red(nodes, host_setup_r
         rc, res = doctor_run(capsys, nodes)
     finally:
         nodes.sh(node, undo, check=False)
-    assert rc == 1, {k: (r["verdict"], r["reason"]) for k, r in res.items() if k[0] == node}
+    assert rc == 1, {k: (r["status"], r["reason"]) for k, r in res.items() if k[0] == node}
     assert red(res) == {(node, check)}, {k: res[k]["reason"] for k in red(res)}
-    assert res[(node, check)]["verdict"] == "fail" and fix in res[(node, check)]["fix"]
+    assert res[(node, check)]["status"] == "failed" and fix in res[(node, check)]["fix"]
 
 
 def test_doctor_driver_mismatch_from_facts_file(nodes, host_setup_runs, capsys, tmp_path):
@@ -160,7 +160,7 @@ def test_doctor_driver_mismatch_from_facts_file(nodes, host_setup_runs, capsys, 
     assert rc == 1 and red(res) == {("cluster", "driver-match")}
     r = res[("cluster", "driver-match")]
     assert "node1 580.95.05" in r["reason"] and "node2 590.44.01" in r["reason"] and "same driver" in r["fix"]
-    assert res[("node1", "gpu")]["verdict"] == "not-present"  # a facts file does not invent a GPU
+    assert res[("node1", "gpu")]["status"] == "skipped"  # a facts file does not invent a GPU
 
 
 # ------------------------------------------------------------------------------------------------ earlyoom
@@ -264,4 +264,4 @@ def test_weights_sync_moves_then_skips_then_sends_only_the_change(nodes, host_se
     assert n2["files"] == 4 and n2["bytes"] == 300000003
     if n2["cached_before"] is not None:
         assert n2["cached_before"] > 200_000_000 and n2["cached_after"] < 10_000_000
-    assert {g["verdict"] for g in ev["guard"]} <= {"ok", "warn"}
+    assert {g["status"] for g in ev["guard"]} <= {"ok", "warn"}

@@ -8,7 +8,9 @@ import subprocess
 import pytest
 
 from sparkdeploy import doctor as d
-from sparkdeploy.doctor import HostFacts, NodeSpec, Verdict
+from sparkdeploy import memguard, probes
+from sparkdeploy.doctor import HostFacts, NodeSpec
+from sparkdeploy.verdict import Result, Status
 
 GIB = 1 << 30
 
@@ -79,7 +81,7 @@ def facts(node="spark1", **changes) -> HostFacts:
     return HostFacts.from_output(node, render({**HEALTHY, **changes}, rcs), overrides)
 
 
-def results(f: HostFacts, spec: NodeSpec = SPEC, **kw) -> dict[str, d.CheckResult]:
+def results(f: HostFacts, spec: NodeSpec = SPEC, **kw) -> dict[str, Result]:
     kw.setdefault("checkpoint_bytes", 60 * GIB)
     kw.setdefault("ports", (8000, 29501))
     return {r.check: r for r in d.run_checks([spec], {spec.name: f}, **kw)}
@@ -87,10 +89,10 @@ def results(f: HostFacts, spec: NodeSpec = SPEC, **kw) -> dict[str, d.CheckResul
 
 def test_healthy_gb10_is_all_green():
     res = results(facts())
-    bad = {k: (r.verdict, r.reason) for k, r in res.items() if r.verdict not in (Verdict.OK, Verdict.NOT_PRESENT)}
+    bad = {k: (r.status, r.reason) for k, r in res.items() if r.status not in (Status.OK, Status.SKIPPED)}
     assert not bad
     # one node: reach and clock are not judged, and say so
-    assert res["data-plane-reach"].verdict is Verdict.NOT_PRESENT
+    assert res["data-plane-reach"].status is Status.SKIPPED
 
 
 PLANTED = [
@@ -123,7 +125,7 @@ PLANTED = [
 @pytest.mark.parametrize("check,change,fix_word", PLANTED, ids=[f"{c}-{i}" for i, (c, _, _) in enumerate(PLANTED)])
 def test_planted_problem_turns_exactly_that_check_red(check, change, fix_word):
     res = results(facts(**change), need_bytes=70 * GIB, reserve_bytes=28 * GIB)
-    red = {k for k, r in res.items() if r.verdict in (Verdict.FAIL, Verdict.WARN)}
+    red = {k for k, r in res.items() if r.status in (Status.FAILED, Status.WARN)}
     assert red == {check}, {k: res[k].reason for k in red}
     assert fix_word in res[check].fix
 
@@ -132,8 +134,8 @@ def test_ssh_failure_marks_every_check_unjudged_not_ok():
     f = HostFacts("spark1", error="ssh nvidia@10.0.0.11:22: Authentication failed")
     res = d.run_checks([SPEC], {"spark1": f})
     mine = [r for r in res if r.node == "spark1"]
-    assert mine[0].check == "ssh" and mine[0].verdict is Verdict.FAIL and "ssh-copy-id" in mine[0].fix
-    assert all(r.verdict is Verdict.FAIL for r in mine)
+    assert mine[0].check == "ssh" and mine[0].status is Status.FAILED and "ssh-copy-id" in mine[0].fix
+    assert all(r.status is Status.FAILED for r in mine)
 
 
 SIM_SPEC = NodeSpec("node1", "172.30.99.11", "eth0", (), False, "/srv/models/tiny", "head")
@@ -148,18 +150,18 @@ def test_sim_node_gpu_checks_not_present_and_container_honest():
               _rcs={"gpu": 127, "gpu_procs": 127})
     res = results(f, SIM_SPEC, checkpoint_bytes=100 << 20)
     for name in ("gpu", "gpu-processes", "roce-twins", "roce-gid", "kernel-modules", "timesync", "driver-match"):
-        assert res[name].verdict is Verdict.NOT_PRESENT, (name, res[name].reason)
+        assert res[name].status is Status.SKIPPED, (name, res[name].reason)
     assert "host's" in res["kernel-modules"].reason and "docker" in res["kernel-modules"].reason
-    assert res["mtu"].verdict is Verdict.OK and res["docker"].verdict is Verdict.OK
+    assert res["mtu"].status is Status.OK and res["docker"].status is Status.OK
 
 
 def test_sshd_in_a_container_without_cap_sys_resource():
     no_cap = "unit=ssh\nunit_adj=-1000\npid=5\nlive_adj=0\ncapbnd=000001fffeffffff"
     r = d.check_sshd_oom(SPEC, facts(sshd=no_cap))
-    assert r.verdict is Verdict.NOT_PRESENT and "CAP_SYS_RESOURCE" in r.reason
+    assert r.status is Status.SKIPPED and "CAP_SYS_RESOURCE" in r.reason
     # without the drop-in it is still a failure there: host setup has not run
     r = d.check_sshd_oom(SPEC, facts(sshd=no_cap.replace("unit_adj=-1000", "unit_adj=0")))
-    assert r.verdict is Verdict.FAIL and "host setup" in r.fix
+    assert r.status is Status.FAILED and "host setup" in r.fix
 
 
 def test_driver_mismatch_from_facts_file_on_sim_nodes():
@@ -167,61 +169,61 @@ def test_driver_mismatch_from_facts_file_on_sim_nodes():
     f1 = facts("node1", virt="docker", _overrides={"driver": "580.95.05"})
     f2 = facts("node2", virt="docker", _overrides={"driver": "590.44.01"})
     res = {r.check: r for r in d.run_checks(specs, {"node1": f1, "node2": f2}) if r.node == "cluster"}
-    assert res["driver-match"].verdict is Verdict.FAIL
+    assert res["driver-match"].status is Status.FAILED
     assert "node1 580.95.05" in res["driver-match"].reason and "node2 590.44.01" in res["driver-match"].reason
     assert "same driver" in res["driver-match"].fix
     # gpu stays not-present: the inventory says there is none, a facts file does not invent one
-    assert [r for r in d.run_checks(specs, {"node1": f1, "node2": f2}) if r.check == "gpu"][0].verdict is Verdict.NOT_PRESENT
+    assert [r for r in d.run_checks(specs, {"node1": f1, "node2": f2}) if r.check == "gpu"][0].status is Status.SKIPPED
 
 
 def test_reach_and_clock():
     specs = [SPEC, NodeSpec("spark2", "192.168.177.12", "enp1s0f1np1")]
     f1, f2 = facts(), facts("spark2", reach="192.168.177.11 err [Errno 113] No route to host")
     r = d.check_reach(specs, {"spark1": f1, "spark2": f2})
-    assert r.verdict is Verdict.FAIL and "spark2 -> 192.168.177.11" in r.reason
-    assert d.check_clock_skew({"a": (0.010, 0.002), "b": (0.012, 0.002)}).verdict is Verdict.OK
-    assert d.check_clock_skew({"a": (0.0, 0.001), "b": (2.0, 0.001)}).verdict is Verdict.WARN
+    assert r.status is Status.FAILED and "spark2 -> 192.168.177.11" in r.reason
+    assert d.check_clock_skew({"a": (0.010, 0.002), "b": (0.012, 0.002)}).status is Status.OK
+    assert d.check_clock_skew({"a": (0.0, 0.001), "b": (2.0, 0.001)}).status is Status.WARN
     bad = d.check_clock_skew({"a": (0.0, 0.001), "b": (30.0, 0.001)})
-    assert bad.verdict is Verdict.FAIL and "NTP" in bad.fix
+    assert bad.status is Status.FAILED and "NTP" in bad.fix
     assert "by construction" in d.check_clock_skew({"a": (0, 0), "b": (0, 0)}, shared_kernel=True).reason
 
 
 def test_units_ignore_pids_that_look_like_ports():
     text = ("Id=web.service\nExecStart={ path=/usr/bin/nginx ; argv[]=/usr/bin/nginx -g daemon off; ; "
             "ignore_errors=no ; start_time=[n/a] ; pid=8000 ; code=(null) ; status=0/0 }\n")
-    assert d.parse_units(text) == {"web.service": ["ExecStart=/usr/bin/nginx -g daemon off"]}
-    assert d.check_stale_units(SPEC, facts(units=text), ports=(8000,)).verdict is Verdict.OK
+    assert probes.parse_units(text) == {"web.service": ["ExecStart=/usr/bin/nginx -g daemon off"]}
+    assert d.check_stale_units(SPEC, facts(units=text), ports=(8000,)).status is Status.OK
 
 
 def test_parsers():
-    assert d.ipv4_mapped("0000:0000:0000:0000:0000:ffff:c0a8:b10b") == "192.168.177.11"
-    assert d.ipv4_mapped("fe80:0000:0000:0000:4ebb:47ff:fe00:0002") is None
-    ports = d.parse_rdma(HEALTHY["rdma"])
-    assert d.roce_v2_gid_index(ports["rocep1s0f1"]) == 3
-    assert d.roce_v2_gid_index(ports["rocep1s0f1"], "192.168.177.99") is None
-    links = d.parse_ip_link(HEALTHY["links"] + "7: eth0@if8: <BROADCAST,UP,LOWER_UP> mtu 1500 qdisc x state UP mode D\n")
+    assert str(probes.parse_gid("0000:0000:0000:0000:0000:ffff:c0a8:b10b").ipv4_mapped) == "192.168.177.11"
+    assert probes.parse_gid("fe80:0000:0000:0000:4ebb:47ff:fe00:0002").ipv4_mapped is None
+    ports = probes.parse_rdma(HEALTHY["rdma"])
+    assert probes.port_gid_index(ports["rocep1s0f1"]) == 3
+    assert probes.port_gid_index(ports["rocep1s0f1"], "192.168.177.99") is None
+    links = probes.parse_ip_link(HEALTHY["links"] + "7: eth0@if8: <BROADCAST,UP,LOWER_UP> mtu 1500 qdisc x state UP mode D\n")
     assert links["eth0"].mtu == 1500 and links["lo"].up and links["enP7s7"].mtu == 1500
-    assert d.parse_meminfo("MemAvailable:   1024 kB\nHugepagesize:  2048 kB\n")["MemAvailable"] == 1 << 20
-    assert d.parse_nvidia_smi("NVIDIA GB10, 580.95.05\n") == [d.Gpu("NVIDIA GB10", "580.95.05")]
-    assert d.parse_df_line("tmpfs 1048576 1048576 0 100% /srv/m").avail == 0
+    assert probes.parse_meminfo("MemAvailable:   1024 kB\nHugepagesize:  2048 kB\n")["MemAvailable"] == 1 << 20
+    assert probes.parse_nvidia_smi("NVIDIA GB10, 580.95.05\n") == [probes.Gpu("NVIDIA GB10", "580.95.05")]
+    assert probes.parse_df_line("tmpfs 1048576 1048576 0 100% /srv/m").avail == 0
     out = "@@@ a\nx=1\n@@@ rc=0\n@@@ b\n@@@ rc=127\n"
-    assert d.split_sections(out) == {"a": d.Section(0, "x=1"), "b": d.Section(127, "")}
+    assert probes.split_sections(out) == {"a": probes.Section(0, "x=1"), "b": probes.Section(127, "")}
 
 
 def test_memory_margin_levels():
-    assert d.memory_margin("m", "n", 100 * GIB, 60 * GIB, 28 * GIB).verdict is Verdict.OK
-    assert d.memory_margin("m", "n", 90 * GIB, 60 * GIB, 28 * GIB).verdict is Verdict.WARN
-    r = d.memory_margin("m", "n", 80 * GIB, 60 * GIB, 28 * GIB)
-    assert r.verdict is Verdict.FAIL and "margin -8.0 GiB" in r.reason
+    assert memguard.memory_margin("m", "n", 100 * GIB, 60 * GIB, 28 * GIB).status is Status.OK
+    assert memguard.memory_margin("m", "n", 90 * GIB, 60 * GIB, 28 * GIB).status is Status.WARN
+    r = memguard.memory_margin("m", "n", 80 * GIB, 60 * GIB, 28 * GIB)
+    assert r.status is Status.FAILED and "margin -8.0 GiB" in r.reason
 
 
 def test_probe_script_runs_locally_and_parses():
     """The real script on this machine (read-only): every section comes back with an rc."""
-    out = subprocess.run(d.probe_argv("/nonexistent/ckpt", ["127.0.0.1"]), capture_output=True, text=True,
+    out = subprocess.run(probes.probe_argv("/nonexistent/ckpt", ["127.0.0.1"]), capture_output=True, text=True,
                          timeout=60).stdout
-    secs = d.split_sections(out)
-    assert set(secs) == set(d.SECTIONS)
-    assert d.parse_meminfo(secs["meminfo"].text)["MemTotal"] > 0
+    secs = probes.split_sections(out)
+    assert set(secs) == set(probes.SECTIONS)
+    assert probes.parse_meminfo(secs["meminfo"].text)["MemTotal"] > 0
     assert "ckpt_path=/" in secs["disk"].text  # nearest existing parent
     assert "127.0.0.1" in secs["reach"].text
     json.dumps([r.as_dict() for r in d.run_checks([SIM_SPEC], {"node1": HostFacts.from_output("node1", out)})])
@@ -243,4 +245,20 @@ def test_examine_end_to_end_on_local_connections():
     assert {("cluster", "driver-match"), ("cluster", "data-plane-reach"), ("cluster", "clock-skew")} <= set(by)
     mem = by[("node1", "memory")]
     assert "reserve 4.0" in mem.reason or "reserve_gib" in mem.reason  # the plan's budget, not a local guess
-    assert json.loads(json.dumps(exam.to_dict()))["verdict"] in ("ok", "warn", "fail")
+    assert json.loads(json.dumps(exam.to_dict()))["status"] in ("ok", "warn", "failed")
+
+
+def test_roce_gid_is_the_planners_choice_where_the_old_rules_disagreed():
+    """Doctor used to pass the lowest RoCE v2 IPv4-mapped GID of *any* address; the planner (gather) takes the
+    GID of the twin's own address. A stale GID (an old address still in the table at a lower index) passed
+    doctor at index 3 while the plan would set 5: now doctor reports what the plan will use."""
+    stale = HEALTHY["rdma"].replace(
+        "gid roceP2p1s0f1 1 3 0000:0000:0000:0000:0000:ffff:c0a8:b20b enP2p1s0f1np1 RoCE v2\n",
+        "gid roceP2p1s0f1 1 3 0000:0000:0000:0000:0000:ffff:0a0a:0a0a enP2p1s0f1np1 RoCE v2\n"
+        "gid roceP2p1s0f1 1 5 0000:0000:0000:0000:0000:ffff:c0a8:b20b enP2p1s0f1np1 RoCE v2\n")
+    r = d.check_roce_gid(SPEC, facts(rdma=stale))
+    assert r.status is Status.WARN and "roceP2p1s0f1=5" in r.reason and "unset" in r.reason
+    # a twin whose only IPv4 GID is not its own address: the planner finds none, so doctor fails it
+    r = d.check_roce_gid(SPEC, facts(rdma=stale.replace(
+        "gid roceP2p1s0f1 1 5 0000:0000:0000:0000:0000:ffff:c0a8:b20b enP2p1s0f1np1 RoCE v2\n", "")))
+    assert r.status is Status.FAILED and "roceP2p1s0f1" in r.reason

@@ -6,7 +6,7 @@ import dataclasses
 
 import yaml
 
-from sparkdeploy import doctor, hostsetup as hs
+from sparkdeploy import doctor, hostsetup as hs, probes
 
 
 def fresh() -> hs.HostState:
@@ -72,7 +72,7 @@ def test_sshd_live_adjust_skipped_where_impossible():
     assert "CAP_SYS_RESOURCE" in ssh.note
     done = dataclasses.replace(st, files={**st.files, hs.dropin_path("ssh"): hs.render_sshd_dropin()})
     assert {i.name: i for i in hs.plan_items("n", done, netdev="eth0", data_ip="10.0.0.1")}["sshd-oom"].status == "ok"
-    assert hs.has_cap_sys_resource("000001ffffffffff") and not hs.has_cap_sys_resource("000001fffeffffff")
+    assert probes.has_cap_sys_resource("000001ffffffffff") and not probes.has_cap_sys_resource("000001fffeffffff")
 
 
 def test_no_twins_no_netplan():
@@ -103,8 +103,8 @@ def test_drift_is_repaired():
 
 def test_rendered_earlyoom_matches_doctor_and_has_no_spaces_in_regexes():
     args = hs.earlyoom_args()
-    assert args[args.index("--prefer") + 1] == doctor.EARLYOOM_PREFER
-    assert args[args.index("--avoid") + 1] == doctor.EARLYOOM_AVOID
+    assert args[args.index("--prefer") + 1] == hs.EARLYOOM_PREFER
+    assert args[args.index("--avoid") + 1] == hs.EARLYOOM_AVOID
     assert "-p" in args and args[args.index("-m") + 1] == "4,2"
     cmdline = "/usr/bin/earlyoom " + " ".join(args)
     assert doctor._earlyoom_args_ok(cmdline) == []

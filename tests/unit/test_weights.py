@@ -9,8 +9,9 @@ import subprocess
 
 import pytest
 
-from sparkdeploy import doctor, memory, weights as w
+from sparkdeploy import memory, weights as w
 from sparkdeploy.facts import NodeFacts
+from sparkdeploy.verdict import Status
 from sparkdeploy.remote import LocalConn, Target
 
 GIB = 1 << 30
@@ -135,13 +136,13 @@ def test_guard_uses_the_plan_budget():
     facts = NodeFacts("spark1", int(119.7 * GIB), int(116 * GIB), True, "NVIDIA GB10", "580.95.05")
     b = memory.budget(facts, reserve_gib=28, weights_gib=30, activation_gib=4, kv_bytes_per_token=50000)
     ok = w.guard("spark1", 116 * GIB, b)
-    assert ok.verdict in (doctor.Verdict.OK, doctor.Verdict.WARN)
+    assert ok.status in (Status.OK, Status.WARN)
     # 40 GiB of page cache from the rsync still resident: MemAvailable did not drop, but if other memory is held...
     low = w.guard("spark1", int((b.engine_gib + b.reserve_gib - 1) * GIB), b)
-    assert low.verdict is doctor.Verdict.FAIL and "reserve 28.0" in low.reason
+    assert low.status is Status.FAILED and "reserve 28.0" in low.reason
     # MemAvailable fine but MemFree short (other page cache): CUDA on GB10 would see too little
     cached = w.guard("spark1", 116 * GIB, b, mem_free=int(b.engine_gib * GIB) - GIB)
-    assert cached.verdict is doctor.Verdict.WARN and "drop_caches" in cached.fix
+    assert cached.status is Status.WARN and "drop_caches" in cached.fix
     with pytest.raises(w.MemoryGuardError, match="refusing to start: spark1"):
         w.enforce([ok, low])
     w.enforce([ok])

@@ -1,4 +1,4 @@
-"""`sparkdeploy doctor [--json]`: preflight every node; each check with verdict, reason and the fix."""
+"""`sparkdeploy doctor [--json]`: preflight every node; each check with status, reason and the fix."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from rich.console import Console
 from sparkdeploy import doctor as doctor_mod
 from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import paths
+from sparkdeploy.verdict import Status
 from sparkdeploy.cli.options import inventory_option
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-_STYLE = {"ok": "green", "warn": "yellow", "fail": "red bold", "not-present": "dim"}
+_STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAILED: "red bold", Status.SKIPPED: "dim"}
 
 
 @click.command()
@@ -36,15 +37,15 @@ def doctor(inventory_file, as_json, facts_file, checkpoint_dir, trust_new_hosts)
         click.echo(json.dumps(exam.to_dict(), indent=2))
     else:
         for r in exam.results:
-            style = _STYLE[r.verdict.value]
-            err.print(f"  [{style}]{r.verdict.value:<11}[/{style}] {r.node:<9} {r.check:<17} {r.reason}")
-            if r.fix and r.verdict in (doctor_mod.Verdict.FAIL, doctor_mod.Verdict.WARN):
+            style = _STYLE[r.status]
+            err.print(f"  [{style}]{r.status.value:<11}[/{style}] {r.node:<9} {r.check:<17} {r.reason}")
+            if r.fix and r.status in (Status.FAILED, Status.WARN):
                 err.print(f"{'':>41}[dim]fix: {r.fix}[/dim]")
-        counts = {v: sum(r.verdict is v for r in exam.results) for v in doctor_mod.Verdict}
+        counts = {v: sum(r.status is v for r in exam.results) for v in _STYLE}
         summary = ", ".join(f"{n} {v.value}" for v, n in counts.items() if n)
-        style = _STYLE[exam.verdict.value]
-        err.print(f"[{style}]doctor: {exam.verdict.value}[/{style}] ({summary}; {exam.seconds:.1f} s)")
-    failed = [f"{r.node} {r.check}" for r in exam.results if r.verdict is doctor_mod.Verdict.FAIL]
+        style = _STYLE[exam.status]
+        err.print(f"[{style}]doctor: {exam.status.value}[/{style}] ({summary}; {exam.seconds:.1f} s)")
+    failed = [f"{r.node} {r.check}" for r in exam.results if r.status is Status.FAILED]
     if failed:  # an error, not click's Exit: the CLI turns it into exit status 1
         raise doctor_mod.ChecksFailed(f"doctor: {len(failed)} check(s) failed: {', '.join(failed)}")
 

@@ -168,8 +168,8 @@ def evict(inventory_file, directory, as_json, trust_new_hosts):
             f", page cache {ev['cached_before'] / GIB:.2f} -> {ev['cached_after'] / GIB:.2f} GiB"
         err.print(f"  {g.node:<9} {ev['files']} files, {ev['bytes'] / GIB:.2f} GiB{cached}; MemAvailable "
                   f"{ev['mem_available_before'] / GIB:.1f} -> {ev['mem_available_after'] / GIB:.1f} GiB")
-        style = {"ok": "green", "warn": "yellow", "fail": "red bold"}.get(g.verdict.value, "")
-        err.print(f"  [{style}]{g.verdict.value:<5}[/{style}] {g.node:<9} memory guard: {g.reason}")
+        style = {"ok": "green", "warn": "yellow", "failed": "red bold"}.get(g.status.value, "")
+        err.print(f"  [{style}]{g.status.value:<6}[/{style}] {g.node:<9} memory guard: {g.reason}")
     if as_json:
         click.echo(json.dumps({"dir": d, "nodes": out, "guard": [g.as_dict() for g in guards]}, indent=2))
     w.enforce(guards)

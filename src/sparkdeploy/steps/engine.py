@@ -61,8 +61,8 @@ def start_all(cx: Context) -> None:
 
     _, guards = weights.evict_and_guard(cx.pool, cx.plan, cx.inv.profile.host_dir)
     for g in guards:
-        if g.verdict.value != "ok":
-            cx.log(f"{g.node}: memory guard {g.verdict.value}: {g.reason}")
+        if g.status.value != "ok":
+            cx.log(f"{g.node}: memory guard {g.status.value}: {g.reason}")
     faults.hit("memory-guard")
     weights.enforce(guards)
     for node in cx.plan.start_order:

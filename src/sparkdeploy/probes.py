@@ -1,0 +1,468 @@
+"""Reading a node: the probe scripts (shell text run in one SSH round trip) and one pure parser per fact.
+
+Nothing here touches a node. The callers run the scripts and hand the text back:
+  - `probe_argv()` (doctor's full probe: sections `@@@ name` ... `@@@ rc=N`, split by `split_sections`),
+    run by `doctor.examine()`;
+  - `gather_argv()` (the planner's facts: `@@name` sections, split by `split_gather`), run by `gather.gather()`;
+  - `HOST_STATE_SCRIPT` (what host setup reads, in the `@@@` format), run by `hostsetup.read_state()`.
+
+One parser per fact, shared by all three: `parse_meminfo` (/proc/meminfo), `parse_ip_link` / `parse_ip_addr`
+(`ip -o link` / `ip -o -4 addr`), `parse_ip_addr_json` (`ip -j addr`), `parse_rdma` (the probe's port/GID
+lines), `parse_nvidia_smi`, `parse_df_line`, `parse_units`, `parse_kv`, `has_cap_sys_resource`; and ONE
+GID rule, `roce_v2_ipv4_gid_index` (the index the planner puts in NCCL_IB_GID_INDEX, which doctor checks).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+
+# ----------------------------------------------------------------------------------------------- probe
+#: Each section: name -> shell text. Positional args of the script: $1 checkpoint dir ("" for none),
+#: then the data-plane IPs of the other nodes. Read-only; never needs root except what a root login gives.
+SECTIONS: dict[str, str] = {
+    "uname": "uname -r",
+    "virt": "systemd-detect-virt --container 2>/dev/null || true",
+    "modules": (
+        'k=$(uname -r); if [ -e "/lib/modules/$k/modules.dep" ]; then echo modules_dep=yes; else echo modules_dep=no; fi; '
+        'v=$(modinfo -k "$k" -F version nvidia 2>/dev/null | head -1); echo "modinfo_nvidia=$v"; '
+        'echo "loaded_nvidia=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
+        'echo "cmdline=$(cat /proc/cmdline 2>/dev/null)"'
+    ),
+    "gpu": (
+        "if command -v nvidia-smi >/dev/null 2>&1; then "
+        "nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; else echo 'nvidia-smi: not found'; exit 127; fi"
+    ),
+    "gpu_procs": (
+        "command -v nvidia-smi >/dev/null 2>&1 || exit 127; "
+        "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader"
+    ),
+    "links": "ip -o link show",
+    "addrs": "ip -o -4 addr show",
+    "rdma": (
+        "for p in /sys/class/infiniband/*/ports/*; do [ -e \"$p\" ] || continue; "
+        "d=${p#/sys/class/infiniband/}; d=${d%%/*}; n=${p##*/}; "
+        "nd=$(ls /sys/class/infiniband/$d/device/net 2>/dev/null | head -1); "
+        "echo \"port $d $n ${nd:--} $(cat $p/state 2>/dev/null)\"; "
+        "for g in $p/gids/*; do i=${g##*/}; v=$(cat $g 2>/dev/null) || continue; "
+        "case $v in 0000:0000:0000:0000:0000:0000:0000:0000|'') continue;; esac; "
+        "t=$(cat $p/gid_attrs/types/$i 2>/dev/null); gn=$(cat $p/gid_attrs/ndevs/$i 2>/dev/null); "
+        "echo \"gid $d $n $i $v ${gn:--} $t\"; done; done"
+    ),
+    "earlyoom": (
+        'echo "bin=$(command -v earlyoom)"; '
+        'echo "active=$(systemctl is-active earlyoom 2>/dev/null)"; '
+        'echo "enabled=$(systemctl is-enabled earlyoom 2>/dev/null)"; '
+        "pid=$(systemctl show -p MainPID --value earlyoom 2>/dev/null); "
+        'if [ -n "$pid" ] && [ "$pid" != 0 ]; then echo "cmdline=$(tr \'\\0\' \' \' < /proc/$pid/cmdline)"; fi'
+    ),
+    "sshd": (
+        "u=ssh; systemctl cat ssh.service >/dev/null 2>&1 || u=sshd; echo unit=$u; "
+        'echo "unit_adj=$(systemctl show -p OOMScoreAdjust --value $u 2>/dev/null)"; '
+        "pid=$(systemctl show -p MainPID --value $u 2>/dev/null); echo pid=$pid; "
+        'echo "live_adj=$(cat /proc/$pid/oom_score_adj 2>/dev/null)"; '
+        "echo \"capbnd=$(awk '/^CapBnd:/{print $2}' /proc/1/status 2>/dev/null)\""
+    ),
+    "disk": (
+        'p=${1:-/}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
+        'echo "ckpt_path=$p"; echo "ckpt_df=$(df -PB1 "$p" | tail -1)"; '
+        'if [ -n "$1" ] && [ -d "$1" ]; then echo "ckpt_present=$(du -sb "$1" 2>/dev/null | cut -f1)"; fi; '
+        "r=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null); "
+        'if [ -n "$r" ]; then while [ ! -e "$r" ]; do r=$(dirname "$r"); done; '
+        'echo "docker_root=$r"; echo "docker_df=$(df -PB1 "$r" | tail -1)"; fi'
+    ),
+    "docker": (
+        "command -v docker >/dev/null 2>&1 || { echo 'docker: not found'; exit 127; }; "
+        "echo \"server=$(docker version --format '{{.Server.Version}}' 2>/dev/null)\"; "
+        "echo \"runtimes=$(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' 2>/dev/null)\"; "
+        "echo \"default_runtime=$(docker info --format '{{.DefaultRuntime}}' 2>/dev/null)\""
+    ),
+    "units": (
+        # enabled = linked into a .wants/.requires dir under /etc (what boots); `systemctl list-unit-files`
+        # would say the same but takes seconds on a busy box
+        "u=$(for f in /etc/systemd/system/*.wants/*.service /etc/systemd/system/*.requires/*.service; do "
+        "[ -e \"$f\" ] || [ -L \"$f\" ] && echo \"${f##*/}\"; done | sort -u); "
+        "[ -z \"$u\" ] || systemctl show --no-pager -p Id -p ExecStart -p ExecStartPre $u"
+    ),
+    "meminfo": "cat /proc/meminfo",
+    "containers": "docker ps --format '{{.Names}}' 2>/dev/null",
+    "timesync": (
+        'echo "ntp=$(timedatectl show -p NTPSynchronized --value 2>/dev/null)"; '
+        'for s in systemd-timesyncd chrony chronyd ntp ntpsec; do '
+        'if [ "$(systemctl is-active $s 2>/dev/null)" = active ]; then echo "daemon=$s"; fi; done'
+    ),
+    "reach": (
+        "shift; [ $# -gt 0 ] || exit 0; "
+        "python3 - \"$@\" <<'PY'\n"
+        "import socket, sys\n"
+        "for ip in sys.argv[1:]:\n"
+        "    try:\n"
+        "        socket.create_connection((ip, 22), timeout=3).close(); print(ip, 'ok')\n"
+        "    except OSError as e:\n"
+        "        print(ip, 'err', e)\n"
+        "PY"
+    ),
+}
+
+
+def probe_script(sections: Mapping[str, str] = SECTIONS) -> str:
+    """One POSIX sh script printing every section between markers; each runs in a subshell with `"$@"`."""
+    parts = []
+    for name, body in sections.items():
+        parts.append(f"echo '@@@ {name}'; ( set -- \"$@\"; {body}\n) 2>&1; echo \"@@@ rc=$?\"")
+    return "\n".join(parts) + "\n"
+
+
+def probe_argv(checkpoint_dir: str | None, peer_ips: Sequence[str]) -> list[str]:
+    return ["sh", "-c", probe_script(), "sparkdeploy-doctor", checkpoint_dir or "", *peer_ips]
+
+
+@dataclass(frozen=True)
+class Section:
+    rc: int
+    text: str
+
+
+def split_sections(output: str) -> dict[str, Section]:
+    """Parse the probe's output into {name: Section(rc, text)}."""
+    out: dict[str, Section] = {}
+    name, lines = None, []
+    for line in output.splitlines():
+        if line.startswith("@@@ rc=") and name is not None:
+            try:
+                rc = int(line[7:].strip())
+            except ValueError:
+                rc = -1
+            out[name] = Section(rc, "\n".join(lines))
+            name, lines = None, []
+        elif line.startswith("@@@ ") and not line.startswith("@@@ rc="):
+            name, lines = line[4:].strip(), []
+        elif name is not None:
+            lines.append(line)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- parsers
+def parse_kv(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key and " " not in key:
+            out.setdefault(key.strip(), value.strip())
+    return out
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """`/proc/meminfo` -> {field: bytes} ("MemTotal: 125000000 kB" -> 128000000000)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s*([A-Za-z0-9_()]+):\s+(\d+)(?:\s+(kB))?\s*$", line)
+        if m:
+            out[m.group(1)] = int(m.group(2)) * (1024 if m.group(3) else 1)
+    return out
+
+
+def has_cap_sys_resource(capbnd_hex: str) -> bool:
+    """CAP_SYS_RESOURCE (bit 24) in a CapBnd mask; unknown counts as present (a real host has it)."""
+    try:
+        return bool(int(capbnd_hex, 16) >> 24 & 1)
+    except ValueError:
+        return True
+
+
+@dataclass(frozen=True)
+class NetDev:
+    """One interface as the planner sees it (`ip -j addr`)."""
+
+    name: str
+    ipv4: tuple[str, ...] = ()  # "a.b.c.d/prefix"
+    mtu: int | None = None
+    up: bool | None = None
+
+    def addresses(self) -> tuple[str, ...]:
+        return tuple(a.split("/", 1)[0] for a in self.ipv4)
+
+
+def parse_ip_addr_json(text: str) -> tuple[NetDev, ...]:
+    """`ip -j addr` -> NetDevs with IPv4/prefix, MTU and operstate (loopback kept; callers pick by name)."""
+    out = []
+    for entry in json.loads(text or "[]"):
+        addrs = tuple(f"{a['local']}/{a.get('prefixlen', 32)}" for a in entry.get("addr_info", ())
+                      if a.get("family") == "inet" and "local" in a)
+        state = entry.get("operstate")
+        out.append(NetDev(entry["ifname"], addrs, entry.get("mtu"), None if state is None else state == "UP"))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    mtu: int
+    state: str  # UP, DOWN, UNKNOWN, LOWERLAYERDOWN...
+    flags: tuple[str, ...] = ()
+
+    @property
+    def up(self) -> bool:
+        return self.state == "UP" or (self.state == "UNKNOWN" and "LOWER_UP" in self.flags)
+
+
+def parse_ip_link(text: str) -> dict[str, Link]:
+    """`ip -o link show` -> {ifname: Link}; `eth0@if12` is reported as `eth0`."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^\d+:\s+([^:@\s]+)(?:@\S+)?:\s+<([^>]*)>.*?\bmtu\s+(\d+).*?\bstate\s+(\S+)", line)
+        if m:
+            out[m.group(1)] = Link(m.group(1), int(m.group(3)), m.group(4), tuple(m.group(2).split(",")))
+    return out
+
+
+def parse_ip_addr(text: str) -> dict[str, list[str]]:
+    """`ip -o -4 addr show` -> {ifname: ["a.b.c.d/nn", ...]}."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        m = re.match(r"^\d+:\s+(\S+)\s+inet\s+(\S+)", line)
+        if m:
+            out.setdefault(m.group(1).split("@")[0], []).append(m.group(2))
+    return out
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    dev: str
+    port: int
+    netdev: str | None
+    state: str  # e.g. "4: ACTIVE"
+    gids: tuple[tuple[int, str, str | None, str], ...] = ()  # (index, gid, ndev, type)
+
+    @property
+    def active(self) -> bool:
+        return "ACTIVE" in self.state.upper()
+
+
+def parse_rdma(text: str) -> dict[str, RdmaPort]:
+    """The probe's `port DEV N NETDEV STATE` / `gid DEV N IDX GID NDEV TYPE` lines -> {dev: port 1}."""
+    ports: dict[tuple[str, int], dict] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[0] == "port":
+            ports[(parts[1], int(parts[2]))] = {
+                "netdev": None if parts[3] == "-" else parts[3], "state": " ".join(parts[4:]), "gids": []}
+        elif len(parts) >= 6 and parts[0] == "gid":
+            key = (parts[1], int(parts[2]))
+            if key in ports:
+                ndev = None if parts[5] == "-" else parts[5]
+                ports[key]["gids"].append((int(parts[3]), parts[4], ndev, " ".join(parts[6:])))
+    out = {}
+    for (dev, port), p in sorted(ports.items()):
+        if dev not in out:
+            out[dev] = RdmaPort(dev, port, p["netdev"], p["state"], tuple(p["gids"]))
+    return out
+
+
+def parse_gid(text: str) -> ipaddress.IPv6Address | None:
+    """One `gids/<i>` file ("0000:0000:0000:0000:0000:ffff:c0a8:b10b") -> address, None if empty/invalid."""
+    try:
+        addr = ipaddress.IPv6Address(text.strip())
+    except ValueError:
+        return None
+    return None if addr == ipaddress.IPv6Address(0) else addr
+
+
+def roce_v2_ipv4_gid_index(gids: Mapping[int, str], types: Mapping[int, str],
+                           ipv4: str | Iterable[str] | None = None) -> int | None:
+    """THE GID rule: the index of the RoCE v2 GID that is an IPv4-mapped address (of `ipv4`, or of one of
+    the addresses in `ipv4`, when given), else None.
+
+    `gids` and `types` map GID index -> the text of `ports/1/gids/<i>` and `ports/1/gid_attrs/types/<i>`
+    ("RoCE v2", "IB/RoCE v1"). The lowest matching index wins. Never guess: None means leave
+    NCCL_IB_GID_INDEX unset (an empty value would parse as 0, the link-local fe80 GID).
+    """
+    if isinstance(ipv4, str):
+        ipv4 = [ipv4] if ipv4 else []
+    want = {ipaddress.IPv4Address(a) for a in ipv4} if ipv4 is not None else set()
+    for index in sorted(gids):
+        kind = types.get(index, "").strip().lower()
+        if kind != "roce v2":
+            continue
+        addr = parse_gid(gids[index])
+        if addr is None or addr.ipv4_mapped is None:
+            continue
+        if not want or addr.ipv4_mapped in want:
+            return index
+    return None
+
+
+def twin_addresses(netdev: str | None, ipv4_of: Mapping[str, Sequence[str]], data_ip: str | None) -> tuple[str, ...]:
+    """The IPv4 addresses a RoCE twin's GID must map: those on the twin's own netdev (`ipv4_of`: netdev ->
+    ["a.b.c.d/nn" or "a.b.c.d", ...]); the node's data_ip when the twin's netdev or its addresses are unknown.
+    Each CX-7 twin has its own /24 (host setup's netplan), so the second twin's GID maps its own address, not
+    the data_ip; NCCL uses the same NCCL_IB_GID_INDEX on every HCA it is given."""
+    own = tuple(a.split("/", 1)[0] for a in ipv4_of.get(netdev or "", ()))
+    return own or ((data_ip,) if data_ip else ())
+
+
+def port_gid_index(port: "RdmaPort", ipv4: str | Iterable[str] | None = None) -> int | None:
+    """`roce_v2_ipv4_gid_index` on a port parsed by `parse_rdma` (doctor's probe lines)."""
+    return roce_v2_ipv4_gid_index({i: g for i, g, _, _ in port.gids}, {i: t for i, _, _, t in port.gids}, ipv4)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    driver: str
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """`nvidia-smi --query-gpu=name,driver_version --format=csv,noheader` -> [Gpu]."""
+    out = []
+    for line in text.splitlines():
+        if "," in line and "not found" not in line:
+            name, _, driver = line.rpartition(",")
+            out.append(Gpu(name.strip(), driver.strip()))
+    return out
+
+
+@dataclass(frozen=True)
+class DiskFree:
+    path: str
+    size: int
+    avail: int
+
+
+def parse_df_line(line: str, path: str = "") -> DiskFree | None:
+    """One data line of `df -PB1`: `fs size used avail use% mount`."""
+    parts = line.split()
+    if len(parts) < 6 or not parts[1].isdigit():
+        return None
+    return DiskFree(path or parts[5], int(parts[1]), int(parts[3]))
+
+
+def parse_units(text: str) -> dict[str, list[str]]:
+    """`systemctl show -p Id -p ExecStart -p ExecStartPre UNIT...` (blocks split by blank lines) ->
+    {unit: ["ExecStart=...", ...]}."""
+    out: dict[str, list[str]] = {}
+    for block in re.split(r"\n\s*\n", text.strip()):
+        unit, execs = None, []
+        for line in block.splitlines():
+            key, _, value = line.partition("=")
+            if key == "Id":
+                unit = value.strip()
+            elif key.startswith("Exec") and value.strip():
+                # keep the command only: `{ path=... ; argv[]=CMD ; ... pid=N ; status=... }` carries numbers
+                # (pids) that must not be mistaken for our ports
+                argvs = re.findall(r"argv\[\]=([^;]*)", value)
+                execs.extend(f"{key}={a.strip()}" for a in argvs) if argvs else execs.append(line.strip())
+        if unit:
+            out[unit] = execs
+    return out
+
+
+# ----------------------------------------------------------------------------------- one node, parsed
+@dataclass
+class HostFacts:
+    """Everything the checks read about one node, parsed from its probe (or given directly in tests)."""
+
+    node: str
+    sections: dict[str, Section] = field(default_factory=dict)
+    overrides: dict[str, object] = field(default_factory=dict)  # from a facts file: gpu_name, driver, ...
+    error: str | None = None  # the probe could not run (SSH failed): every check reports it
+
+    def text(self, name: str) -> str:
+        s = self.sections.get(name)
+        return s.text if s else ""
+
+    def rc(self, name: str) -> int | None:
+        s = self.sections.get(name)
+        return s.rc if s else None
+
+    def kv(self, name: str) -> dict[str, str]:
+        return parse_kv(self.text(name))
+
+    @property
+    def in_container(self) -> str | None:
+        v = self.text("virt").strip()
+        return v if v and v != "none" else None
+
+    @property
+    def gpus(self) -> list[Gpu]:
+        if "gpu_name" in self.overrides or "driver" in self.overrides:
+            return [Gpu(str(self.overrides.get("gpu_name", "")), str(self.overrides.get("driver", "")))]
+        return parse_nvidia_smi(self.text("gpu")) if self.rc("gpu") == 0 else []
+
+    @classmethod
+    def from_output(cls, node: str, output: str, overrides: Mapping[str, object] | None = None) -> "HostFacts":
+        return cls(node, split_sections(output), dict(overrides or {}))
+
+
+# ------------------------------------------------------------------------------------ the planner's gather
+# $1.. are the node's RoCE devices (from the inventory, passed as argv, never spliced into the script).
+GATHER_SCRIPT = r"""
+echo '@@meminfo'; cat /proc/meminfo
+echo '@@ip'; ip -j addr 2>/dev/null || echo '[]'
+echo '@@gpu'; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
+echo '@@docker'; docker version --format '{{.Server.Version}}' 2>/dev/null
+echo '@@units'; for l in /etc/systemd/system/*.wants/* /etc/systemd/system/*.requires/*; do [ -e "$l" ] && echo "${l##*/}"; done | sort -u
+for dev in "$@"; do
+  p=/sys/class/infiniband/$dev/ports/1
+  [ -d "$p" ] || continue
+  for g in "$p"/gids/*; do
+    i=${g##*/}; t=$(cat "$p/gid_attrs/types/$i" 2>/dev/null) || continue
+    printf '@@gid %s %s %s %s\n' "$dev" "$i" "$(cat "$g" 2>/dev/null)" "$t"
+  done
+  nd=$(ls "$p/gid_attrs/ndevs" >/dev/null 2>&1 && cat "$p"/gid_attrs/ndevs/0 2>/dev/null)
+  printf '@@ndev %s %s\n' "$dev" "$nd"
+done
+echo '@@end'
+"""
+
+
+def split_gather(text: str) -> dict[str, list[str]]:
+    """The gather script's output -> {section: lines}; `@@gid` / `@@ndev` lines are kept whole under "gid" / "ndev"."""
+    out: dict[str, list[str]] = {}
+    key = None
+    for line in text.splitlines():
+        if line.startswith("@@gid ") or line.startswith("@@ndev "):
+            out.setdefault(line.split()[0][2:], []).append(line)
+            continue
+        if line.startswith("@@"):
+            key = line[2:].strip()
+            out.setdefault(key, [])
+            continue
+        if key:
+            out[key].append(line)
+    return out
+
+
+def gather_argv(hca: Sequence[str]) -> list[str]:
+    return ["sh", "-c", GATHER_SCRIPT, "gather", *hca]
+
+
+# ------------------------------------------------------------------------------------------- host setup
+#: What `host setup` reads (same `@@@` sections as the probe; the rdma section is the probe's own).
+HOST_STATE_SCRIPT = r"""
+echo "@@@ pkg"; command -v earlyoom >/dev/null 2>&1 && echo installed=yes || echo installed=no
+command -v rsync >/dev/null 2>&1 && echo rsync=yes || echo rsync=no
+command -v apt-get >/dev/null 2>&1 && echo apt=yes || echo apt=no
+command -v netplan >/dev/null 2>&1 && echo netplan=yes || echo netplan=no
+echo "@@@ rc=0"
+echo "@@@ earlyoom"
+echo "enabled=$(systemctl is-enabled earlyoom 2>/dev/null)"; echo "active=$(systemctl is-active earlyoom 2>/dev/null)"
+pid=$(systemctl show -p MainPID --value earlyoom 2>/dev/null)
+if [ -n "$pid" ] && [ "$pid" != 0 ]; then echo "cmdline=$(tr '\0' ' ' < /proc/$pid/cmdline)"; fi
+echo "@@@ rc=0"
+echo "@@@ sshd"
+u=ssh; systemctl cat ssh.service >/dev/null 2>&1 || u=sshd; echo unit=$u
+pid=$(systemctl show -p MainPID --value $u 2>/dev/null); echo pid=$pid
+echo "live_adj=$(cat /proc/$pid/oom_score_adj 2>/dev/null)"
+echo "capbnd=$(awk '/^CapBnd:/{print $2}' /proc/1/status 2>/dev/null)"
+echo "@@@ rc=0"
+echo "@@@ rdma"
+""" + SECTIONS["rdma"] + "\necho \"@@@ rc=0\"\n"
+
+
+def host_state_argv() -> list[str]:
+    return ["sh", "-c", HOST_STATE_SCRIPT]
