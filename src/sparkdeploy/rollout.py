@@ -32,10 +32,10 @@ from typing import Callable
 
 import requests
 
-from sparkdeploy import layout
-from sparkdeploy import health, releases, render, vocab_live
+from sparkdeploy import health, releases, vocab_live
 from sparkdeploy.errors import SparkdeployError, VocabError
-from sparkdeploy.rollout_checks import (Candidate, Golden, capture, check_candidate, coverage_change,
+from sparkdeploy.rollout_checks import (Candidate, Failed, Golden, RolloutError, boot_time, capture,
+                                        check_candidate, check_ranks, coverage_change, derive_release,
                                         golden_prompts, list_diff, mismatches, pick_version,
                                         write_list_with_manifest)
 from sparkdeploy.steps import engine, healthcheck
@@ -47,10 +47,6 @@ __all__ = ["Candidate", "Failed", "Golden", "Rollout", "RolloutError", "RolloutO
            "pick_version", "rollback", "rollout", "validate_locally", "write_list_with_manifest"]
 
 Log = Callable[[str], None]
-
-
-class RolloutError(SparkdeployError):
-    """The rollout could not start or complete (the message says which step and node)."""
 
 
 # ------------------------------------------------------------------------------------------- result
@@ -108,10 +104,6 @@ class RolloutOptions:
     edit: Callable[[str, dict], dict] | None = None
 
 
-class Failed(SparkdeployError):
-    """A failure after the switch: roll back."""
-
-
 class Rollout:
     """One rollout on a cluster context (steps.context.Context), through steps/engine.py's switch and rollback."""
 
@@ -141,8 +133,12 @@ class Rollout:
     def names(self) -> list[str]:
         return self.c.names
 
-    def _boot(self, conn) -> str:
-        return conn.run(["ps", "-o", "lstart=", "-p", "1"], check=False, timeout=20).stdout.strip()
+    def new_release_files(self, node: str) -> tuple[dict[str, tuple[bytes, int]], dict]:
+        """The current release's files with only the list's sha256 changed, and its meta for release.json."""
+        return derive_release(self.c, node, self.prev, self.old_sha, self.cand, self.opts.action, self.opts.edit)
+
+    def _check_ranks(self) -> None:
+        check_ranks(self.c, self.boots, self.new_num)
 
     def _hook(self, name: str) -> None:
         fn = self.opts.hooks.get(name)
@@ -249,7 +245,7 @@ class Rollout:
             res.status = "dry-run"
             res.message = f"dry run: would roll out {self.cand.version} as release {self.new_num} (nothing changed)"
             return False
-        self.boots = self.c.each(self._boot, "reading boot time")
+        self.boots = self.c.each(boot_time, "reading boot time")
         return True
 
     def _capture_before(self, res: RolloutResult) -> None:
@@ -270,31 +266,6 @@ class Rollout:
             res.acceptance_before = self.golden.acceptance
             res.notes += [f"before: {n}" for n in self.golden.notes]
         self._timed(res, "golden", t0)
-
-    def new_release_files(self, node: str) -> tuple[dict[str, tuple[bytes, int]], dict]:
-        """The current release's files with only the list's sha256 changed, and its meta for release.json."""
-        c = self.conn(node)
-        nr = self.c.rel[node]
-        names = releases.file_digests(c, self.prev)
-        files: dict[str, tuple[bytes, int]] = {}
-        hits = 0
-        for name in sorted(names):
-            data = c.get(f"{releases.rdir(self.prev)}/{name}")
-            if data is None:
-                raise RolloutError(f"release {self.prev} lost {name}", )
-            hits += data.count(self.old_sha.encode())
-            files[name] = (data.replace(self.old_sha.encode(), self.cand.sha256.encode()), render.file_mode(name))
-        if hits == 0:
-            raise RolloutError(f"release {self.prev} on {node} never names list {self.old_sha[:12]}; refusing to guess")
-        if self.opts.edit:
-            files = {k: (v, render.file_mode(k)) for k, v in
-                     self.opts.edit(node, {k: v for k, (v, _) in files.items()}).items()}
-        meta = {k: v for k, v in nr.complete[self.prev].items() if k not in ("number", "files", "written_at")}
-        meta.update(fingerprint=f"{meta.get('fingerprint', '?')}+vocab-{self.cand.version}",
-                    reason=f"vocab {self.opts.action} {vocab_live.version_of(self.old_sha)} -> {self.cand.version}",
-                    derived_from=self.prev, vocab={"sha256": self.cand.sha256, "version": self.cand.version,
-                                                    **self.cand.meta()})
-        return files, meta
 
     def _distribute(self, res: RolloutResult) -> None:
         t0 = time.monotonic()
@@ -320,35 +291,6 @@ class Rollout:
         engine.switch_and_restart(self.c, self.new_num, list_sha=self.cand.sha256, what="switching")
         self.started_at = time.monotonic()
         self._timed(res, "switch", t0)
-
-    def _rank_state(self, conn) -> dict:
-        out = conn.run(["systemctl", "show", "-p", "ActiveState,SubState,Result,ExecMainStatus", layout.UNIT_NAME],
-                       check=False, timeout=20).stdout
-        st = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-        st["boot"] = self._boot(conn)
-        return st
-
-    def _check_ranks(self) -> None:
-        """Fail fast: a rank whose unit failed or is waiting to restart, or a node that rebooted."""
-        res = self.c.map(self._rank_state, self.names)
-        for n, st in res.items():
-            if isinstance(st, Exception):
-                errs = self.c.reconnect([n], wait=0)
-                boot = None if errs else self._boot(self.conn(n))
-                if boot and self.boots.get(n) and boot != self.boots[n]:
-                    raise Failed(f"{n} rebooted during the rollout (PID 1 started {boot}, was {self.boots[n]})")
-                raise Failed(f"{n}: lost the connection during the rollout ({st})"
-                             + ("; it does not answer SSH now (rebooting?)" if errs else "; it answers again"))
-            if st.get("boot") and self.boots.get(n) and st["boot"] != self.boots[n]:
-                raise Failed(f"{n} rebooted during the rollout (PID 1 started {st['boot']}, was {self.boots[n]})")
-            # inactive too: a foreground server whose engine died can exit 0 (vLLM's EngineDeadError path)
-            if st.get("ActiveState") in ("failed", "inactive") or st.get("SubState") == "auto-restart":
-                tail = self.conn(n).run(["journalctl", "-u", layout.UNIT_NAME, "-n", "4", "--no-pager", "-o", "cat"],
-                                        check=False, timeout=20).stdout.strip().replace("\n", " | ")
-                role = "worker" if n != self.c.head else "head"
-                raise Failed(f"{n} ({role}) failed to start or stopped on release {self.new_num}: unit "
-                             f"{st.get('ActiveState')}/"
-                             f"{st.get('SubState')} (exit status {st.get('ExecMainStatus')}): {tail[-300:]}")
 
     def wait_ready(self, timeout: float, watch: bool = True) -> str:
         url = self.exp.api_url
@@ -431,7 +373,7 @@ class Rollout:
             self.c.scan()
             # the plan is release prev's already (planned from its facts by _prepare); the watchdog comes back below
             engine.serve_again(self.c, self.prev, plan_of_release=False, list_sha=self.old_sha, what="switching back",
-                               started=lambda: setattr(self, "boots", self.c.each(self._boot, "reading boot time")),
+                               started=lambda: setattr(self, "boots", self.c.each(boot_time, "reading boot time")),
                                wait=lambda: self.wait_ready(self.opts.rollback_timeout, watch=False))
             same = None
             if self.golden is not None:
@@ -441,7 +383,7 @@ class Rollout:
                 same = not mismatches(self.golden.outputs, again.outputs)
             engine.watchdog(self.c, self.watchdog_was)
             self.c.map(lambda c: c.put(f"{releases.rdir(self.new_num)}/FAILED", (reason + "\n").encode()),
-                            self.names)
+                       self.names)
             entry = {"action": "auto-rollback", "sha256": self.old_sha, "version": res.from_version,
                      "from": self.cand.sha256, "release": self.prev, "failed_release": self.new_num,
                      "reason": reason, "result": "live"}

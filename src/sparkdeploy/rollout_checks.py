@@ -1,7 +1,7 @@
 """What a vocab rollout checks and compares, apart from the procedure (rollout.py): the candidate list validated
 against the served tokenizer, the list diff and coverage change, the golden temperature-0 outputs (and
-acceptance per category) captured before and after, the version a `vocab rollback` picks, and a list written
-with its manifest."""
+acceptance per category) captured before and after, the version a `vocab rollback` picks, a list written
+with its manifest, the derived release's files, and the per-rank check that fails a rollout fast."""
 
 from __future__ import annotations
 
@@ -11,11 +11,19 @@ from pathlib import Path
 
 import numpy as np
 
-from sparkdeploy import health
+from sparkdeploy import health, layout, releases, render, vocab_live
 from sparkdeploy.bench import metrics as M
 from sparkdeploy.bench import prompts as bench_prompts
 from sparkdeploy.errors import SparkdeployError, VocabError
 from sparkdeploy.vocab.formats import list_bytes, parse_list
+
+
+class RolloutError(SparkdeployError):
+    """The rollout could not start or complete (the message says which step and node)."""
+
+
+class Failed(SparkdeployError):
+    """A failure after the switch: roll back."""
 
 
 # ------------------------------------------------------------------------------------- local validation
@@ -187,3 +195,67 @@ def write_list_with_manifest(path: str | Path, ids, tokenizer, *, name: str | No
         "tokenizer": {"name": tokenizer.name, "content_hash": tokenizer.content_hash,
                       "vocab_size": int(tokenizer.vocab_size)}})
     return p
+
+
+# --------------------------------------------------------------------------- the derived release, the ranks
+def derive_release(cx, node: str, prev: int, old_sha: str, cand: Candidate, action: str,
+                   edit=None) -> tuple[dict[str, tuple[bytes, int]], dict]:
+    """Release `prev`'s files on `node` with only the list's sha256 changed (old_sha -> cand's; then `edit`,
+    a test hook, may change them), and its meta for release.json."""
+    c = cx.conn(node)
+    nr = cx.rel[node]
+    names = releases.file_digests(c, prev)
+    files: dict[str, tuple[bytes, int]] = {}
+    hits = 0
+    for name in sorted(names):
+        data = c.get(f"{releases.rdir(prev)}/{name}")
+        if data is None:
+            raise RolloutError(f"release {prev} lost {name}", )
+        hits += data.count(old_sha.encode())
+        files[name] = (data.replace(old_sha.encode(), cand.sha256.encode()), render.file_mode(name))
+    if hits == 0:
+        raise RolloutError(f"release {prev} on {node} never names list {old_sha[:12]}; refusing to guess")
+    if edit:
+        files = {k: (v, render.file_mode(k)) for k, v in
+                 edit(node, {k: v for k, (v, _) in files.items()}).items()}
+    meta = {k: v for k, v in nr.complete[prev].items() if k not in ("number", "files", "written_at")}
+    meta.update(fingerprint=f"{meta.get('fingerprint', '?')}+vocab-{cand.version}",
+                reason=f"vocab {action} {vocab_live.version_of(old_sha)} -> {cand.version}",
+                derived_from=prev, vocab={"sha256": cand.sha256, "version": cand.version,
+                                                **cand.meta()})
+    return files, meta
+
+
+def boot_time(conn) -> str:
+    return conn.run(["ps", "-o", "lstart=", "-p", "1"], check=False, timeout=20).stdout.strip()
+
+
+def rank_state(conn) -> dict:
+    """The engine unit's state on a node and its boot time."""
+    out = conn.run(["systemctl", "show", "-p", "ActiveState,SubState,Result,ExecMainStatus", layout.UNIT_NAME],
+                   check=False, timeout=20).stdout
+    st = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    st["boot"] = boot_time(conn)
+    return st
+
+def check_ranks(cx, boots: dict[str, str], num: int | None) -> None:
+    """Fail fast: a rank whose unit failed or is waiting to restart, or a node that rebooted."""
+    res = cx.map(rank_state)
+    for n, st in res.items():
+        if isinstance(st, Exception):
+            errs = cx.reconnect([n], wait=0)
+            boot = None if errs else boot_time(cx.conn(n))
+            if boot and boots.get(n) and boot != boots[n]:
+                raise Failed(f"{n} rebooted during the rollout (PID 1 started {boot}, was {boots[n]})")
+            raise Failed(f"{n}: lost the connection during the rollout ({st})"
+                         + ("; it does not answer SSH now (rebooting?)" if errs else "; it answers again"))
+        if st.get("boot") and boots.get(n) and st["boot"] != boots[n]:
+            raise Failed(f"{n} rebooted during the rollout (PID 1 started {st['boot']}, was {boots[n]})")
+        # inactive too: a foreground server whose engine died can exit 0 (vLLM's EngineDeadError path)
+        if st.get("ActiveState") in ("failed", "inactive") or st.get("SubState") == "auto-restart":
+            tail = cx.conn(n).run(["journalctl", "-u", layout.UNIT_NAME, "-n", "4", "--no-pager", "-o", "cat"],
+                                    check=False, timeout=20).stdout.strip().replace("\n", " | ")
+            role = "worker" if n != cx.head else "head"
+            raise Failed(f"{n} ({role}) failed to start or stopped on release {num}: unit "
+                         f"{st.get('ActiveState')}/"
+                         f"{st.get('SubState')} (exit status {st.get('ExecMainStatus')}): {tail[-300:]}")
