@@ -415,7 +415,7 @@ DEFAULT = "qwen3.5-multi-64k"
 def build(work: Path, out_dir: Path, plans: list[str]) -> dict:
     import numpy as np
 
-    from sparkdeploy.vocab import coverage_from_counts, load_tokenizer, validate_list
+    from sparkdeploy.vocab import coverage_from_counts, load_tokenizer, read_list, validate_list
     from sparkdeploy.vocab.build import GroupCounts, build_list, count_corpus
     from sparkdeploy.vocab.corpus import CorpusStats
 
@@ -474,7 +474,7 @@ def build(work: Path, out_dir: Path, plans: list[str]) -> dict:
         manifest = build_list(tok, groups, target, size=plan["size"], reserve=plan["reserve"],
                               weights=plan["weights"], name=name,
                               sources=[s for s in sources if s["group"] in groups])
-        ids = validate_list(np.loadtxt(target, dtype=np.int64), tok, manifest)
+        ids = validate_list(read_list(target), tok, manifest)
         for key, sets in evals.items():
             per = {}
             for label, counts in sets.items():
