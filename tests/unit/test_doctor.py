@@ -8,8 +8,10 @@ import subprocess
 import pytest
 
 from sparkdeploy import doctor as d
-from sparkdeploy import memguard, probes
-from sparkdeploy.doctor import HostFacts, NodeSpec
+from sparkdeploy import preflight as pf
+from sparkdeploy import hostsetup, memguard, probes
+from sparkdeploy.preflight import NodeSpec
+from sparkdeploy.probes import HostFacts
 from sparkdeploy.verdict import Result, Status
 
 GIB = 1 << 30
@@ -46,7 +48,7 @@ HEALTHY = {
         "gid roceP2p1s0f1 1 3 0000:0000:0000:0000:0000:ffff:c0a8:b20b enP2p1s0f1np1 RoCE v2\n"
     ),
     "earlyoom": f"bin=/usr/bin/earlyoom\nactive=active\nenabled=enabled\n"
-                f"cmdline=/usr/bin/earlyoom -m 4,2 -s 100,100 --prefer {d.EARLYOOM_PREFER} --avoid {d.EARLYOOM_AVOID} ",
+                f"cmdline=/usr/bin/earlyoom -m 4,2 -s 100,100 --prefer {hostsetup.EARLYOOM_PREFER} --avoid {hostsetup.EARLYOOM_AVOID} ",
     "sshd": "unit=ssh\nunit_adj=-1000\npid=1234\nlive_adj=-1000",
     "disk": (
         "ckpt_path=/srv/models/qwen\n"
@@ -84,7 +86,7 @@ def facts(node="spark1", **changes) -> HostFacts:
 def results(f: HostFacts, spec: NodeSpec = SPEC, **kw) -> dict[str, Result]:
     kw.setdefault("checkpoint_bytes", 60 * GIB)
     kw.setdefault("ports", (8000, 29501))
-    return {r.check: r for r in d.run_checks([spec], {spec.name: f}, **kw)}
+    return {r.check: r for r in pf.run_checks([spec], {spec.name: f}, **kw)}
 
 
 def test_healthy_gb10_is_all_green():
@@ -132,7 +134,7 @@ def test_planted_problem_turns_exactly_that_check_red(check, change, fix_word):
 
 def test_ssh_failure_marks_every_check_unjudged_not_ok():
     f = HostFacts("spark1", error="ssh nvidia@10.0.0.11:22: Authentication failed")
-    res = d.run_checks([SPEC], {"spark1": f})
+    res = pf.run_checks([SPEC], {"spark1": f})
     mine = [r for r in res if r.node == "spark1"]
     assert mine[0].check == "ssh" and mine[0].status is Status.FAILED and "ssh-copy-id" in mine[0].fix
     assert all(r.status is Status.FAILED for r in mine)
@@ -157,10 +159,10 @@ def test_sim_node_gpu_checks_not_present_and_container_honest():
 
 def test_sshd_in_a_container_without_cap_sys_resource():
     no_cap = "unit=ssh\nunit_adj=-1000\npid=5\nlive_adj=0\ncapbnd=000001fffeffffff"
-    r = d.check_sshd_oom(SPEC, facts(sshd=no_cap))
+    r = pf.check_sshd_oom(SPEC, facts(sshd=no_cap))
     assert r.status is Status.SKIPPED and "CAP_SYS_RESOURCE" in r.reason
     # without the drop-in it is still a failure there: host setup has not run
-    r = d.check_sshd_oom(SPEC, facts(sshd=no_cap.replace("unit_adj=-1000", "unit_adj=0")))
+    r = pf.check_sshd_oom(SPEC, facts(sshd=no_cap.replace("unit_adj=-1000", "unit_adj=0")))
     assert r.status is Status.FAILED and "host setup" in r.fix
 
 
@@ -168,31 +170,31 @@ def test_driver_mismatch_from_facts_file_on_sim_nodes():
     specs = [SIM_SPEC, NodeSpec("node2", "172.30.99.12", "eth0", (), False)]
     f1 = facts("node1", virt="docker", _overrides={"driver": "580.95.05"})
     f2 = facts("node2", virt="docker", _overrides={"driver": "590.44.01"})
-    res = {r.check: r for r in d.run_checks(specs, {"node1": f1, "node2": f2}) if r.node == "cluster"}
+    res = {r.check: r for r in pf.run_checks(specs, {"node1": f1, "node2": f2}) if r.node == "cluster"}
     assert res["driver-match"].status is Status.FAILED
     assert "node1 580.95.05" in res["driver-match"].reason and "node2 590.44.01" in res["driver-match"].reason
     assert "same driver" in res["driver-match"].fix
     # gpu stays not-present: the inventory says there is none, a facts file does not invent one
-    assert [r for r in d.run_checks(specs, {"node1": f1, "node2": f2}) if r.check == "gpu"][0].status is Status.SKIPPED
+    assert [r for r in pf.run_checks(specs, {"node1": f1, "node2": f2}) if r.check == "gpu"][0].status is Status.SKIPPED
 
 
 def test_reach_and_clock():
     specs = [SPEC, NodeSpec("spark2", "192.168.177.12", "enp1s0f1np1")]
     f1, f2 = facts(), facts("spark2", reach="192.168.177.11 err [Errno 113] No route to host")
-    r = d.check_reach(specs, {"spark1": f1, "spark2": f2})
+    r = pf.check_reach(specs, {"spark1": f1, "spark2": f2})
     assert r.status is Status.FAILED and "spark2 -> 192.168.177.11" in r.reason
-    assert d.check_clock_skew({"a": (0.010, 0.002), "b": (0.012, 0.002)}).status is Status.OK
-    assert d.check_clock_skew({"a": (0.0, 0.001), "b": (2.0, 0.001)}).status is Status.WARN
-    bad = d.check_clock_skew({"a": (0.0, 0.001), "b": (30.0, 0.001)})
+    assert pf.check_clock_skew({"a": (0.010, 0.002), "b": (0.012, 0.002)}).status is Status.OK
+    assert pf.check_clock_skew({"a": (0.0, 0.001), "b": (2.0, 0.001)}).status is Status.WARN
+    bad = pf.check_clock_skew({"a": (0.0, 0.001), "b": (30.0, 0.001)})
     assert bad.status is Status.FAILED and "NTP" in bad.fix
-    assert "by construction" in d.check_clock_skew({"a": (0, 0), "b": (0, 0)}, shared_kernel=True).reason
+    assert "by construction" in pf.check_clock_skew({"a": (0, 0), "b": (0, 0)}, shared_kernel=True).reason
 
 
 def test_units_ignore_pids_that_look_like_ports():
     text = ("Id=web.service\nExecStart={ path=/usr/bin/nginx ; argv[]=/usr/bin/nginx -g daemon off; ; "
             "ignore_errors=no ; start_time=[n/a] ; pid=8000 ; code=(null) ; status=0/0 }\n")
     assert probes.parse_units(text) == {"web.service": ["ExecStart=/usr/bin/nginx -g daemon off"]}
-    assert d.check_stale_units(SPEC, facts(units=text), ports=(8000,)).status is Status.OK
+    assert pf.check_stale_units(SPEC, facts(units=text), ports=(8000,)).status is Status.OK
 
 
 def test_parsers():
@@ -226,7 +228,7 @@ def test_probe_script_runs_locally_and_parses():
     assert probes.parse_meminfo(secs["meminfo"].text)["MemTotal"] > 0
     assert "ckpt_path=/" in secs["disk"].text  # nearest existing parent
     assert "127.0.0.1" in secs["reach"].text
-    json.dumps([r.as_dict() for r in d.run_checks([SIM_SPEC], {"node1": HostFacts.from_output("node1", out)})])
+    json.dumps([r.as_dict() for r in pf.run_checks([SIM_SPEC], {"node1": HostFacts.from_output("node1", out)})])
 
 
 def test_examine_end_to_end_on_local_connections():
@@ -240,7 +242,7 @@ def test_examine_end_to_end_on_local_connections():
     pool = Pool([Target(n.name, "localhost", local=True) for n in inv.nodes])
     exam = d.examine(inv, checkpoint_dir="/nonexistent/ckpt", pool=pool)
     by = {(r.node, r.check): r for r in exam.results}
-    names = [c.__name__[6:].replace("_", "-") for c in d.NODE_CHECKS]
+    names = [c.__name__[6:].replace("_", "-") for c in pf.NODE_CHECKS]
     assert all((n.name, c) in by for n in inv.nodes for c in names)
     assert {("cluster", "driver-match"), ("cluster", "data-plane-reach"), ("cluster", "clock-skew")} <= set(by)
     mem = by[("node1", "memory")]
@@ -256,9 +258,9 @@ def test_roce_gid_is_the_planners_choice_where_the_old_rules_disagreed():
         "gid roceP2p1s0f1 1 3 0000:0000:0000:0000:0000:ffff:c0a8:b20b enP2p1s0f1np1 RoCE v2\n",
         "gid roceP2p1s0f1 1 3 0000:0000:0000:0000:0000:ffff:0a0a:0a0a enP2p1s0f1np1 RoCE v2\n"
         "gid roceP2p1s0f1 1 5 0000:0000:0000:0000:0000:ffff:c0a8:b20b enP2p1s0f1np1 RoCE v2\n")
-    r = d.check_roce_gid(SPEC, facts(rdma=stale))
+    r = pf.check_roce_gid(SPEC, facts(rdma=stale))
     assert r.status is Status.WARN and "roceP2p1s0f1=5" in r.reason and "unset" in r.reason
     # a twin whose only IPv4 GID is not its own address: the planner finds none, so doctor fails it
-    r = d.check_roce_gid(SPEC, facts(rdma=stale.replace(
+    r = pf.check_roce_gid(SPEC, facts(rdma=stale.replace(
         "gid roceP2p1s0f1 1 5 0000:0000:0000:0000:0000:ffff:c0a8:b20b enP2p1s0f1np1 RoCE v2\n", "")))
     assert r.status is Status.FAILED and "roceP2p1s0f1" in r.reason

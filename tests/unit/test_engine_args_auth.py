@@ -255,10 +255,10 @@ def test_missing_secret_file_and_tilde_paths(tmp_path, run_cli, monkeypatch):
 
 
 def test_doctor_warns_without_a_key_and_is_quiet_with_one(tmp_path):
-    from sparkdeploy import doctor
+    from sparkdeploy import preflight
     from sparkdeploy.verdict import Status
 
-    bare = doctor.check_api_key(inventory.load(_inventory(tmp_path)))
+    bare = preflight.check_api_key(inventory.load(_inventory(tmp_path)))
     assert bare.status is Status.WARN and "without a key" in bare.reason and "auth.api_key_file" in bare.fix
-    keyed = doctor.check_api_key(inventory.load(_inventory(tmp_path, auth={"api_key_file": str(_key_file(tmp_path))})))
+    keyed = preflight.check_api_key(inventory.load(_inventory(tmp_path, auth={"api_key_file": str(_key_file(tmp_path))})))
     assert keyed.status is Status.OK and SECRET not in keyed.reason

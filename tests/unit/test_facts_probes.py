@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from sparkdeploy import doctor, facts, gather, probes
+from sparkdeploy import gather, preflight, probes
 
 TWINS = """@@meminfo
 MemTotal:       125000000 kB
@@ -21,8 +21,8 @@ MemAvailable:   121000000 kB
 
 
 def test_one_parser_and_one_rule():
-    assert facts.parse_meminfo is probes.parse_meminfo and facts.roce_v2_ipv4_gid_index is probes.roce_v2_ipv4_gid_index
-    assert doctor.parse_meminfo is probes.parse_meminfo
+    assert gather.probes is probes and preflight.parse_meminfo is probes.parse_meminfo
+    assert preflight.port_gid_index.__module__ == "sparkdeploy.probes"
 
 
 def test_second_twin_gid_maps_its_own_address():

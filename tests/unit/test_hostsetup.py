@@ -6,7 +6,7 @@ import dataclasses
 
 import yaml
 
-from sparkdeploy import doctor, hostsetup as hs, probes
+from sparkdeploy import hostsetup as hs, preflight, probes
 
 
 def fresh() -> hs.HostState:
@@ -107,7 +107,7 @@ def test_rendered_earlyoom_matches_doctor_and_has_no_spaces_in_regexes():
     assert args[args.index("--avoid") + 1] == hs.EARLYOOM_AVOID
     assert "-p" in args and args[args.index("-m") + 1] == "4,2"
     cmdline = "/usr/bin/earlyoom " + " ".join(args)
-    assert doctor._earlyoom_args_ok(cmdline) == []
+    assert preflight._earlyoom_args_ok(cmdline) == []
     assert hs.render_sshd_dropin().splitlines()[-1] == "OOMScoreAdjust=-1000"
 
 
