@@ -30,9 +30,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from sparkdeploy.errors import InventoryError
-# The parsers of raw node output live in probes (one per fact, shared with doctor and host setup); the
-# planner's callers and tests read these names here.
-from sparkdeploy.probes import NetDev, parse_gid, parse_ip_addr_json, parse_meminfo, roce_v2_ipv4_gid_index  # noqa: F401
+from sparkdeploy.probes import NetDev  # the parsers of raw node output are in probes, one per fact
 
 GIB = 1 << 30
 

@@ -47,7 +47,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
-from sparkdeploy import facts  # noqa: E402
+from sparkdeploy import facts, probes  # noqa: E402
 from sparkdeploy.cli import main  # noqa: E402
 from sparkdeploy.errors import PlanError  # noqa: E402
 
@@ -187,7 +187,7 @@ MEMINFO = "MemTotal:       125515264 kB\nMemFree:         1000 kB\nMemAvailable:
 
 
 def test_parse_meminfo_in_bytes():
-    mem = facts.parse_meminfo(MEMINFO)
+    mem = probes.parse_meminfo(MEMINFO)
     assert mem["MemTotal"] == 125515264 * 1024 and mem["MemAvailable"] == 121634816 * 1024
     assert mem["HugePages_Total"] == 0
 
@@ -198,7 +198,7 @@ def test_parse_ip_addr_json():
         {"ifname": "enp1s0f1np1", "mtu": 9000, "operstate": "UP", "addr_info": [
             {"family": "inet", "local": "192.168.177.11", "prefixlen": 24}, {"family": "inet6", "local": "fe80::1", "prefixlen": 64}]},
     ])
-    devs = {d.name: d for d in facts.parse_ip_addr_json(text)}
+    devs = {d.name: d for d in probes.parse_ip_addr_json(text)}
     assert devs["enp1s0f1np1"].ipv4 == ("192.168.177.11/24",) and devs["enp1s0f1np1"].mtu == 9000
     assert devs["enp1s0f1np1"].up and devs["enp1s0f1np1"].addresses() == ("192.168.177.11",)
 
@@ -208,10 +208,10 @@ def test_roce_v2_ipv4_gid_index():
             2: "0000:0000:0000:0000:0000:ffff:c0a8:b10b", 3: "0000:0000:0000:0000:0000:ffff:c0a8:b10b",
             4: "0000:0000:0000:0000:0000:0000:0000:0000"}
     types = {0: "IB/RoCE v1", 1: "RoCE v2", 2: "IB/RoCE v1", 3: "RoCE v2", 4: "RoCE v2"}
-    assert facts.roce_v2_ipv4_gid_index(gids, types) == 3
-    assert facts.roce_v2_ipv4_gid_index(gids, types, "192.168.177.11") == 3
-    assert facts.roce_v2_ipv4_gid_index(gids, types, "192.168.177.12") is None
-    assert facts.roce_v2_ipv4_gid_index({0: gids[0]}, {0: "RoCE v2"}) is None
+    assert probes.roce_v2_ipv4_gid_index(gids, types) == 3
+    assert probes.roce_v2_ipv4_gid_index(gids, types, "192.168.177.11") == 3
+    assert probes.roce_v2_ipv4_gid_index(gids, types, "192.168.177.12") is None
+    assert probes.roce_v2_ipv4_gid_index({0: gids[0]}, {0: "RoCE v2"}) is None
 
 
 def test_nominal_facts_follow_the_inventory_node():

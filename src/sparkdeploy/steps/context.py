@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sparkdeploy import facts as F
+from sparkdeploy import probes
 from sparkdeploy import gather, layout, paths, releases, render
 from sparkdeploy import plan as P
 from sparkdeploy.errors import InventoryError, RemoteError
@@ -43,7 +44,7 @@ def served(plan: P.Plan) -> str:
 def facts_from_dict(d: dict) -> F.NodeFacts:
     """NodeFacts back from the dict a release recorded in its release.json."""
     d = dict(d)
-    d["netdevs"] = tuple(F.NetDev(n["name"], tuple(n.get("ipv4") or ()), n.get("mtu"), n.get("up")) for n in d.get("netdevs") or ())
+    d["netdevs"] = tuple(probes.NetDev(n["name"], tuple(n.get("ipv4") or ()), n.get("mtu"), n.get("up")) for n in d.get("netdevs") or ())
     d["roce"] = tuple(F.RoceDev(r["name"], r.get("netdev"), r.get("port", 1), r.get("gid_index")) for r in d.get("roce") or ())
     d["units"] = tuple(d.get("units") or ())
     return F.NodeFacts(**d)
