@@ -206,7 +206,7 @@ class SimCluster:
         for i, n in enumerate(names):
             nodes_.append(SimNode(name=n, ip=str(net.network_address + 11 + i), container=f"{self.prefix}-{n}",
                                   volume=f"{self.prefix}-{n}-docker", role="head" if i == 0 else "worker"))
-        containers.remove_stale_nodes(self.name, {n.container for n in nodes_})
+        containers.remove_stale_nodes(self.name, {n.container for n in nodes_}, self.reporter)
         with self.reporter.phase("start nodes", f"{len(nodes_)} x {image}") as info:
             started = [containers.ensure_node(node, image, self.network, self.name, self.reporter, self._install_key)
                        for node in nodes_]
@@ -327,7 +327,8 @@ class SimCluster:
         def one(node: SimNode) -> float:
             t0 = time.monotonic()
             docker("restart", "-t", "30", node.container, what=f"{node.name}: docker restart", timeout=120)
-            containers.wait_ready(node, self.reporter, require_running=False, after_ticks=before[node.name], timeout=timeout)
+            containers.wait_ready(node, self.reporter, require_running=False, after_ticks=before[node.name],
+                                  timeout=timeout)
             self._check_ssh(node)
             return round(time.monotonic() - t0, 2)
 
