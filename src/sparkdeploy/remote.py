@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import getpass
+import hashlib
 import ipaddress
 import os
 import posixpath
@@ -27,9 +28,10 @@ import shlex
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import paramiko
 
@@ -124,8 +126,46 @@ class Proc:
     def kill(self) -> None: ...
 
 
+# ------------------------------------------------------------------------------------------- effects
+_effects = threading.local()
+
+
+@contextmanager
+def recording(*, dry: bool) -> Iterator[list[str]]:
+    """Collect, as one line each, the commands and file writes made through any `Conn` on this thread: the
+    exact effects of a step's action (pyinfra's "operations yield commands", taken from the calls themselves,
+    so what a dry run prints cannot drift from what a real run does). With `dry`, nothing reaches a node: a
+    command answers success with no output, a write is dropped. Reads (`get`, `exists`) always go through."""
+    before = getattr(_effects, "state", None)
+    log: list[str] = []
+    _effects.state = (log, dry)
+    try:
+        yield log
+    finally:
+        _effects.state = before
+
+
+@contextmanager
+def _not_recorded() -> Iterator[None]:
+    before = getattr(_effects, "state", None)
+    _effects.state = None
+    try:
+        yield
+    finally:
+        _effects.state = before
+
+
+def _record(line: str) -> bool:
+    """Log an effect if recording; True when it must not be carried out (dry run)."""
+    state = getattr(_effects, "state", None)
+    if state is None:
+        return False
+    state[0].append(line)
+    return state[1]
+
+
 class Conn:
-    """One node. Subclasses implement `run`, `put`, `get`, `popen`."""
+    """One node. Subclasses implement `_run` (one command), `popen`; files and links are built on them."""
 
     target: Target
 
@@ -134,11 +174,26 @@ class Conn:
         return self.target.name
 
     def run(self, argv: Sequence[str], *, timeout: float = 120, check: bool = True, input: bytes | None = None) -> Result:
+        argv = [str(a) for a in argv]
+        stdin = f" <{len(input)} bytes sha256:{hashlib.sha256(input).hexdigest()[:12]}>" if input is not None else ""
+        if _record(f"{self.name}: run {shlex.join(argv)}{stdin}"):
+            return Result(argv, 0, "", "", self.name)
+        return self._run(argv, timeout=timeout, check=check, input=input)
+
+    def _run(self, argv: list[str], *, timeout: float, check: bool, input: bytes | None) -> Result:
         raise NotImplementedError
 
     def put(self, path: str, data: bytes, *, mode: int = 0o644, owner: str | None = None) -> None:
         """Write to a temp file beside `path`, set mode/owner, fsync, rename over. On failure the temp is removed
         and `path` is untouched (disk full leaves the old file in place). Through `run`, so through sudo."""
+        effect = f"{self.name}: write {path} mode {mode:04o}{' owner ' + owner if owner else ''} " \
+                 f"{len(data)} bytes sha256:{hashlib.sha256(data).hexdigest()[:12]}"
+        if _record(effect):
+            return
+        with _not_recorded():
+            self._put(path, data, mode=mode, owner=owner)
+
+    def _put(self, path: str, data: bytes, *, mode: int, owner: str | None) -> None:
         tmp = _atomic_tmp(path)
         try:
             res = self.run(
@@ -197,13 +252,17 @@ class Conn:
         return self.run(["sh", "-c", script], timeout=timeout, check=check)
 
     def exists(self, path: str) -> bool:
-        return self.run(["test", "-e", path], check=False).ok
+        with _not_recorded():  # a read, also in a dry run
+            return self.run(["test", "-e", path], check=False).ok
 
     def symlink(self, link: str, dest: str) -> None:
         """Point `link` at `dest` atomically (new link beside it, then rename over)."""
+        if _record(f"{self.name}: link {link} -> {dest}"):
+            return
         tmp = f"{link}.sparkdeploy-tmp-{secrets.token_hex(4)}"
-        self.run(["ln", "-sfn", dest, tmp])
-        self.run(["mv", "-Tf", tmp, link])
+        with _not_recorded():
+            self.run(["ln", "-sfn", dest, tmp])
+            self.run(["mv", "-Tf", tmp, link])
 
 
 def _atomic_tmp(path: str) -> str:
@@ -249,8 +308,7 @@ class LocalConn(Conn):
     def __init__(self, target: Target):
         self.target = target
 
-    def run(self, argv, *, timeout=120, check=True, input=None) -> Result:
-        argv = [str(a) for a in argv]
+    def _run(self, argv, *, timeout, check, input) -> Result:
         try:
             p = subprocess.run([*self.target.sudo, *argv], input=input, capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -411,8 +469,7 @@ class SSHConn(Conn):
             raise RemoteError(f"ssh session lost: {err or type(err).__name__}", node=self.name) from None
         return chan
 
-    def run(self, argv, *, timeout=120, check=True, input=None) -> Result:
-        argv = [str(a) for a in argv]
+    def _run(self, argv, *, timeout, check, input) -> Result:
         chan = self._chan(argv)
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout

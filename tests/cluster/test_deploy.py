@@ -173,6 +173,41 @@ def test_planted_old_stack_unit_is_reported_and_disabled(deployed, sim_cluster):
     assert health_json(deployed["inv"])[0] == 0
 
 
+def test_dry_run_prints_the_exact_effects_up_then_makes(deployed, sim_cluster):
+    """`up --dry-run` prints each command and file write (issue 15), and a real `up` then makes exactly those:
+    a stale unit on node2, a changed engine unit on node1 and a damaged rank-ctl on node2 to repair."""
+    unit = ("[Unit]\nDescription=another hand-made vLLM\n[Service]\nExecStart=/bin/sh -c 'echo vllm serve; "
+            "exec sleep infinity'\n[Install]\nWantedBy=multi-user.target\n")
+    sim_cluster.ssh("node2", ["sh", "-c", "printf '%s' \"$1\" > /etc/systemd/system/old-vllm2.service && "
+                              "systemctl daemon-reload && systemctl enable --now old-vllm2.service && "
+                              "echo '# edited' >> /usr/local/lib/sparkdeploy/rank-ctl", "x", unit], check=True)
+    sim_cluster.ssh("node1", ["sh", "-c", f"echo '# edited' >> {layout.UNIT_PATH}"], check=True)
+    before = {n.name: sim_cluster.ssh(n, ["sh", "-c", f"sha256sum {layout.UNIT_PATH} /usr/local/lib/sparkdeploy/* "
+                                          "; systemctl is-active old-vllm2.service"]).out for n in sim_cluster.nodes}
+
+    def effects(res: dict) -> list[str]:
+        return sorted(e for o in res["outcomes"] for e in o.get("effects", []))
+
+    rc, out, err = cli("up", "-i", str(deployed["inv"]), "--dry-run", "--json", *UP_FLAGS)
+    dry = json.loads(out)
+    assert rc == 0 and not dry["new_release"], dry["message"]
+    after = {n.name: sim_cluster.ssh(n, ["sh", "-c", f"sha256sum {layout.UNIT_PATH} /usr/local/lib/sparkdeploy/* "
+                                         "; systemctl is-active old-vllm2.service"]).out for n in sim_cluster.nodes}
+    assert after == before  # the dry run changed nothing
+    want = effects(dry)
+    assert "node2: run systemctl disable --now old-vllm2.service" in want
+    assert "node1: run systemctl daemon-reload" in want
+    assert any(e.startswith(f"node1: write {layout.UNIT_PATH} mode 0644 ") for e in want)
+    assert any(e.startswith(f"node2: write {layout.RANK_CTL} mode 0755 ") for e in want)
+    for e in want:
+        assert e in err, f"the dry run did not print {e!r}"
+    rc, res, err = up_json(deployed["inv"])
+    assert rc == 0 and res["healthy"] and not res["restarted"], res["message"]
+    assert effects(res) == want
+    assert sim_cluster.ssh("node2", ["systemctl", "is-active", "old-vllm2.service"]).out.strip() != "active"
+    assert up_json(deployed["inv"])[1]["changes"] == 0
+
+
 def test_fault_ssh_cut_mid_step_leaves_current_release(deployed, sim_cluster, monkeypatch):
     """The connection to the worker drops while the new release's files are being written."""
     inv2 = variant(deployed["inv"], deployed["tmp"], "cut", 2.5)

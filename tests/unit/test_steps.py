@@ -7,25 +7,36 @@ import io
 
 import pytest
 
+from sparkdeploy import facts as F
 from sparkdeploy import layout
 from sparkdeploy import inventory as I
 from sparkdeploy import paths, releases, render
 from sparkdeploy import plan as P
 from sparkdeploy.errors import RemoteError
+from sparkdeploy.remote import LocalConn, Target
 from sparkdeploy.steps import base, image, supervise
 from sparkdeploy.steps.deploy import Cluster, Options
 
 FIXTURE = paths.repo_root() / "tests/unit/fixtures/inventory.sim.yaml"
 
 
-def test_step_reports_ok_changed_failed_and_dry_run():
-    ran = []
-    diffs = {"a": [], "b": [base.Action("fix b", lambda: ran.append("b"))]}
+def test_step_reports_ok_changed_failed_and_dry_run(tmp_path):
+    """Actions act through a Conn; a dry run runs them against the recorder: same effects listed, none made."""
+    conn = LocalConn(Target("b", "localhost", local=True))
+    target = tmp_path / "f"
+
+    def fix():
+        conn.run(["mkdir", "-p", str(tmp_path)])
+        conn.put(str(target), b"x\n", mode=0o600)
+
+    diffs = {"a": [], "b": [base.Action("fix b", fix)]}
+    dry = base.run_step("s", ["a", "b"], lambda n: diffs[n], dry_run=True)
+    assert [o.status for o in dry] == ["ok", "would change"] and not target.exists()
     out = base.run_step("s", ["a", "b"], lambda n: diffs[n])
     assert [(o.node, o.status, o.actions) for o in out] == [("a", "ok", []), ("b", "changed", ["fix b"])]
-    assert ran == ["b"]
-    out = base.run_step("s", ["a", "b"], lambda n: diffs[n], dry_run=True)
-    assert [o.status for o in out] == ["ok", "would change"] and ran == ["b"]
+    assert target.read_bytes() == b"x\n" and oct(target.stat().st_mode & 0o777) == "0o600"
+    assert out[1].effects == dry[1].effects == [
+        f"b: run mkdir -p {tmp_path}", f"b: write {target} mode 0600 2 bytes sha256:{releases.sha(b'x' + bytes([10]))[:12]}"]
 
     def boom():
         raise RemoteError("disk full", node="b")
@@ -109,7 +120,9 @@ def test_image_context_has_dockerfile_and_overlays_but_no_list(cluster):
 
 def test_failed_or_aborted_newest_release_number_is_reused(cluster):
     cluster.opts.dry_run = True
-    cluster.facts = {n: None for n in cluster.names}
+    cluster.facts = {n.name: F.nominal(n) for n in cluster.inv.nodes}  # a dry run renders release.json too
+    for n in cluster.names:  # ...and runs the write against the recorder, which needs a connection object only
+        cluster.pool.conns[n] = LocalConn(Target(n, "localhost", local=True))
     rel = _rel_from(cluster)
     rel["node2"].complete[3]["files"]["engine.env"] = "0" * 64  # something differs -> a new release
     rel["node1"].incomplete.append(4)  # an aborted attempt

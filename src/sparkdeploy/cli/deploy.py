@@ -8,6 +8,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from sparkdeploy import layout
 from sparkdeploy import paths
@@ -45,6 +46,9 @@ def _print_outcomes(outcomes) -> None:
         err.print(line)
         for a in o.actions:
             err.print(f"{'':>39}[dim]- {a}[/dim]")
+        if o.status == WOULD:  # a dry run: the exact commands and writes, as `up` will make them
+            for e in o.effects:
+                err.print(f"{'':>41}[dim]{escape(e)}[/dim]")
 
 
 @click.command()

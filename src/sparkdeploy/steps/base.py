@@ -1,5 +1,7 @@
 """The step framework, pyinfra style: a step reads a node's actual state, compares it with the plan, and
-returns only the actions that close the difference. Dry-run prints the actions; apply runs them.
+returns only the actions that close the difference. Apply runs them; a dry run runs them against
+`remote.recording(dry=True)`, which carries nothing out, so both report the same exact effects (each command
+and file write, `Outcome.effects`): what `up --dry-run` prints is what `up` then does.
 
 Each step reports per node: ok (nothing to do), changed (actions ran), failed (with the reason), skipped.
 """
@@ -11,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from sparkdeploy.errors import SparkdeployError
-from sparkdeploy.remote import parallel
+from sparkdeploy.remote import parallel, recording
 
 OK, CHANGED, FAILED, SKIPPED, WOULD = "ok", "changed", "failed", "skipped", "would change"
 
@@ -30,10 +32,11 @@ class Outcome:
     detail: str = ""
     actions: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    effects: list[str] = field(default_factory=list)  # "node: run ARGV" / "node: write PATH mode ..." / "node: link"
 
     def to_dict(self) -> dict:
         return {"step": self.step, "node": self.node, "status": self.status, "detail": self.detail,
-                "actions": self.actions, "seconds": round(self.seconds, 3)}
+                "actions": self.actions, "effects": self.effects, "seconds": round(self.seconds, 3)}
 
 
 class StepFailed(SparkdeployError):
@@ -49,21 +52,24 @@ def run_one(step: str, node: str, diff: Callable[[], list[Action]], dry_run: boo
             log: Callable[[str], None] | None = None) -> Outcome:
     t0 = time.monotonic()
     done: list[str] = []
+    effects: list[str] = []
     try:
         actions = diff()
         if not actions:
             return Outcome(step, node, OK, "", [], time.monotonic() - t0)
-        if dry_run:
-            return Outcome(step, node, WOULD, "", [a.what for a in actions], time.monotonic() - t0)
         for a in actions:
-            if log:
+            if log and not dry_run:
                 log(f"{node}: {step}: {a.what}")
-            a.do()
+            with recording(dry=dry_run) as made:
+                try:
+                    a.do()
+                finally:
+                    effects += made
             done.append(a.what)
-        return Outcome(step, node, CHANGED, "", done, time.monotonic() - t0)
+        return Outcome(step, node, WOULD if dry_run else CHANGED, "", done, time.monotonic() - t0, effects)
     except Exception as err:  # noqa: BLE001 - every failure becomes a per-node outcome with its reason
         msg = str(err) if isinstance(err, SparkdeployError) else f"{type(err).__name__}: {err}"
-        return Outcome(step, node, FAILED, msg, done, time.monotonic() - t0)
+        return Outcome(step, node, FAILED, msg, done, time.monotonic() - t0, effects)
 
 
 def run_step(step: str, nodes: Iterable[str], diff_for: Callable[[str], list[Action]], *, dry_run: bool = False,
