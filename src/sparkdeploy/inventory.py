@@ -33,16 +33,16 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
-import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from sparkdeploy import checkpoint, credentials, engine_args, paths, sshconfig, yamlfile
+from sparkdeploy import credentials, engine_args, paths, sshconfig, yamlfile
 from sparkdeploy.credentials import Auth
 from sparkdeploy.errors import InventoryError, RemoteError
-from sparkdeploy.layout import VOCAB_CONTAINER_DIR
+from sparkdeploy.fields import Fields, path_text, short
+from sparkdeploy.profile import ImageConfig, Profile, Speculative, find_profile, image_config, image_part, load_profile
 
 FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align")
 GPU_KINDS = ("gb10", "none")
@@ -53,18 +53,6 @@ IFNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$")  # Linux IFNAMSIZ -
 HCA_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.:_-]{0,252})$")
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([A-Za-z0-9._-]{0,40})$")  # part of the image tag: no '+'
-
-SERVED_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
-REPO_RE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
-_REF = r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
-DIGEST_REF_RE = re.compile(rf"^{_REF}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?@sha256:[0-9a-f]{{64}}$")
-IMAGE_ID_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-TAG_REF_RE = re.compile(rf"^{_REF}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?$")
-COMMAND_RE = re.compile(r"^[A-Za-z0-9_./][A-Za-z0-9_./ =-]*$")
-SIZE_RE = re.compile(r"^[0-9]+[bkmg]?$")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 # ------------------------------------------------------------------------------------------------ types
@@ -91,16 +79,6 @@ class Node:
     @property
     def has_gpu(self) -> bool:
         return self.gpu != "none"
-
-
-@dataclass(frozen=True)
-class ImageConfig:
-    base: str
-    vllm_version: str
-    local: bool = False
-    repository: str = "sparkdeploy/serving"
-    python: str = "python3"
-    pip: str = "python3 -m pip"
 
 
 @dataclass(frozen=True)
@@ -134,54 +112,6 @@ class MemoryConfig:
 
 
 @dataclass(frozen=True)
-class Speculative:
-    method: str  # "mtp" | "ngram" | ...
-    num_speculative_tokens: int
-    extra: tuple[tuple[str, Any], ...] = ()  # other keys of the speculative config, sorted
-
-    def config(self) -> dict[str, Any] | None:
-        """The `--speculative-config` dict, or None when speculation is off (depth 0)."""
-        if self.num_speculative_tokens == 0:
-            return None
-        return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens, **dict(self.extra)}
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    file: str
-    model_id: str
-    model_path: str  # path inside the container
-    host_dir: str | None  # host directory bind-mounted read-only at model_path (None: baked into the image)
-    served_name: str
-    weights_gib: float  # whole checkpoint, split across tp x pp ranks
-    kv_bytes_per_token: int  # per rank, at the profile's tp
-    activation_gib: float
-    tp: int
-    pp: int
-    dp: int
-    expert_parallel: bool
-    speculative: Speculative
-    max_model_len: int
-    max_num_seqs: int | None
-    max_num_batched_tokens: int | None
-    kv_cache_dtype: str | None
-    enforce_eager: bool
-    prefix_caching: bool
-    gpus: bool
-    rdma: bool
-    shm_size: str
-    caches: bool
-    env: tuple[tuple[str, str], ...]
-    engine_args: tuple[str, ...] = ()  # extra `vllm serve` argv, checked against the pinned vLLM (engine_args.py)
-    checkpoint_format: str | None = None  # declared `checkpoint.format`; the head's files win when read
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
-
-
-@dataclass(frozen=True)
 class Inventory:
     file: str
     cluster: str
@@ -205,159 +135,16 @@ class Inventory:
         raise KeyError(name)
 
 
-# ------------------------------------------------------------------------------------------- reading
-class _Fields:
-    """A mapping read field by field; remembers the path for messages and rejects keys never read."""
-
-    def __init__(self, data: Any, path: str, file: str, *, allowed: tuple[str, ...]):
-        self.file, self.path = file, path
-        if not isinstance(data, dict):
-            self.fail("", f"expected a mapping, got {_kind(data)}")
-        for key in data:
-            if not isinstance(key, str):
-                self.fail("", f"keys must be strings, got {key!r}")
-            if key not in allowed:
-                hint = _suggest(key, allowed)
-                self.fail(key, f"unknown key{hint}; allowed: {', '.join(allowed)}")
-        self.data = data
-
-    def at(self, key: str) -> str:
-        if not key:
-            return self.path or "(top level)"
-        if key.startswith("["):
-            return f"{self.path}{key}"
-        return f"{self.path}.{key}" if self.path else key
-
-    def fail(self, key: str, message: str) -> None:
-        raise InventoryError(message, file=self.file, field=self.at(key))
-
-    def has(self, key: str) -> bool:
-        return key in self.data and self.data[key] is not None
-
-    def get(self, key: str, kind: type | tuple, default: Any = ..., *, what: str | None = None) -> Any:
-        if key not in self.data or self.data[key] is None:
-            if default is ...:
-                self.fail(key, f"missing; expected {what or _kind_name(kind)}")
-            return default
-        value = self.data[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if isinstance(value, bool) and bool not in kinds:
-            self.fail(key, f"expected {what or _kind_name(kind)}, got a boolean ({value!r})")
-        if float in kinds and int not in kinds and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kinds):
-            self.fail(key, f"expected {what or _kind_name(kind)}, got {_kind(value)} ({_short(value)})")
-        if isinstance(value, str) and _CONTROL_RE.search(value):
-            self.fail(key, "control characters (newline, tab, NUL...) are not allowed")
-        return value
-
-    def text(self, key: str, pattern: re.Pattern | None = None, default: Any = ..., *, what: str = "a string") -> Any:
-        value = self.get(key, str, default, what=what)
-        if value is default and default is not ...:
-            return value
-        if not value:
-            self.fail(key, f"must not be empty; expected {what}")
-        if pattern is not None and not pattern.fullmatch(value):
-            self.fail(key, f"{_short(value)} is not {what}")
-        return value
-
-    def integer(self, key: str, lo: int, hi: int, default: Any = ..., *, what: str | None = None) -> Any:
-        value = self.get(key, int, default, what=what or f"an integer {lo}..{hi}")
-        if value is default and default is not ...:
-            return value
-        if not lo <= value <= hi:
-            self.fail(key, f"{value} out of range; expected {what or f'an integer {lo}..{hi}'}")
-        return value
-
-    def number(self, key: str, lo: float, hi: float, default: Any = ..., *, what: str) -> Any:
-        value = self.get(key, float, default, what=what)
-        if value is default and default is not ...:
-            return value
-        if not lo <= value <= hi:
-            self.fail(key, f"{value} out of range; expected {what}")
-        return value
-
-    def flag(self, key: str, default: Any = ...) -> Any:
-        return self.get(key, bool, default, what="true or false")
-
-    def sub(self, key: str, allowed: tuple[str, ...], *, required: bool = True) -> "_Fields":
-        if not self.has(key):
-            if required:
-                self.fail(key, f"missing; expected a mapping with keys {', '.join(allowed)}")
-            return _Fields({}, self.at(key), self.file, allowed=allowed)
-        return _Fields(self.data[key], self.at(key), self.file, allowed=allowed)
-
-
-def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number",
-            bool: "a boolean", type(None): "nothing"}.get(type(value), type(value).__name__)
-
-
-def _kind_name(kind: type | tuple) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({str: "a string", int: "an integer", float: "a number", bool: "true or false",
-                        list: "a list", dict: "a mapping"}.get(k, k.__name__) for k in kinds)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _suggest(key: str, allowed: tuple[str, ...]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(key, allowed, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _read_yaml(path: Path, what: str) -> Any:
-    return yamlfile.load(path, what)
-
-
 # ------------------------------------------------------------------------------------------- sections
 _NODE_KEYS = ("name", "role", "ssh", "data_ip", "netdev", "hca", "gpu")
 _SSH_KEYS = ("host", "user", "port", "key", "known_hosts")
 
 
-def _path_text(f: _Fields, key: str, default: Any = ..., *, absolute: bool = False, mount: bool = False) -> Any:
-    value = f.text(key, None, default, what="an absolute path" if absolute else "a path")
-    if value is default and default is not ...:
-        return value
-    if absolute and not value.startswith("/"):
-        f.fail(key, f"{value!r} is not an absolute path")
-    if mount and any(ch in value for ch in ":,"):
-        f.fail(key, f"{value!r}: a path mounted into the container cannot contain ':' or ','")
-    return value
-
-
 _BROADCAST = ipaddress.IPv4Address("255.255.255.255")
 # `render --out` writes these next to the per-node directories (render.py's layout): no node may be named so
 _RENDER_TOP_LEVEL = ("plan.json", "image")
-# host directories never handed to a container as a model directory (eviction reads every file under it)
-_SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr",
-                "/var")
-
-
-def _model_path(m: _Fields) -> str:
-    value = _path_text(m, "path", absolute=True, mount=True)
-    path, vocab = posixpath.normpath(value), VOCAB_CONTAINER_DIR
-    if path == "/" or path == vocab or path.startswith(vocab + "/") or vocab.startswith(path + "/"):
-        m.fail("path", f"{_short(value)} overlaps {vocab}, where the container mounts the draft vocabulary; "
-                       "expected a directory of its own, such as /models/<name>")
-    return value
-
-
-def _host_dir(m: _Fields) -> str | None:
-    value = _path_text(m, "host_dir", None, absolute=True, mount=True)
-    if value is not None and posixpath.normpath(value).replace("//", "/") in _SYSTEM_DIRS:
-        m.fail("host_dir", f"{_short(value)} is a system directory; expected the directory that holds the "
-                           "checkpoint, such as /srv/models/<name>")
-    return value
-
-
 def _node(raw: Any, index: int, file: str) -> Node:
-    f = _Fields(raw, f"nodes[{index}]", file, allowed=_NODE_KEYS)
+    f = Fields(raw, f"nodes[{index}]", file, allowed=_NODE_KEYS)
     name = f.text("name", NAME_RE, what="a node name (letters, digits, '.', '_', '-'; up to 63)")
     if name in _RENDER_TOP_LEVEL:
         f.fail("name", f"{name!r} is reserved (render writes {' and '.join(_RENDER_TOP_LEVEL)} beside the node "
@@ -379,15 +166,15 @@ def _node(raw: Any, index: int, file: str) -> Node:
         host=cfg["hostname"],
         user=s.text("user", USER_RE, None, what="a login name") or cfg.get("user") or "root",
         port=s.integer("port", 1, 65535, None, what="a port 1..65535") or cfg_port,
-        key=_path_text(s, "key", None) or sshconfig.identity_of(cfg),
-        known_hosts=_path_text(s, "known_hosts", None),
+        key=path_text(s, "key", None) or sshconfig.identity_of(cfg),
+        known_hosts=path_text(s, "known_hosts", None),
         proxy_jump=cfg.get("proxyjump"),
     )
     data_ip = f.text("data_ip", None, what="an IPv4 address")
     try:
         address = ipaddress.IPv4Address(data_ip)
     except ValueError:
-        f.fail("data_ip", f"{_short(data_ip)} is not an IPv4 address")
+        f.fail("data_ip", f"{short(data_ip)} is not an IPv4 address")
     if address.is_unspecified or address.is_loopback or address.is_multicast or address == _BROADCAST:
         f.fail("data_ip", f"{address} is not a node's own address; expected the IPv4 address of this node on the "
                           "data network (the other ranks connect to it), not 0.0.0.0, loopback, multicast or broadcast")
@@ -397,7 +184,7 @@ def _node(raw: Any, index: int, file: str) -> Node:
     hca: list[str] = []
     for i, dev in enumerate(hca_raw):
         if not isinstance(dev, str) or not HCA_RE.fullmatch(dev):
-            f.fail(f"hca[{i}]", f"{_short(dev)} is not a RoCE device name")
+            f.fail(f"hca[{i}]", f"{short(dev)} is not a RoCE device name")
         if dev in hca:
             f.fail(f"hca[{i}]", f"{dev!r} listed twice")
         hca.append(dev)
@@ -407,167 +194,17 @@ def _node(raw: Any, index: int, file: str) -> Node:
     return Node(name=name, role=role, ssh=ssh, data_ip=data_ip, netdev=netdev, hca=tuple(hca), gpu=gpu)
 
 
-_IMAGE_KEYS = ("base", "vllm_version", "local", "repository", "python", "pip")
-
-
-def _image_part(raw: Any, path: str, file: str) -> dict[str, Any]:
-    f = _Fields(raw if raw is not None else {}, path, file, allowed=_IMAGE_KEYS)
-    out: dict[str, Any] = {}
-    if f.has("base"):
-        out["base"] = (f.text("base", None, what="an image reference"), file, f.at("base"))
-    if f.has("vllm_version"):
-        version = f.get("vllm_version", (str, float), what="a vLLM version such as 0.33.0")
-        version = str(version)
-        if not VERSION_RE.fullmatch(version):
-            f.fail("vllm_version", f"{_short(version)} is not a version such as 0.33.0 (digits, then letters, digits, "
-                                   "'.', '_', '-': it becomes part of the image tag, so no '+')")
-        out["vllm_version"] = version
-    if f.has("local"):
-        out["local"] = f.flag("local")
-    if f.has("repository"):
-        out["repository"] = f.text("repository", REPO_RE, what="an image repository name (lowercase)")
-    for key in ("python", "pip"):
-        if f.has(key):
-            out[key] = f.text(key, COMMAND_RE, what="a command (letters, digits, '_./=-' and spaces)")
-    return out
-
-
-def _image(profile_part: dict[str, Any], inv_part: dict[str, Any], file: str) -> ImageConfig:
-    merged = {**profile_part, **inv_part}
-    for key in ("base", "vllm_version"):
-        if key not in merged:
-            raise InventoryError(f"missing; the inventory (or its profile) must set image.{key}", file=file,
-                                 field=f"image.{key}")
-    base, base_file, base_field = merged["base"]
-    local = merged.get("local", False)
-    if not (DIGEST_REF_RE.fullmatch(base) or IMAGE_ID_RE.fullmatch(base)):
-        if not (local and TAG_REF_RE.fullmatch(base)):
-            expected = ("an image reference pinned by digest (name@sha256:<64 hex>), an image ID (sha256:<64 hex>)"
-                        ", or with image.local: true a local tag")
-            raise InventoryError(f"{_short(base)} is not pinned; expected {expected}", file=base_file,
-                                 field=base_field)
-    return ImageConfig(base=base, vllm_version=merged["vllm_version"], local=local,
-                       repository=merged.get("repository", "sparkdeploy/serving"),
-                       python=merged.get("python", "python3"), pip=merged.get("pip", "python3 -m pip"))
-
-
-_PROFILE_KEYS = ("description", "model", "parallel", "speculative", "engine", "engine_args", "checkpoint",
-                 "container", "env", "image")
-_MODEL_KEYS = ("id", "path", "host_dir", "served_name", "weights_gib", "kv_bytes_per_token")
-_PARALLEL_KEYS = ("tp", "pp", "dp", "expert_parallel")
-_ENGINE_KEYS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype", "enforce_eager",
-                "prefix_caching", "activation_gib")
-_CONTAINER_KEYS = ("gpus", "rdma", "shm_size", "caches")
-KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
-
-
-def _speculative(raw: Any, path: str, file: str) -> Speculative:
-    if raw is None:
-        return Speculative(method="mtp", num_speculative_tokens=0)
-    f = _Fields(raw, path, file, allowed=tuple(raw) if isinstance(raw, dict) else ())
-    method = f.text("method", re.compile(r"^[a-z0-9_]+$"), what="a speculative method (mtp, ngram, ...)")
-    depth = f.integer("num_speculative_tokens", 0, 8, what="an integer 0..8 (0 = off)")
-    extra = []
-    for key in sorted(f.data):
-        if key in ("method", "num_speculative_tokens"):
-            continue
-        value = f.get(key, (str, int, float, bool), what="a string, number or boolean")
-        extra.append((key, value))
-    return Speculative(method=method, num_speculative_tokens=depth, extra=tuple(extra))
-
-
-def _env(raw: Any, path: str, file: str) -> tuple[tuple[str, str], ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, dict):
-        raise InventoryError(f"expected a mapping of NAME: value, got {_kind(raw)}", file=file, field=path)
-    out = []
-    for key in sorted(raw, key=str):
-        if not isinstance(key, str) or not ENV_KEY_RE.fullmatch(key):
-            raise InventoryError(f"{_short(key)} is not an environment variable name", file=file, field=path)
-        value = raw[key]
-        if isinstance(value, bool):
-            value = "1" if value else "0"
-        if not isinstance(value, (str, int, float)):
-            raise InventoryError(f"expected a string or number, got {_kind(value)}", file=file,
-                                 field=f"{path}.{key}")
-        value = str(value)
-        if _CONTROL_RE.search(value):
-            raise InventoryError("control characters (newline, tab, NUL...) are not allowed", file=file,
-                                 field=f"{path}.{key}")
-        out.append((key, value))
-    return tuple(out)
-
-
-def _profile_path(ref: str, inventory_file: Path) -> Path:
-    if "/" in ref or ref.endswith((".yaml", ".yml")):
-        candidate = Path(ref)
-        return candidate if candidate.is_absolute() else inventory_file.parent / candidate
-    return paths.profiles_dir() / f"{ref}.yaml"
-
-
-def load_profile(path: Path, name: str | None = None) -> tuple[Profile, dict[str, Any], Any]:
-    """Read a model profile; return it, its `image:` defaults (merged with the inventory's by `load`) and its raw
-    `engine_args` (checked by `load` once the merged image says which vLLM they are for)."""
-    file = str(path)
-    raw = _read_yaml(path, "profile")
-    f = _Fields(raw, "", file, allowed=_PROFILE_KEYS)
-    f.get("description", str, "")
-    m = f.sub("model", _MODEL_KEYS)
-    p = f.sub("parallel", _PARALLEL_KEYS)
-    e = f.sub("engine", _ENGINE_KEYS)
-    c = f.sub("container", _CONTAINER_KEYS, required=False)
-    shm = c.text("shm_size", SIZE_RE, "16g", what="a size such as 16g")
-    ck = f.sub("checkpoint", ("format",), required=False)
-    ck_format = ck.text("format", None, None, what=f"a checkpoint format ({', '.join(checkpoint.KNOWN_FORMATS)})")
-    if ck_format is not None and ck_format not in checkpoint.KNOWN_FORMATS:
-        ck.fail("format", f"{_short(ck_format)} is not one of {', '.join(checkpoint.KNOWN_FORMATS)}")
-    kv_dtype = e.text("kv_cache_dtype", None, None, what=f"one of {', '.join(KV_DTYPES)}")
-    if kv_dtype is not None and kv_dtype not in KV_DTYPES:
-        e.fail("kv_cache_dtype", f"{kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
-    profile = Profile(
-        name=name or path.stem,
-        file=file,
-        model_id=m.text("id", None, what="a model id"),
-        model_path=_model_path(m),
-        host_dir=_host_dir(m),
-        served_name=m.text("served_name", SERVED_RE, what="a served model name"),
-        weights_gib=m.number("weights_gib", 0.0, 4096.0, 0.0, what="GiB of weights, 0..4096"),
-        kv_bytes_per_token=m.integer("kv_bytes_per_token", 0, 1 << 30, 0),
-        activation_gib=e.number("activation_gib", 0.0, 1024.0, 2.0, what="GiB, 0..1024"),
-        tp=p.integer("tp", 1, 64, 1),
-        pp=p.integer("pp", 1, 64, 1),
-        dp=p.integer("dp", 1, 64, 1),
-        expert_parallel=p.flag("expert_parallel", False),
-        speculative=_speculative(raw.get("speculative"), "speculative", file),
-        max_model_len=e.integer("max_model_len", 16, 1 << 24),
-        max_num_seqs=e.integer("max_num_seqs", 1, 4096, None),
-        max_num_batched_tokens=e.integer("max_num_batched_tokens", 16, 1 << 24, None),
-        kv_cache_dtype=kv_dtype,
-        enforce_eager=e.flag("enforce_eager", False),
-        prefix_caching=e.flag("prefix_caching", True),
-        gpus=c.flag("gpus", True),
-        rdma=c.flag("rdma", True),
-        shm_size=shm,
-        caches=c.flag("caches", True),
-        env=_env(raw.get("env"), "env", file),
-        checkpoint_format=ck_format,
-    )
-    image = _image_part(raw.get("image"), "image", file)
-    return profile, image, raw.get("engine_args")
-
-
 # ------------------------------------------------------------------------------------------------ load
 _TOP_KEYS = ("cluster", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
              "auth")
 
 
-def _auth(f: _Fields, inventory_file: Path) -> Auth:
+def _auth(f: Fields, inventory_file: Path) -> Auth:
     """Secret files are local paths (`~` expanded, relative to the inventory), read now so a bad one exits 2."""
     a = f.sub("auth", ("api_key_file", "hf_token_file"), required=False)
     found: dict[str, Path] = {}
     for key in ("api_key_file", "hf_token_file"):
-        ref = _path_text(a, key, None)
+        ref = path_text(a, key, None)
         if ref is None:
             continue
         path = Path(os.path.expandvars(ref)).expanduser()
@@ -580,7 +217,7 @@ def _auth(f: _Fields, inventory_file: Path) -> Auth:
     return Auth(**found)
 
 
-def _vocab(f: _Fields, inventory_file: Path, required: bool, vocab_size: int | None) -> Vocab | None:
+def _vocab(f: Fields, inventory_file: Path, required: bool, vocab_size: int | None) -> Vocab | None:
     """The draft list, read by the one reader the engine uses (spark_overlays.vocab_list: format, bounds,
     sorted, unique) and checked against the served tokenizer's vocabulary size when it is recorded."""
     from spark_overlays import vocab_list
@@ -589,7 +226,7 @@ def _vocab(f: _Fields, inventory_file: Path, required: bool, vocab_size: int | N
         if required:
             f.fail("vocab", "missing; patches.shortlist is on, so a draft vocab list (one id per line) is needed")
         return None
-    ref = _path_text(f, "vocab")
+    ref = path_text(f, "vocab")
     path = Path(ref).expanduser()
     if not path.is_absolute():
         path = inventory_file.parent / path
@@ -607,8 +244,8 @@ def load(path: str | Path) -> Inventory:
     """Read, validate and type an inventory and its profile; raise InventoryError naming file and field."""
     inventory_file = Path(path)
     file = str(inventory_file)
-    raw = _read_yaml(inventory_file, "inventory")
-    f = _Fields(raw, "", file, allowed=_TOP_KEYS)
+    raw = yamlfile.load(inventory_file, "inventory")
+    f = Fields(raw, "", file, allowed=_TOP_KEYS)
     cluster = f.text("cluster", NAME_RE, "sparkdeploy", what="a cluster name (letters, digits, '.', '_', '-')")
 
     nodes_raw = f.get("nodes", list, what="a list of nodes")
@@ -624,7 +261,7 @@ def load(path: str | Path) -> Inventory:
     profile_ref = f.text("profile", re.compile(r"^[A-Za-z0-9_./-]+$"), what="a profile name or path")
     if len(profile_ref) > 1024 or any(len(part) > 250 for part in profile_ref.split("/")):
         f.fail("profile", "too long; expected a profile name or path (at most 250 characters per path component)")
-    profile_path = _profile_path(profile_ref, inventory_file)
+    profile_path = find_profile(profile_ref, inventory_file)
     if not profile_path.is_file():
         available = sorted(p.stem for p in paths.profiles_dir().glob("*.yaml")) if paths.profiles_dir().is_dir() else []
         f.fail("profile", f"no profile {profile_ref!r} ({profile_path}); available: {', '.join(available) or 'none'}")
@@ -638,7 +275,7 @@ def load(path: str | Path) -> Inventory:
         spec = profile.speculative
         profile = _replace(profile, speculative=Speculative(spec.method, depth, spec.extra))
 
-    image = _image(profile_image, _image_part(raw.get("image"), "image", file), file)
+    image = image_config(profile_image, image_part(raw.get("image"), "image", file), file)
     profile = _replace(profile, engine_args=engine_args.to_argv(raw_engine_args, _series(image, file),
                                                                 file=profile.file))
 
@@ -698,6 +335,6 @@ def _check_unique(nodes: tuple[Node, ...], file: str) -> None:
         for i, node in enumerate(nodes):
             value = key(node)
             if value in seen:
-                raise InventoryError(f"duplicate of nodes[{seen[value]}].{field} ({_short(value)})", file=file,
+                raise InventoryError(f"duplicate of nodes[{seen[value]}].{field} ({short(value)})", file=file,
                                      field=f"nodes[{i}].{field}")
             seen[value] = i
