@@ -15,7 +15,8 @@ from sparkdeploy import facts as F
 from sparkdeploy import probes
 from sparkdeploy.checkpoint import Checkpoint, detect
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.remote import Conn, LocalConn
+from sparkdeploy.connection import Conn
+from sparkdeploy.remote import LocalConn
 
 def parse_gather(node: Any, text: str, *, mem_available: int | None = None) -> F.NodeFacts:
     """Turn the gather script's output into NodeFacts for inventory node `node` (pure)."""

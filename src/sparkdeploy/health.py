@@ -18,7 +18,7 @@ from typing import Callable
 import requests
 
 from sparkdeploy import memguard
-from sparkdeploy.remote import Conn
+from sparkdeploy.connection import Conn
 from sparkdeploy.verdict import Status
 
 PROBE_PROMPT = "The capital of France is"

@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 from sparkdeploy import layout
 from sparkdeploy import credentials, plan as plan_mod
 from sparkdeploy.errors import InputError, InventoryError, RemoteError
-from sparkdeploy.remote import Conn
+from sparkdeploy.connection import Conn
 
 HELPER_SOURCE = Path(__file__).with_name("model_fetch_node.py").read_text()
 HF_HOME = f"{layout.CACHE_HOST_DIR}/huggingface"  # the head's HF home, the engine's /root/.cache/huggingface

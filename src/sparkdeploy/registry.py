@@ -27,7 +27,7 @@ from typing import Iterator
 
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.layout import REGISTRY_CONFIG_DIR, REGISTRY_PORT, REGISTRY_STORAGE_DIR, REGISTRY_UNIT
-from sparkdeploy.remote import Conn
+from sparkdeploy.connection import Conn
 
 PORT = REGISTRY_PORT
 CONFIG_DIR = REGISTRY_CONFIG_DIR

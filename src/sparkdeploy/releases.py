@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.layout import CURRENT_LINK, HEALTHY_MARK, RELEASE_META, RELEASES_DIR
-from sparkdeploy.remote import Conn
+from sparkdeploy.connection import Conn
 
 KEEP = 5
 

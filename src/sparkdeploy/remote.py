@@ -10,83 +10,37 @@ case they are accepted and recorded in the kit's known_hosts file. Changed keys 
 SSH as OpenSSH does it: `~`/`$HOME` in key and known_hosts paths, the ssh-agent (with or without a key file),
 and `~/.ssh/config` (HostName, User, Port, IdentityFile, ProxyJump) through `paramiko.SSHConfig`.
 
-Streams (`docker save | docker load`) use raw processes/channels with an explicit end of input
-(`shutdown_write`), never fabric's `in_stream`, which does not send EOF.
+What a connection is (`Conn`, `Target`, the effects recorder) is in `connection`; byte streams in `streams`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import getpass
-import hashlib
 import ipaddress
 import os
-import posixpath
-import secrets
 import select
 import shlex
 import subprocess
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterable, Sequence, TypeVar
 
 import paramiko
 
+from sparkdeploy.connection import CHUNK, Conn, Proc, Result, Target
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.sshconfig import local_path, ssh_config
 
 T = TypeVar("T")
 
 CONNECT_TIMEOUT = 10.0
-CHUNK = 1 << 20
 
 
 def default_known_hosts() -> Path:
     return Path(local_path(os.environ.get("SPARKDEPLOY_KNOWN_HOSTS", "~/.config/sparkdeploy/known_hosts")))
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where a node is reached. `local=None` means: local only for localhost/loopback as the kit's own user.
-
-    A user other than root runs every command through `sudo -n`; with `user=None` SSH logs in as the kit's own
-    user and commands run as that user. `identity` may be one key file or several (tried in order).
-    """
-
-    name: str
-    host: str
-    port: int = 22
-    user: str | None = "root"
-    identity: str | tuple[str, ...] | None = None
-    local: bool | None = None
-    known_hosts: str | None = None
-    proxy_jump: str | None = None
-
-    @property
-    def sudo(self) -> list[str]:
-        return ["sudo", "-n", "--"] if self.user not in (None, "root") else []
-
-
-@dataclass
-class Result:
-    argv: list[str]
-    rc: int
-    stdout: str
-    stderr: str
-    node: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.rc == 0
-
-    def check(self) -> "Result":
-        if self.rc != 0:
-            tail = (self.stderr or self.stdout).strip().splitlines()[-3:]
-            raise RemoteError(f"`{shlex.join(self.argv)}` exited {self.rc}: {' | '.join(tail)}", node=self.node)
-        return self
 
 
 def target_of(name: str, ssh) -> Target:
@@ -114,160 +68,6 @@ def is_local(target: Target) -> bool:
         except ValueError:
             return False
     return target.user == getpass.getuser()
-
-
-class Proc:
-    """A running command with a byte pipe in and out; `close_stdin` sends EOF."""
-
-    def write(self, data: bytes) -> None: ...
-    def read(self, n: int = CHUNK) -> bytes: ...
-    def close_stdin(self) -> None: ...
-    def wait(self, timeout: float | None = None) -> tuple[int, str]: ...
-    def kill(self) -> None: ...
-
-
-# ------------------------------------------------------------------------------------------- effects
-_effects = threading.local()
-
-
-@contextmanager
-def recording(*, dry: bool) -> Iterator[list[str]]:
-    """Collect, as one line each, the commands and file writes made through any `Conn` on this thread: the
-    exact effects of a step's action (pyinfra's "operations yield commands", taken from the calls themselves,
-    so what a dry run prints cannot drift from what a real run does). With `dry`, nothing reaches a node: a
-    command answers success with no output, a write is dropped. Reads (`get`, `exists`) always go through."""
-    before = getattr(_effects, "state", None)
-    log: list[str] = []
-    _effects.state = (log, dry)
-    try:
-        yield log
-    finally:
-        _effects.state = before
-
-
-@contextmanager
-def _not_recorded() -> Iterator[None]:
-    before = getattr(_effects, "state", None)
-    _effects.state = None
-    try:
-        yield
-    finally:
-        _effects.state = before
-
-
-def _record(line: str) -> bool:
-    """Log an effect if recording; True when it must not be carried out (dry run)."""
-    state = getattr(_effects, "state", None)
-    if state is None:
-        return False
-    state[0].append(line)
-    return state[1]
-
-
-class Conn:
-    """One node. Subclasses implement `_run` (one command), `popen`; files and links are built on them."""
-
-    target: Target
-
-    @property
-    def name(self) -> str:
-        return self.target.name
-
-    def run(self, argv: Sequence[str], *, timeout: float = 120, check: bool = True, input: bytes | None = None) -> Result:
-        argv = [str(a) for a in argv]
-        stdin = f" <{len(input)} bytes sha256:{hashlib.sha256(input).hexdigest()[:12]}>" if input is not None else ""
-        if _record(f"{self.name}: run {shlex.join(argv)}{stdin}"):
-            return Result(argv, 0, "", "", self.name)
-        return self._run(argv, timeout=timeout, check=check, input=input)
-
-    def _run(self, argv: list[str], *, timeout: float, check: bool, input: bytes | None) -> Result:
-        raise NotImplementedError
-
-    def put(self, path: str, data: bytes, *, mode: int = 0o644, owner: str | None = None) -> None:
-        """Write to a temp file beside `path`, set mode/owner, fsync, rename over. On failure the temp is removed
-        and `path` is untouched (disk full leaves the old file in place). Through `run`, so through sudo."""
-        effect = f"{self.name}: write {path} mode {mode:04o}{' owner ' + owner if owner else ''} " \
-                 f"{len(data)} bytes sha256:{hashlib.sha256(data).hexdigest()[:12]}"
-        if _record(effect):
-            return
-        with _not_recorded():
-            self._put(path, data, mode=mode, owner=owner)
-
-    def _put(self, path: str, data: bytes, *, mode: int, owner: str | None) -> None:
-        tmp = _atomic_tmp(path)
-        try:
-            res = self.run(
-                ["sh", "-c", 'umask 077 && cat > "$1" && chmod "$2" "$1" && sync "$1"', "put", tmp, format(mode, "o")],
-                input=data,
-                check=False,
-                timeout=max(60, len(data) / 5e6),
-            )
-            if not res.ok:
-                raise RemoteError(f"writing {path} failed: {res.stderr.strip() or 'exit ' + str(res.rc)}", node=self.name)
-            if owner:
-                self.run(["chown", owner, tmp])
-            self.run(["mv", "-f", tmp, path])
-        except RemoteError:
-            try:
-                self.run(["rm", "-f", tmp], check=False, timeout=15)
-            except RemoteError:
-                pass
-            raise
-
-    def get(self, path: str) -> bytes | None:
-        """The file's bytes, or None when it does not exist."""
-        p = self.popen(["cat", path])
-        p.close_stdin()
-        out = bytearray()
-        while True:
-            b = p.read(CHUNK)
-            if not b:
-                break
-            out += b
-        rc, _ = p.wait(120)
-        if rc != 0:
-            if not self.exists(path):
-                return None
-            raise RemoteError(f"reading {path} failed (exit {rc})", node=self.name)
-        return bytes(out)
-
-    def popen(self, argv: Sequence[str]) -> Proc:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-    def alive(self) -> bool:
-        return True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    # Convenience built on run/put.
-    def sh(self, script: str, *, timeout: float = 120, check: bool = True) -> Result:
-        """Run a fixed script (kit text, never inventory values spliced in) under `sh -c`."""
-        return self.run(["sh", "-c", script], timeout=timeout, check=check)
-
-    def exists(self, path: str) -> bool:
-        with _not_recorded():  # a read, also in a dry run
-            return self.run(["test", "-e", path], check=False).ok
-
-    def symlink(self, link: str, dest: str) -> None:
-        """Point `link` at `dest` atomically (new link beside it, then rename over)."""
-        if _record(f"{self.name}: link {link} -> {dest}"):
-            return
-        tmp = f"{link}.sparkdeploy-tmp-{secrets.token_hex(4)}"
-        with _not_recorded():
-            self.run(["ln", "-sfn", dest, tmp])
-            self.run(["mv", "-Tf", tmp, link])
-
-
-def _atomic_tmp(path: str) -> str:
-    d, base = posixpath.split(path)
-    return posixpath.join(d, f".{base}.sparkdeploy-tmp-{secrets.token_hex(4)}")
 
 
 # --------------------------------------------------------------------------------------------- local
@@ -613,87 +413,3 @@ class Pool:
         self.close()
 
 
-def stream(src: Conn, src_argv: Sequence[str], dst: Conn, dst_argv: Sequence[str], *, timeout: float = 3600) -> int:
-    """Pipe stdout of `src_argv` on `src` into stdin of `dst_argv` on `dst` (e.g. docker save | docker load).
-
-    Ends input with an explicit EOF; returns the bytes moved; raises RemoteError naming the side that failed.
-    """
-    moved = stream_many(src, src_argv, [dst], dst_argv, timeout=timeout)[dst.name]
-    if isinstance(moved, Exception):
-        raise moved
-    return moved
-
-
-def stream_many(src: Conn, src_argv: Sequence[str], dsts: Sequence[Conn], dst_argv: Sequence[str], *,
-                timeout: float = 3600) -> dict[str, int | Exception]:
-    """One read of `src_argv` fanned out to `dst_argv` on every destination (docker save once, load on N nodes).
-
-    A destination that fails is dropped (its error returned) and the others continue. Returns
-    {destination name: bytes moved or the RemoteError}.
-    """
-    p_src = src.popen(src_argv)
-    live = {d.name: (d, d.popen(dst_argv)) for d in dsts}
-    result: dict[str, int | Exception] = {}
-    moved = 0
-    deadline = time.monotonic() + timeout
-    try:
-        while live:
-            chunk = p_src.read(CHUNK)
-            if not chunk:
-                break
-            moved += len(chunk)
-            for name, (d, p) in list(live.items()):
-                try:
-                    p.write(chunk)
-                except (OSError, paramiko.SSHException, EOFError) as err:
-                    p.kill()
-                    result[name] = RemoteError(f"stream from {src.name} broke after {moved} bytes: {err}", node=name)
-                    del live[name]
-            if time.monotonic() > deadline:
-                raise RemoteError(f"stream from {src.name} did not finish within {timeout:.0f} s", node=src.name)
-        for name, (d, p) in live.items():
-            p.close_stdin()
-        rc_src, err_src = p_src.wait(60)
-        for name, (d, p) in live.items():
-            rc, err = p.wait(max(60.0, deadline - time.monotonic()))
-            result[name] = moved if rc == 0 else RemoteError(
-                f"`{shlex.join(dst_argv)}` exited {rc}: {err.strip()[-300:]}", node=name)
-    except (OSError, paramiko.SSHException, EOFError, TimeoutError, RemoteError) as err:
-        p_src.kill()
-        for name, (d, p) in live.items():
-            p.kill()
-            result.setdefault(name, err if isinstance(err, RemoteError) else RemoteError(str(err), node=name))
-        return result
-    if rc_src != 0:
-        e = RemoteError(f"`{shlex.join(src_argv)}` exited {rc_src}: {err_src.strip()[-300:]}", node=src.name)
-        return {name: e for name in result}
-    return result
-
-
-def stream_bytes(dst: Conn, dst_argv: Sequence[str], chunks: Iterable[bytes], *, timeout: float = 3600) -> tuple[int, str]:
-    """Feed locally produced bytes (e.g. a tar build context) into a command on `dst`; returns (rc, stderr+stdout tail)."""
-    p = dst.popen(dst_argv)
-    out = bytearray()
-
-    def drain():
-        while True:
-            try:
-                b = p.read(CHUNK)
-            except (OSError, paramiko.SSHException, ValueError):
-                return
-            if not b:
-                return
-            out.extend(b)
-
-    t = threading.Thread(target=drain, daemon=True)
-    t.start()
-    try:
-        for c in chunks:
-            p.write(c)
-        p.close_stdin()
-        t.join(timeout)
-        rc, err = p.wait(timeout)
-    except (OSError, paramiko.SSHException, EOFError, TimeoutError) as e:
-        p.kill()
-        raise RemoteError(f"`{shlex.join(dst_argv)}` broke: {e}", node=dst.name) from None
-    return rc, (out.decode(errors="replace") + err)[-4000:]

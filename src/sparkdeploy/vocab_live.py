@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.layout import ETC_DIR, VOCAB_HOST_DIR, VOCAB_POINTER
-from sparkdeploy.remote import Conn
+from sparkdeploy.connection import Conn
 
 DIR = VOCAB_HOST_DIR
 POINTER = VOCAB_POINTER

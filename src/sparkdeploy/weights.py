@@ -136,8 +136,8 @@ _HEAD_SETUP = ('d=$(mktemp -d /tmp/sparkdeploy-sync-XXXXXX) && umask 077 && cat 
 class Channel:
     """What the head needs to reach one node over the data plane: key, pinned host key, ssh argv."""
 
-    head: object  # remote.Conn
-    node: object  # remote.Conn
+    head: object  # connection.Conn
+    node: object  # connection.Conn
     tmpdir: str
     marker: str
     head_cores: int
@@ -251,7 +251,7 @@ class SyncResult:
 
 @dataclass(frozen=True)
 class Endpoint:
-    conn: object  # remote.Conn
+    conn: object  # connection.Conn
     name: str
     data_ip: str
     user: str = "root"

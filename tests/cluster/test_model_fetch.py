@@ -18,7 +18,8 @@ from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import model_fetch as mf
 from sparkdeploy import paths
 from sparkdeploy.cli import main
-from sparkdeploy.remote import LocalConn, Target
+from sparkdeploy.connection import Target
+from sparkdeploy.remote import LocalConn
 from tests.support import hf_cache
 from tests.support.fake_hub import FakeHub
 

@@ -22,7 +22,8 @@ from sparkdeploy import gather
 from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import plan as plan_mod
 from sparkdeploy.bench import metrics
-from sparkdeploy.remote import LocalConn, Target
+from sparkdeploy.connection import Target
+from sparkdeploy.remote import LocalConn
 from tests.support import tiny_checkpoints
 from tests.support.vllm_server import BASE_ENV, VllmServer, free_port, require_venv
 

@@ -236,7 +236,8 @@ def test_examine_end_to_end_on_local_connections():
     from pathlib import Path
 
     from sparkdeploy import inventory
-    from sparkdeploy.remote import Pool, Target
+    from sparkdeploy.connection import Target
+    from sparkdeploy.remote import Pool
 
     inv = inventory.load(Path(__file__).parent / "fixtures" / "inventory.sim.yaml")
     pool = Pool([Target(n.name, "localhost", local=True) for n in inv.nodes])

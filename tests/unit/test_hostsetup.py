@@ -124,7 +124,7 @@ class FakeConn:
         self.runs, self.puts = [], []
 
     def run(self, argv, **kw):
-        from sparkdeploy.remote import Result
+        from sparkdeploy.connection import Result
 
         self.runs.append(list(argv))
         out = "/tmp/.sparkdeploy-host.Qx7Zr2Lm9a\n" if argv[:2] == ["mktemp", "-d"] else ""

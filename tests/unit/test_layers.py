@@ -18,9 +18,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "credentials", "facts", "probes", "memory", "memguard", "engine_args", "served_tokenizer", "vocab",
         "bench.stats", "bench.metrics", "bench.prompts", "bench.compare", "bench.results", "bench.report",
         "model_fetch_node", "weights_node", "steps.node_files")),
-    ("model: the inventory", ("inventory",)),
+    ("model: the inventory and the profile it names", ("fields", "profile", "inventory")),
     ("planning core: inventory + facts -> plan -> files (no I/O on nodes)", ("plan", "render")),
-    ("remote: connections", ("remote",)),
+    ("remote: connections", ("connection", "remote", "streams")),
     ("node effects and reads", (
         "gather", "releases", "registry", "vocab_live", "weights", "health", "hostsetup", "model_fetch")),
     ("steps: the idempotent remote steps and the verbs built on them", ("steps",)),

@@ -18,7 +18,8 @@ from sparkdeploy import inventory as I
 from sparkdeploy import model_fetch as mf
 from sparkdeploy import paths
 from sparkdeploy.errors import InputError, InventoryError, RemoteError
-from sparkdeploy.remote import LocalConn, Target
+from sparkdeploy.connection import Target
+from sparkdeploy.remote import LocalConn
 from sparkdeploy.steps.deploy import Cluster, Options
 from tests.support import hf_cache
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from sparkdeploy import releases, remote
+from sparkdeploy import connection, releases, remote
 from sparkdeploy.errors import RemoteError
 
 
@@ -14,7 +14,7 @@ from sparkdeploy.errors import RemoteError
 def conn(tmp_path, monkeypatch):
     monkeypatch.setattr(releases, "RELEASES_DIR", str(tmp_path / "releases"))
     monkeypatch.setattr(releases, "CURRENT_LINK", str(tmp_path / "current"))
-    return remote.LocalConn(remote.Target("n", "localhost", local=True))
+    return remote.LocalConn(connection.Target("n", "localhost", local=True))
 
 
 def test_empty_node(conn):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from sparkdeploy import remote
+from sparkdeploy import connection, remote, streams
 from sparkdeploy.errors import RemoteError
 from tests.support.sshd import sshd  # noqa: F401 - the loopback sshd fixture
 
@@ -24,7 +24,7 @@ def known_hosts(tmp_path, sshd):
 
 
 def _target(sshd, kh, **kw):
-    return remote.Target("n1", "127.0.0.1", port=sshd.port, identity=str(sshd.client_key), local=False,
+    return connection.Target("n1", "127.0.0.1", port=sshd.port, identity=str(sshd.client_key), local=False,
                          known_hosts=str(kh), **kw)
 
 
@@ -37,7 +37,7 @@ def ssh(sshd, known_hosts):
 
 @pytest.fixture
 def local():
-    return remote.connect(remote.Target("me", "127.0.0.1", local=True))
+    return remote.connect(connection.Target("me", "127.0.0.1", local=True))
 
 
 @pytest.fixture(params=["ssh", "local"])
@@ -109,16 +109,16 @@ def test_put_on_full_disk_leaves_old_file(conn, tmp_path):
 def test_stream_between_nodes_sends_eof(ssh, local, tmp_path):
     out = tmp_path / "copy.bin"
     gen = ["python3", "-c", "import os,sys; sys.stdout.buffer.write(os.urandom(1)*0 + bytes(range(256))*40000)"]
-    n = remote.stream(ssh, gen, local, ["sh", "-c", f"cat > {out}"])
+    n = streams.stream(ssh, gen, local, ["sh", "-c", f"cat > {out}"])
     assert n == 256 * 40000 == out.stat().st_size
     back = tmp_path / "back.bin"
-    n2 = remote.stream(local, ["cat", str(out)], ssh, ["sh", "-c", 'cat > "$1"', "x", str(back)])
+    n2 = streams.stream(local, ["cat", str(out)], ssh, ["sh", "-c", 'cat > "$1"', "x", str(back)])
     assert n2 == n and hashlib.sha256(back.read_bytes()).digest() == hashlib.sha256(out.read_bytes()).digest()
 
 
 def test_stream_reports_failing_side(ssh, local):
     with pytest.raises(RemoteError, match="exited 4"):
-        remote.stream(ssh, ["sh", "-c", "echo data; exit 4"], local, ["cat"])
+        streams.stream(ssh, ["sh", "-c", "echo data; exit 4"], local, ["cat"])
 
 
 def test_unknown_host_key_refused_then_trusted_and_recorded(sshd, tmp_path):
@@ -142,12 +142,12 @@ def test_changed_host_key_always_refused(sshd, tmp_path):
 
 def test_connection_refused_names_node(tmp_path):
     with pytest.raises(RemoteError, match="^n9: ssh root@127.0.0.1:1"):
-        remote.connect(remote.Target("n9", "127.0.0.1", port=1, local=False, known_hosts=str(tmp_path / "k")))
+        remote.connect(connection.Target("n9", "127.0.0.1", port=1, local=False, known_hosts=str(tmp_path / "k")))
 
 
 def test_pool_parallel_and_errors(sshd, known_hosts):
-    ts = [_target(sshd, known_hosts), remote.Target("bad", "127.0.0.1", port=1, local=False)]
-    ts[0] = remote.Target("a", ts[0].host, ts[0].port, identity=ts[0].identity, local=False, known_hosts=ts[0].known_hosts)
+    ts = [_target(sshd, known_hosts), connection.Target("bad", "127.0.0.1", port=1, local=False)]
+    ts[0] = connection.Target("a", ts[0].host, ts[0].port, identity=ts[0].identity, local=False, known_hosts=ts[0].known_hosts)
     with remote.Pool(ts) as pool:
         errs = pool.open()
         assert list(errs) == ["bad"]
@@ -157,9 +157,9 @@ def test_pool_parallel_and_errors(sshd, known_hosts):
 
 def test_stream_many_fans_out_one_read(ssh, local, tmp_path):
     gen = ["python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)) * 20000)"]
-    res = remote.stream_many(ssh, gen, [local, ssh], ["sh", "-c", 'test "$(wc -c)" -eq 5120000'])
+    res = streams.stream_many(ssh, gen, [local, ssh], ["sh", "-c", 'test "$(wc -c)" -eq 5120000'])
     assert res == {"me": 256 * 20000, "n1": 256 * 20000}
-    res = remote.stream_many(ssh, gen, [local], ["sh", "-c", "cat > /dev/null; exit 5"])
+    res = streams.stream_many(ssh, gen, [local], ["sh", "-c", "cat > /dev/null; exit 5"])
     assert isinstance(res["me"], RemoteError) and "exited 5" in str(res["me"])
 
 

@@ -232,7 +232,8 @@ def _rendered_node_plan(sha: str, tmp_path: Path) -> bytes:
 
 
 def test_state_script_reads_pointer_content_and_the_release_hash(tmp_path):
-    from sparkdeploy.remote import LocalConn, Target
+    from sparkdeploy.connection import Target
+    from sparkdeploy.remote import LocalConn
 
     data = b"0\n1\n2\n"
     sha = __import__("hashlib").sha256(data).hexdigest()
@@ -282,7 +283,8 @@ def test_health_is_quiet_without_a_shortlist():
 
 
 def test_prune_keeps_live_and_protected(tmp_path):
-    from sparkdeploy.remote import LocalConn, Target
+    from sparkdeploy.connection import Target
+    from sparkdeploy.remote import LocalConn
 
     conn = LocalConn(Target("n1", "127.0.0.1", local=True))
     old = vocab_live.DIR
@@ -379,7 +381,8 @@ def test_downtime_is_the_longest_gap_between_successes():
 
 
 def test_follow_release_points_at_the_list_the_release_expects(tmp_path, monkeypatch):
-    from sparkdeploy.remote import LocalConn, Target
+    from sparkdeploy.connection import Target
+    from sparkdeploy.remote import LocalConn
 
     conn = LocalConn(Target("n1", "127.0.0.1", local=True))
     a, b = b"0\n1\n", b"0\n1\n2\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkdeploy import inventory, remote
+from sparkdeploy import connection, inventory, remote
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.remote import target_of
 from tests.support.sshd import sshd  # noqa: F401 - the loopback sshd fixture
@@ -61,7 +61,7 @@ def test_tilde_key_and_known_hosts_paths_from_the_inventory(home, sshd, tmp_path
 
 
 def test_dollar_home_key_path_reaches_paramiko_expanded(home, sshd):
-    t = remote.Target("n1", "127.0.0.1", port=sshd.port, identity="$HOME/.ssh/id_test", local=False,
+    t = connection.Target("n1", "127.0.0.1", port=sshd.port, identity="$HOME/.ssh/id_test", local=False,
                       known_hosts="${HOME}/.ssh/known_hosts")
     with remote.connect(t) as c:
         assert c.run(["echo", "ok"]).stdout == "ok\n"
@@ -99,20 +99,20 @@ def agent(home, monkeypatch, tmp_path):
 
 
 def test_agent_key_with_no_key_given(agent, sshd):
-    t = remote.Target("n1", "127.0.0.1", port=sshd.port, local=False, known_hosts="~/.ssh/known_hosts")
+    t = connection.Target("n1", "127.0.0.1", port=sshd.port, local=False, known_hosts="~/.ssh/known_hosts")
     with remote.connect(t) as c:
         assert c.run(["echo", "agent"]).stdout == "agent\n"
 
 
 def test_agent_key_when_the_key_given_is_its_public_half(agent, sshd):
-    t = remote.Target("n1", "127.0.0.1", port=sshd.port, identity="~/.ssh/id_test.pub", local=False,
+    t = connection.Target("n1", "127.0.0.1", port=sshd.port, identity="~/.ssh/id_test.pub", local=False,
                       known_hosts="~/.ssh/known_hosts")
     with remote.connect(t) as c:
         assert c.run(["echo", "agent"]).stdout == "agent\n"
 
 
 def test_missing_key_without_agent_names_the_key(home, sshd):
-    t = remote.Target("n1", "127.0.0.1", port=sshd.port, identity="~/.ssh/id_nope", local=False,
+    t = connection.Target("n1", "127.0.0.1", port=sshd.port, identity="~/.ssh/id_nope", local=False,
                       known_hosts="~/.ssh/known_hosts")
     with pytest.raises(RemoteError, match=r"^n1: ssh key ~/.ssh/id_nope \(.*/home/.ssh/id_nope\) does not exist"):
         remote.connect(t)
@@ -136,13 +136,13 @@ def test_only_loopback_as_the_kit_user_runs_locally(monkeypatch):
     import getpass
 
     me = getpass.getuser()
-    assert isinstance(remote.connect(remote.Target("a", "127.0.0.1", user=me)), remote.LocalConn)
-    assert isinstance(remote.connect(remote.Target("a", "localhost", user=me)), remote.LocalConn)
+    assert isinstance(remote.connect(connection.Target("a", "127.0.0.1", user=me)), remote.LocalConn)
+    assert isinstance(remote.connect(connection.Target("a", "localhost", user=me)), remote.LocalConn)
     # A loopback login as another user or on another port, and any other address of this machine, go over SSH
     # (host key checked); nothing listens on port 1 or (in the test) 22 for them, so the attempt shows it.
-    assert not remote.is_local(remote.Target("b", "127.0.0.1", user="nvidia"))
-    assert not remote.is_local(remote.Target("c", _own_lan_address() or "192.0.2.7", user=me))
-    for target in (remote.Target("d", "127.0.0.1", port=1, user=me), remote.Target("e", "localhost", port=1)):
+    assert not remote.is_local(connection.Target("b", "127.0.0.1", user="nvidia"))
+    assert not remote.is_local(connection.Target("c", _own_lan_address() or "192.0.2.7", user=me))
+    for target in (connection.Target("d", "127.0.0.1", port=1, user=me), connection.Target("e", "localhost", port=1)):
         assert not remote.is_local(target)
         with pytest.raises(RemoteError, match="ssh .*:1"):
             remote.connect(target)

@@ -13,7 +13,8 @@ from sparkdeploy import inventory as I
 from sparkdeploy import paths, releases, render
 from sparkdeploy import plan as P
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.remote import LocalConn, Target
+from sparkdeploy.connection import Target
+from sparkdeploy.remote import LocalConn
 from sparkdeploy.steps import base, image, supervise
 from sparkdeploy.steps.deploy import Cluster, Options
 

@@ -12,7 +12,8 @@ import pytest
 from sparkdeploy import memory, weights as w
 from sparkdeploy.facts import NodeFacts
 from sparkdeploy.verdict import Status
-from sparkdeploy.remote import LocalConn, Target
+from sparkdeploy.connection import Target
+from sparkdeploy.remote import LocalConn
 
 GIB = 1 << 30
 

@@ -1,6 +1,6 @@
 """The step framework, pyinfra style: a step reads a node's actual state, compares it with the plan, and
 returns only the actions that close the difference. Apply runs them; a dry run runs them against
-`remote.recording(dry=True)`, which carries nothing out, so both report the same exact effects (each command
+`connection.recording(dry=True)`, which carries nothing out, so both report the same exact effects (each command
 and file write, `Outcome.effects`): what `up --dry-run` prints is what `up` then does.
 
 Each step reports per node: ok (nothing to do), changed (actions ran), failed (with the reason), skipped.
@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from sparkdeploy.connection import recording
 from sparkdeploy.errors import SparkdeployError
-from sparkdeploy.remote import parallel, recording
+from sparkdeploy.remote import parallel
 
 OK, CHANGED, FAILED, SKIPPED, WOULD = "ok", "changed", "failed", "skipped", "would change"
 

@@ -14,7 +14,8 @@ from sparkdeploy import probes
 from sparkdeploy import gather, layout, paths, releases, render
 from sparkdeploy import plan as P
 from sparkdeploy.errors import InventoryError, RemoteError
-from sparkdeploy.remote import Conn, Pool, target_of
+from sparkdeploy.connection import Conn
+from sparkdeploy.remote import Pool, target_of
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps import supervise
 from sparkdeploy.steps.base import FAILED, OK, Outcome, StepFailed

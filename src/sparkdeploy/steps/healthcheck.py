@@ -6,7 +6,7 @@ from sparkdeploy import facts as F
 from sparkdeploy import health, layout, releases
 from sparkdeploy import plan as P
 from sparkdeploy.errors import SparkdeployError
-from sparkdeploy.remote import Conn
+from sparkdeploy.connection import Conn
 from sparkdeploy.steps import stale, supervise
 from sparkdeploy.steps.base import FAILED, Outcome
 from sparkdeploy.steps.context import Context, facts_from_dict, served

@@ -22,7 +22,9 @@ from typing import Callable
 
 from sparkdeploy import registry
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.remote import Conn, LocalConn, Target, stream_bytes
+from sparkdeploy.connection import Conn, Target
+from sparkdeploy.remote import LocalConn
+from sparkdeploy.streams import stream_bytes
 
 
 def image_id(conn: Conn, ref: str) -> str | None:

@@ -5,7 +5,7 @@ the images no kept release names."""
 from __future__ import annotations
 
 from sparkdeploy import paths, releases
-from sparkdeploy.remote import Conn
+from sparkdeploy.connection import Conn
 from sparkdeploy.steps.base import OK, Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
 

@@ -6,7 +6,7 @@ brought back the wrong engine. `up` finds such units, stops and disables them, a
 
 from __future__ import annotations
 
-from sparkdeploy.remote import Conn
+from sparkdeploy.connection import Conn
 from sparkdeploy.steps.base import Action
 
 # $1 = the units that are ours (space separated), $2.. = our ports. Prints one unit per line.

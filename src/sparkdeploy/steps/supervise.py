@@ -14,7 +14,7 @@ from pathlib import Path
 from sparkdeploy import render
 from sparkdeploy.layout import (CURRENT_LINK, LIB_DIR, RANK_CTL, SECRETS_ENV, WATCHDOG_CONFIG, WATCHDOG_DIR, WATCHDOG_PY,
                                 WATCHDOG_SERVICE, WATCHDOG_TIMER)
-from sparkdeploy.remote import Conn
+from sparkdeploy.connection import Conn
 from sparkdeploy.steps.base import Action
 
 KEY_DIR = WATCHDOG_DIR

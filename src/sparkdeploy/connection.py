@@ -1,0 +1,214 @@
+"""What a connection to a node is, whatever carries it: a `Target` (where and as whom), `Result`, `Proc` (a
+running command with byte pipes) and `Conn`, whose files and links are built on one primitive, a command; and
+the effects recorder (`recording`), through which every state-changing call passes. `remote` makes the
+local and SSH connections; `streams` pipes bytes between them."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import secrets
+import shlex
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from sparkdeploy.errors import RemoteError
+
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a node is reached. `local=None` means: local only for localhost/loopback as the kit's own user.
+
+    A user other than root runs every command through `sudo -n`; with `user=None` SSH logs in as the kit's own
+    user and commands run as that user. `identity` may be one key file or several (tried in order).
+    """
+
+    name: str
+    host: str
+    port: int = 22
+    user: str | None = "root"
+    identity: str | tuple[str, ...] | None = None
+    local: bool | None = None
+    known_hosts: str | None = None
+    proxy_jump: str | None = None
+
+    @property
+    def sudo(self) -> list[str]:
+        return ["sudo", "-n", "--"] if self.user not in (None, "root") else []
+
+
+@dataclass
+class Result:
+    argv: list[str]
+    rc: int
+    stdout: str
+    stderr: str
+    node: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+    def check(self) -> "Result":
+        if self.rc != 0:
+            tail = (self.stderr or self.stdout).strip().splitlines()[-3:]
+            raise RemoteError(f"`{shlex.join(self.argv)}` exited {self.rc}: {' | '.join(tail)}", node=self.node)
+        return self
+
+
+class Proc:
+    """A running command with a byte pipe in and out; `close_stdin` sends EOF."""
+
+    def write(self, data: bytes) -> None: ...
+    def read(self, n: int = CHUNK) -> bytes: ...
+    def close_stdin(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> tuple[int, str]: ...
+    def kill(self) -> None: ...
+
+
+# ------------------------------------------------------------------------------------------- effects
+_effects = threading.local()
+
+
+@contextmanager
+def recording(*, dry: bool) -> Iterator[list[str]]:
+    """Collect, as one line each, the commands and file writes made through any `Conn` on this thread: the
+    exact effects of a step's action (pyinfra's "operations yield commands", taken from the calls themselves,
+    so what a dry run prints cannot drift from what a real run does). With `dry`, nothing reaches a node: a
+    command answers success with no output, a write is dropped. Reads (`get`, `exists`) always go through."""
+    before = getattr(_effects, "state", None)
+    log: list[str] = []
+    _effects.state = (log, dry)
+    try:
+        yield log
+    finally:
+        _effects.state = before
+
+
+@contextmanager
+def _not_recorded() -> Iterator[None]:
+    before = getattr(_effects, "state", None)
+    _effects.state = None
+    try:
+        yield
+    finally:
+        _effects.state = before
+
+
+def _record(line: str) -> bool:
+    """Log an effect if recording; True when it must not be carried out (dry run)."""
+    state = getattr(_effects, "state", None)
+    if state is None:
+        return False
+    state[0].append(line)
+    return state[1]
+
+
+class Conn:
+    """One node. Subclasses implement `_run` (one command), `popen`; files and links are built on them."""
+
+    target: Target
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+    def run(self, argv: Sequence[str], *, timeout: float = 120, check: bool = True, input: bytes | None = None) -> Result:
+        argv = [str(a) for a in argv]
+        stdin = f" <{len(input)} bytes sha256:{hashlib.sha256(input).hexdigest()[:12]}>" if input is not None else ""
+        if _record(f"{self.name}: run {shlex.join(argv)}{stdin}"):
+            return Result(argv, 0, "", "", self.name)
+        return self._run(argv, timeout=timeout, check=check, input=input)
+
+    def _run(self, argv: list[str], *, timeout: float, check: bool, input: bytes | None) -> Result:
+        raise NotImplementedError
+
+    def put(self, path: str, data: bytes, *, mode: int = 0o644, owner: str | None = None) -> None:
+        """Write to a temp file beside `path`, set mode/owner, fsync, rename over. On failure the temp is removed
+        and `path` is untouched (disk full leaves the old file in place). Through `run`, so through sudo."""
+        effect = f"{self.name}: write {path} mode {mode:04o}{' owner ' + owner if owner else ''} " \
+                 f"{len(data)} bytes sha256:{hashlib.sha256(data).hexdigest()[:12]}"
+        if _record(effect):
+            return
+        with _not_recorded():
+            self._put(path, data, mode=mode, owner=owner)
+
+    def _put(self, path: str, data: bytes, *, mode: int, owner: str | None) -> None:
+        tmp = _atomic_tmp(path)
+        try:
+            res = self.run(
+                ["sh", "-c", 'umask 077 && cat > "$1" && chmod "$2" "$1" && sync "$1"', "put", tmp, format(mode, "o")],
+                input=data,
+                check=False,
+                timeout=max(60, len(data) / 5e6),
+            )
+            if not res.ok:
+                raise RemoteError(f"writing {path} failed: {res.stderr.strip() or 'exit ' + str(res.rc)}", node=self.name)
+            if owner:
+                self.run(["chown", owner, tmp])
+            self.run(["mv", "-f", tmp, path])
+        except RemoteError:
+            try:
+                self.run(["rm", "-f", tmp], check=False, timeout=15)
+            except RemoteError:
+                pass
+            raise
+
+    def get(self, path: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist."""
+        p = self.popen(["cat", path])
+        p.close_stdin()
+        out = bytearray()
+        while True:
+            b = p.read(CHUNK)
+            if not b:
+                break
+            out += b
+        rc, _ = p.wait(120)
+        if rc != 0:
+            if not self.exists(path):
+                return None
+            raise RemoteError(f"reading {path} failed (exit {rc})", node=self.name)
+        return bytes(out)
+
+    def popen(self, argv: Sequence[str]) -> Proc:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def alive(self) -> bool:
+        return True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # Convenience built on run/put.
+    def sh(self, script: str, *, timeout: float = 120, check: bool = True) -> Result:
+        """Run a fixed script (kit text, never inventory values spliced in) under `sh -c`."""
+        return self.run(["sh", "-c", script], timeout=timeout, check=check)
+
+    def exists(self, path: str) -> bool:
+        with _not_recorded():  # a read, also in a dry run
+            return self.run(["test", "-e", path], check=False).ok
+
+    def symlink(self, link: str, dest: str) -> None:
+        """Point `link` at `dest` atomically (new link beside it, then rename over)."""
+        if _record(f"{self.name}: link {link} -> {dest}"):
+            return
+        tmp = f"{link}.sparkdeploy-tmp-{secrets.token_hex(4)}"
+        with _not_recorded():
+            self.run(["ln", "-sfn", dest, tmp])
+            self.run(["mv", "-Tf", tmp, link])
+
+
+def _atomic_tmp(path: str) -> str:
+    d, base = posixpath.split(path)
+    return posixpath.join(d, f".{base}.sparkdeploy-tmp-{secrets.token_hex(4)}")
