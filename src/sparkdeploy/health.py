@@ -17,7 +17,7 @@ from typing import Callable
 
 import requests
 
-from sparkdeploy import memguard
+from sparkdeploy import layout, memguard
 from sparkdeploy.connection import Conn
 from sparkdeploy.verdict import Status
 
@@ -96,9 +96,10 @@ class Report:
 
 
 # ------------------------------------------------------------------------------------------- node side
-# One round trip: $1 unit, $2 container, $3.. extra units; prints KEY VALUE lines.
+# One round trip: $1 unit, $2 container, $3 current link, $4 watchdog state, $5 draft-list pointer (layout's
+# paths), $6.. extra units; prints KEY VALUE lines.
 _NODE_SCRIPT = r"""
-unit=$1; ctr=$2; shift 2
+unit=$1; ctr=$2; current=$3; wd_state=$4; vocab=$5; shift 5
 echo "docker $(docker info --format '{{.ServerVersion}}' 2>/dev/null || echo DOWN)"
 echo "docker_enabled $(systemctl is-enabled docker.service 2>/dev/null || echo unknown)"
 echo "unit_enabled $(systemctl is-enabled "$unit" 2>/dev/null || echo missing)"
@@ -106,17 +107,18 @@ echo "unit_active $(systemctl is-active "$unit" 2>/dev/null)"
 for u in "$@"; do echo "extra $u $(systemctl is-enabled "$u" 2>/dev/null || echo missing) $(systemctl is-active "$u" 2>/dev/null)"; done
 echo "container $(docker inspect -f '{{.State.Status}} {{.Image}} {{.State.StartedAt}} {{.RestartCount}}' "$ctr" 2>/dev/null || echo absent)"
 echo "mem $(awk '/^MemAvailable:/{print $2*1024}' /proc/meminfo)"
-echo "current $(readlink /etc/sparkdeploy/current 2>/dev/null)"
+echo "current $(readlink "$current" 2>/dev/null)"
 echo "boot $(ps -o lstart= -p 1 2>/dev/null)"
-echo "watchdog $(cat /var/lib/sparkdeploy/watchdog.json 2>/dev/null | tr -d '\n')"
-echo "vocab_pointer $(readlink /var/lib/sparkdeploy/vocab/current.txt 2>/dev/null)"
-echo "vocab_content $(sha256sum /var/lib/sparkdeploy/vocab/current.txt 2>/dev/null | cut -c1-64)"
-echo "vocab_configured $(grep -o 'sha256[^0-9a-f]\{1,8\}[0-9a-f]\{64\}' /etc/sparkdeploy/current/node-plan.json 2>/dev/null | head -1 | grep -o '[0-9a-f]\{64\}$')"
+echo "watchdog $(cat "$wd_state" 2>/dev/null | tr -d '\n')"
+echo "vocab_pointer $(readlink "$vocab" 2>/dev/null)"
+echo "vocab_content $(sha256sum "$vocab" 2>/dev/null | cut -c1-64)"
+echo "vocab_configured $(grep -o 'sha256[^0-9a-f]\{1,8\}[0-9a-f]\{64\}' "$current/node-plan.json" 2>/dev/null | head -1 | grep -o '[0-9a-f]\{64\}$')"
 """
 
 
 def node_snapshot(conn: Conn, unit: str, container: str, extra_units: tuple[str, ...] = ()) -> dict:
-    out = conn.run(["sh", "-c", _NODE_SCRIPT, "health", unit, container, *extra_units], timeout=30, check=False).stdout
+    out = conn.run(["sh", "-c", _NODE_SCRIPT, "health", unit, container, layout.CURRENT_LINK,
+                    layout.WATCHDOG_STATE, layout.VOCAB_POINTER, *extra_units], timeout=30, check=False).stdout
     snap: dict = {"extra": {}}
     for line in out.splitlines():
         key, _, val = line.partition(" ")

@@ -15,8 +15,11 @@ from typing import Callable, Iterable
 from sparkdeploy.connection import recording
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.remote import parallel
+from sparkdeploy.verdict import Status
 
-OK, CHANGED, FAILED, SKIPPED, WOULD = "ok", "changed", "failed", "skipped", "would change"
+# the per-node outcome of a step, in the kit's one result vocabulary
+OK, CHANGED, FAILED, SKIPPED, WOULD = (s.value for s in (Status.OK, Status.CHANGED, Status.FAILED, Status.SKIPPED,
+                                                          Status.WOULD_CHANGE))
 
 
 @dataclass
