@@ -60,12 +60,15 @@ def _served(plan) -> str:
     return argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else argv[2]
 
 
-def ensure_key(head: Conn) -> str:
-    """The head's watchdog key pair (made on the head, never leaves it); returns the public line."""
+def ensure_key(head: Conn, *, dry_run: bool = False) -> str:
+    """The head's watchdog key pair (made on the head, never leaves it); returns the public line. A dry run
+    makes none: it reads the key that exists, else names a placeholder (the workers would be authorized anew)."""
     if not head.exists(KEY):
+        if dry_run:
+            return "ssh-ed25519 AAAA(made-by-up) x"
         head.run(["mkdir", "-p", "-m", "0700", KEY_DIR])
         head.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", KEY_COMMENT, "-f", KEY])
-    return head.run(["cat", f"{KEY}.pub"]).stdout.strip()
+    return (head.get(f"{KEY}.pub") or b"").decode().strip()
 
 
 def worker_actions(worker: Conn, pubkey: str) -> list[Action]:

@@ -41,10 +41,7 @@ def step_units(cx: Context, out: list[Outcome]) -> None:
 def step_supervision(cx: Context, out: list[Outcome]) -> None:
     head = cx.conn(cx.head)
     workers = cx.names[1:]
-    if cx.opts.dry_run:
-        pub = "ssh-ed25519 AAAA(dry-run) x"
-    else:
-        pub = supervise.ensure_key(head)
+    pub = supervise.ensure_key(head, dry_run=cx.opts.dry_run)
     out += run_step("supervision", workers, lambda n: supervise.worker_actions(cx.conn(n), pub),
                     dry_run=cx.opts.dry_run, log=cx.log) if workers else []
     known = [host_key_line(cx.conn(n), cx.plan.node(n).ssh.host, cx.plan.node(n).ssh.port)
