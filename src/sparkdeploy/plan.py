@@ -119,6 +119,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     checkpoint: Checkpoint | None = None  # the weights' format, decides the quantization flags
     secrets: dict[str, str] = field(default_factory=dict)  # env name -> fingerprint of what SECRETS_ENV holds
+    weights_transfers: tuple[str, ...] = ()  # which path the checkpoint takes to each node
 
     def feature_enabled(self, name: str) -> bool:
         return any(f.name == name and f.enabled for f in self.features)
@@ -363,21 +364,33 @@ def _image(inv: Inventory, features: tuple[Feature, ...], git_commit: str, overl
     head = inv.head
     registry = f"{head.data_ip}:{REGISTRY_PORT}"
 
-    def plane(node: Node) -> str:
-        return (f"data plane {node.data_ip} ({node.netdev})" if node.data_ip != node.ssh.host
-                else f"{node.data_ip} ({node.netdev}), the SSH address too: no separate data plane")
-
     transfers = (f"build: on {head.name} if its engine has the base, else on this machine; the head's registry "
                  f"https://{registry} holds every image (pushed from the head's engine: no wire; from this machine: "
                  f"docker push through an SSH tunnel to {head.ssh.host}, the management address, the only path "
                  "this machine has; only layers the registry lacks)",
                  f"{head.name}: docker pull from its own registry (no wire)",
-                 *(f"{head.name} -> {n.name}: docker pull from https://{registry} over {plane(n)}; only the "
+                 *(f"{head.name} -> {n.name}: docker pull from https://{registry} over {_plane(n)}; only the "
                    "layers the node lacks" for n in inv.nodes if n is not head))
     return ImageSpec(tag=f"{im.repository}:{im.vllm_version}-{digest}", repository=im.repository, base=im.base,
                      vllm_version=im.vllm_version, python=im.python, pip=im.pip, local_base=im.local,
                      vocab_source=str(inv.vocab.path) if inv.vocab else None, labels=dict(sorted(labels.items())),
                      registry=registry, transfers=transfers)
+
+
+def _plane(node: Node) -> str:
+    return (f"data plane {node.data_ip} ({node.netdev})" if node.data_ip != node.ssh.host
+            else f"{node.data_ip} ({node.netdev}), the SSH address too: no separate data plane")
+
+
+def _weights_transfers(inv: Inventory, nodes: tuple[Node, ...]) -> tuple[str, ...]:
+    """Which path the checkpoint's bytes take (printed by `plan`; not part of the release)."""
+    p, head = inv.profile, inv.head
+    if not p.host_dir:
+        return (f"none by the kit: {p.model_path} is in the image or the engine fetches {p.model_id} itself",)
+    return (f"fetch: `sparkdeploy weights fetch` downloads {p.model_id} once, on {head.name} (its own internet "
+            f"path), into its Hugging Face cache, hard-linked into {p.host_dir}",
+            *(f"{head.name} -> {n.name}: `sparkdeploy weights sync`, rsync run on {head.name} over {_plane(n)}; "
+              "only the files that differ" for n in nodes if n is not head))
 
 
 def _layout(inv: Inventory, nodes: int | None) -> tuple[tuple[Node, ...], int, int]:
@@ -466,10 +479,11 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
                  nnodes=nnodes, tp=tp, pp=pp, api_port=inv.ports.api, master_port=inv.ports.master, image=image,
                  nodes=tuple(node_plans), features=features, additional_config=additional,
                  speculative_config=spec, model_host_dir=p.host_dir, notes=tuple(notes), checkpoint=ckpt,
-                 secrets=secrets)
+                 secrets=secrets, weights_transfers=_weights_transfers(inv, chosen))
     identity = draft.to_dict()  # what reaches the nodes; not provenance, host paths or how we log in
     identity["image"] = {k: v for k, v in identity["image"].items() if k not in ("labels", "vocab_source", "transfers")}
     identity.pop("notes")
+    identity.pop("weights_transfers")
     for raw in identity["nodes"]:
         raw.pop("ssh")
     release_id = hashlib.sha256(_json(identity).encode()).hexdigest()[:12]

@@ -46,10 +46,13 @@ def test_registry_certificate_is_for_the_data_plane_address_only():
     assert b"addr: 10.0.0.1:5443" in registry.config_text("10.0.0.1")
 
 
-def test_plan_says_which_path_each_image_transfer_takes():
+def test_plan_says_which_path_each_image_and_checkpoint_transfer_takes():
     p = plan.plan(inventory.load(FIXTURES.parents[2] / "inventory.yaml"), overlays_digest="x")
     head, worker = p.nodes
     assert p.image.registry == f"{head.data_ip}:5443"
     pulls = [t for t in p.image.transfers if t.startswith(f"{head.name} -> {worker.name}")]
     assert len(pulls) == 1 and f"over data plane {worker.data_ip} ({worker.netdev})" in pulls[0]
     assert "SSH tunnel" in p.image.transfers[0]
+    fetch, sync = p.weights_transfers  # and the checkpoint's: fetched once on the head, synced over the data plane
+    assert fetch.startswith("fetch:") and head.name in fetch
+    assert sync.startswith(f"{head.name} -> {worker.name}") and f"over data plane {worker.data_ip}" in sync
