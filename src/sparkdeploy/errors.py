@@ -53,3 +53,10 @@ class SimError(SparkdeployError):
 
 class BenchError(SparkdeployError):
     """A measurement could not be taken or compared honestly."""
+
+
+class Interrupted(SparkdeployError):
+    """SIGINT or SIGTERM reached a command that changes the cluster: handled like any failure (the last good
+    release serves again); exit code 130, as a shell reports an interrupted command."""
+
+    exit_code = 130

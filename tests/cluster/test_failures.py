@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -75,6 +76,63 @@ def test_failure_after_the_stop_serves_the_last_good_release(serving, sim_cluste
         return  # the re-run without a fault is the same `up` for every case: asserted once (an engine restart less)
     rc, again = up(changed)  # the same command without the fault converges on the new release
     assert rc == 0 and again["healthy"] and again["release"] != before["release"], again["message"]
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == f"releases/{again['release']:04d}"
+    assert timer_state(sim_cluster) == "active"
+    serving["inv"] = changed
+
+
+def test_sigint_mid_switch_serves_the_last_good_release(serving, sim_cluster):
+    """A real fault: Ctrl-C (SIGINT) at the CLI once `up` has begun stopping the engine for a new release."""
+    rc, before = up(serving["inv"])
+    assert rc == 0 and before["healthy"], before["message"]
+    good = f"releases/{before['release']:04d}"
+    watchdog_before = timer_state(sim_cluster)
+    changed = variant(serving["inv"], serving["tmp"], "sigint", 3.5)
+    env = {k: v for k, v in os.environ.items() if k != "SPARKDEPLOY_FAULT"}
+    p = subprocess.Popen([sys.executable, "-m", "sparkdeploy", "up", "-i", str(changed), "--json", *UP_FLAGS],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    seen = []
+    for line in p.stderr:  # the CLI logs each phase on stderr
+        seen.append(line)
+        if "switching to release" in line:
+            break
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=1500)
+    assert "Traceback" not in err, err[-3000:]
+    res = json.loads(out)
+    assert p.returncode == 1 and not res["healthy"], res["message"]
+    assert "interrupted by SIGINT" in res["message"] and "ROLLED BACK" in res["message"], res["message"]
+    assert res["rolled_back_to"] == before["release"]
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == good
+    assert timer_state(sim_cluster) == watchdog_before
+    for node in ("node1", "node2"):
+        assert sim_cluster.ssh(node, ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() == "active"
+
+
+def test_no_earlier_healthy_release_stops_and_disables_the_service(serving, sim_cluster):
+    """With no release that passed its gate to go back to (their HEALTHY marks set aside), a failure after the
+    switch (seam: after-switch) leaves the service stopped and disabled, so a reboot cannot start the unproven
+    release; with the marks back, the same `up` converges."""
+    rc, before = up(serving["inv"])
+    assert rc == 0 and before["healthy"], before["message"]
+    marks = 'for f in /etc/sparkdeploy/releases/*/HEALTHY{src}; do mv "$f" "${{f%{src}}}{dst}"; done'
+    for node in ("node1", "node2"):
+        sim_cluster.ssh(node, ["sh", "-c", marks.format(src="", dst=".set-aside")], check=True)
+    changed = variant(serving["inv"], serving["tmp"], "no-healthy", 4.0)
+    try:
+        rc, res = up(changed, "after-switch")
+        assert rc != 0 and "injected fault at after-switch" in res["message"], res["message"]
+        assert "no healthy release to go back to: the service is STOPPED and disabled" in res["message"]
+        for node in ("node1", "node2"):
+            unit = "sparkdeploy-engine.service"
+            assert sim_cluster.ssh(node, ["systemctl", "is-enabled", unit]).out.strip() == "disabled", node
+            assert sim_cluster.ssh(node, ["systemctl", "is-active", unit]).out.strip() != "active", node
+        assert sim_cluster.ssh("node1", ["systemctl", "is-enabled", TIMER]).out.strip() == "disabled"
+    finally:
+        for node in ("node1", "node2"):
+            sim_cluster.ssh(node, ["sh", "-c", marks.format(src=".set-aside", dst="")])
+    rc, again = up(changed)
+    assert rc == 0 and again["healthy"], again["message"]
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == f"releases/{again['release']:04d}"
     assert timer_state(sim_cluster) == "active"
     serving["inv"] = changed

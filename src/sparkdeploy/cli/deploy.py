@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from sparkdeploy import layout
 from sparkdeploy import paths
+from sparkdeploy.cli.interrupts import interrupt_as_failure
 from sparkdeploy.cli.options import inventory_option
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD
 from sparkdeploy.steps.deploy import Options, load_cluster
@@ -69,7 +70,7 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
     opts = Options(nodes=nodes, dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout,
                    watchdog_grace=watchdog_grace, watchdog_backoff_s=watchdog_backoff, watchdog_cap=watchdog_cap,
                    log=_log)
-    with load_cluster(_inv(inventory), opts) as cluster:
+    with load_cluster(_inv(inventory), opts) as cluster, interrupt_as_failure("up", _log):
         res = cluster.up()
     _print_outcomes(res.outcomes)
     style = "green" if res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes)) else "red bold"
@@ -142,7 +143,8 @@ def status(inventory, as_json, trust_new_hosts):
 @_trust_option
 def rollback(inventory, number, ready_timeout, trust_new_hosts):
     """Switch every node back to release NUMBER (default: the last healthy one before the current) and restart."""
-    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log)) as cluster:
+    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log)) as cluster, \
+            interrupt_as_failure("rollback", _log):
         res = cluster.rollback(number)
     err.print(("[green]" if res.healthy else "[red bold]") + res.message)
     raise click.exceptions.Exit(0 if res.healthy else 1)

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from sparkdeploy import inventory as I
 from sparkdeploy import paths
+from sparkdeploy.cli.interrupts import interrupt_as_failure
 from sparkdeploy.cli.options import inventory_option
 from sparkdeploy.cli.vocab import vocab
 
@@ -107,7 +108,8 @@ def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, spec, ready_time
               f"version {cand.version}")
     cluster = R._cluster(inv, opts, trust_new_hosts)
     try:
-        res = R.Rollout(cluster, cand, opts, tok).run()
+        with interrupt_as_failure("vocab rollout", _log):
+            res = R.Rollout(cluster, cand, opts, tok).run()
     finally:
         cluster.close()
     _report(res, as_json)
@@ -124,7 +126,8 @@ def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, inventory
 
     opts = R.RolloutOptions(ready_timeout=ready_timeout, max_tokens=max_tokens, categories=list(categories) or None,
                             require_golden=False, log=_log)
-    res = R.rollback(_load(inventory), version, opts, tokenizer_spec=spec, trust_new_hosts=trust_new_hosts)
+    with interrupt_as_failure("vocab rollback", _log):
+        res = R.rollback(_load(inventory), version, opts, tokenizer_spec=spec, trust_new_hosts=trust_new_hosts)
     _report(res, as_json)
     raise click.exceptions.Exit(0 if res.ok else 1)
 

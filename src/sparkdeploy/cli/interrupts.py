@@ -1,0 +1,40 @@
+"""Ctrl-C (SIGINT) or SIGTERM during a command that changes the cluster must not leave it half-switched.
+
+The first signal becomes one `Interrupted` failure raised where the command is, so its guarded block treats
+it like any other failure (before the first stop: nothing switched; after it: the last good release serves
+again). Later signals are refused with a note until the command has put things back; SIGQUIT (Ctrl-\\) and
+SIGKILL still end it at once, at the user's choice.
+"""
+
+from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from sparkdeploy.errors import Interrupted
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def interrupt_as_failure(what: str, note: Callable[[str], None]) -> Iterator[None]:
+    fired = False
+
+    def handler(signum, _frame):
+        nonlocal fired
+        name = signal.Signals(signum).name
+        if fired:
+            note(f"{name} again: still putting the last good release back; wait (Ctrl-\\ quits at once, "
+                 "leaving the cluster as it is at that moment)")
+            return
+        fired = True
+        note(f"{name}: stopping {what} and putting the last good release back")
+        raise Interrupted(f"{what} interrupted by {name}")
+
+    before = {s: signal.signal(s, handler) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)

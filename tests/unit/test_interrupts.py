@@ -1,0 +1,26 @@
+"""The first SIGINT/SIGTERM becomes one failure the command handles (roll back); later ones wait for it."""
+
+import os
+import signal
+
+import pytest
+
+from sparkdeploy.cli.interrupts import interrupt_as_failure
+from sparkdeploy.errors import Interrupted
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_first_signal_fails_the_command_later_ones_wait_for_its_cleanup(sig):
+    notes, cleaned = [], []
+    before = signal.getsignal(sig)
+    with pytest.raises(Interrupted, match=f"up interrupted by {sig.name}") as err:
+        with interrupt_as_failure("up", notes.append):
+            try:
+                os.kill(os.getpid(), sig)
+                raise AssertionError("the signal did not interrupt")
+            finally:  # the rollback runs here: a second signal must not cut it short
+                os.kill(os.getpid(), sig)
+                cleaned.append(True)
+    assert cleaned == [True] and err.value.exit_code == 130
+    assert notes[0].startswith(f"{sig.name}: stopping up") and "still putting the last good release back" in notes[1]
+    assert signal.getsignal(sig) == before
