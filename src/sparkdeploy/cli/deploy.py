@@ -14,12 +14,12 @@ from sparkdeploy import layout
 from sparkdeploy import paths
 from sparkdeploy.cli.interrupts import interrupt_as_failure
 from sparkdeploy.cli.options import inventory_option
-from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD
+from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD
 from sparkdeploy.steps.deploy import Options, load_cluster
 
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
-_STYLE = {OK: "green", CHANGED: "yellow", WOULD: "yellow", FAILED: "red bold", "skipped": "dim"}
+_STYLE = {OK: "green", CHANGED: "yellow", WOULD: "yellow", WARN: "yellow", FAILED: "red bold", "skipped": "dim"}
 
 
 _inventory_option = inventory_option("inventory")

@@ -18,8 +18,8 @@ from sparkdeploy.remote import parallel
 from sparkdeploy.verdict import Status
 
 # the per-node outcome of a step, in the kit's one result vocabulary
-OK, CHANGED, FAILED, SKIPPED, WOULD = (s.value for s in (Status.OK, Status.CHANGED, Status.FAILED, Status.SKIPPED,
-                                                          Status.WOULD_CHANGE))
+OK, CHANGED, WARN, FAILED, SKIPPED, WOULD = (s.value for s in (Status.OK, Status.CHANGED, Status.WARN, Status.FAILED,
+                                                                Status.SKIPPED, Status.WOULD_CHANGE))
 
 
 @dataclass

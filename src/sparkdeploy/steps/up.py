@@ -15,7 +15,7 @@ from sparkdeploy import layout, releases
 from sparkdeploy.errors import InputError, SparkdeployError
 from sparkdeploy.steps import engine
 from sparkdeploy.steps import image as img
-from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD, Outcome, StepFailed
+from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD, Outcome, StepFailed
 from sparkdeploy.steps.context import Context
 from sparkdeploy.steps.release import prune, step_release
 from sparkdeploy.steps.secrets import step_secrets
@@ -107,10 +107,14 @@ def up(cx: Context) -> UpResult:
             auto_rollback(cx, num, f"{stage}: {err}", res, watchdog_was)
             return res
         engine.watchdog(cx, True)
-        prune(cx)
         res.healthy = True
         res.message = (f"release {num} healthy" + (" (new release)" if res.new_release else "")
                        + f"; {res.changes} change(s)")
+        try:
+            prune(cx)
+        except SparkdeployError as err:  # the new release serves: old directories left is not a failed `up`
+            out.append(Outcome("prune", "", WARN, f"old releases not pruned: {err}"))
+            res.message += f"; old releases not pruned ({err})"
         return res
     except StepFailed as err:
         res.message = str(err)
