@@ -29,21 +29,19 @@ from __future__ import annotations
 
 from sparkdeploy import health as H
 from sparkdeploy.steps import down as _down
-from sparkdeploy.steps import engine, healthcheck, release, units
+from sparkdeploy.steps import healthcheck, release
 from sparkdeploy.steps import rollback as _rollback
 from sparkdeploy.steps import up as _up
 from sparkdeploy.steps.base import Outcome
 from sparkdeploy.steps.context import Context, Log, Options, facts_from_dict, served
-from sparkdeploy.steps.secrets import step_secrets
 from sparkdeploy.steps.up import UpResult
-from sparkdeploy.steps.vocab import step_vocab
 
 __all__ = ["Cluster", "Log", "Options", "UpResult", "facts_from_dict", "load_cluster", "served"]
 
 
 class Cluster(Context):
-    """Connections + plan for one inventory (steps.context.Context); the verbs (`up`, `down`, ...) and the steps
-    as methods, each the function of its procedure module."""
+    """Connections + plan for one inventory (steps.context.Context) with the verbs (`up`, `down`, ...) as methods,
+    each the function of its procedure module."""
 
     def __enter__(self) -> "Cluster":
         return self
@@ -64,49 +62,12 @@ class Cluster(Context):
     def health(self) -> H.Report:
         return healthcheck.check(self)
 
-    # steps
-    def step_stale(self, out: list[Outcome]) -> None:
-        units.step_stale(self, out)
-
-    def step_image(self, out: list[Outcome]) -> str | None:
-        return _up.step_image(self, out)
-
-    def step_vocab(self, out: list[Outcome]) -> None:
-        step_vocab(self, out)
-
-    def step_secrets(self, out: list[Outcome]) -> None:
-        step_secrets(self, out)
-
+    # the release decision, as the step tests drive it
     def current_matches(self) -> tuple[bool, dict[str, str]]:
         return release.current_matches(self)
 
     def step_release(self, out: list[Outcome]) -> int:
         return release.step_release(self, out)
-
-    def step_units(self, out: list[Outcome]) -> None:
-        units.step_units(self, out)
-
-    def step_supervision(self, out: list[Outcome]) -> None:
-        units.step_supervision(self, out)
-
-    def prune(self) -> None:
-        release.prune(self)
-
-    # engine control
-    def watchdog(self, on: bool) -> None:
-        engine.watchdog(self, on)
-
-    def watchdog_active(self) -> bool:
-        return engine.watchdog_active(self)
-
-    def stop_all(self, names: list[str] | None = None) -> None:
-        engine.stop_all(self, names)
-
-    def start_all(self) -> None:
-        engine.start_all(self)
-
-    def wait_ready(self, timeout: float) -> str:
-        return engine.wait_ready(self, timeout)
 
 
 def load_cluster(inventory_path: str, opts: Options) -> Cluster:
