@@ -1,4 +1,4 @@
-"""`sparkdeploy bench`: probe, harness, turn2, compare, report (see sparkdeploy.bench)."""
+"""`sparkdeploy bench`: probe, harness, turn2, compare, sentinel, report (see sparkdeploy.bench)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sparkdeploy import credentials
-from sparkdeploy.bench import client, context, prompts, results
+from sparkdeploy.bench import client, context, prompts, results, sentinel
 from sparkdeploy.cli.options import inventory_option
 from sparkdeploy.errors import BenchError, InputError
 
@@ -199,6 +199,56 @@ def _print_comparison(cmp: dict, a: str, b: str) -> None:
                       f(r["noise"]), f(r.get("session_noise")), f(r["threshold"]),
                       f"[{colour[word]}]{word}[/]" if word in colour else word)
     _out().print(table)
+
+
+@bench.command("sentinel")
+@click.option("--baseline", required=True, type=click.Path(dir_okay=False),
+              help="Speed record of the previous healthy release.")
+@click.option("--candidate", required=True, type=click.Path(dir_okay=False), help="Speed record of the new release.")
+@click.option("--baseline-session", "sessions", multiple=True, type=click.Path(dir_okay=False),
+              help="Another record of the baseline release: its repeats join the noise and the spread between "
+                   "sessions must be exceeded too. Repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def sentinel_cmd(baseline, candidate, sessions, as_json):
+    """Exit 1 when a category's acceptance or decode speed fell beyond the measured noise (0: it did not)."""
+    base, cand = sentinel.load(baseline), sentinel.load(candidate)
+    extra = [sentinel.load(p) for p in sessions]
+    try:
+        verdict = sentinel.compare(base, cand, extra_baselines=extra)
+    except InputError as err:
+        raise InputError(f"{candidate} against {baseline}: {err}") from err
+    if as_json:
+        click.echo(json.dumps(verdict, indent=2))
+    else:
+        _print_sentinel(verdict)
+    if verdict["regression"]:
+        cats = sorted({r["category"] for r in verdict["regressions"]})
+        raise BenchError(f"speed regression beyond noise in {', '.join(cats)}")
+
+
+def _print_sentinel(verdict: dict) -> None:
+    for note in verdict["notes"]:
+        click.secho(f"not like for like: {note}", fg="yellow", err=True)
+    for cat in verdict["unmeasured_categories"]:
+        click.secho(f"{cat}: the candidate has no figures (every run discarded?)", fg="yellow", err=True)
+    for metric in verdict["unknown_noise"]:
+        click.secho(f"{metric}: fewer than two repeats, noise unknown: not judged", fg="yellow", err=True)
+    table = Table(title="sentinel: candidate against baseline")
+    for col in ("category", "figure", "baseline", "candidate", "difference", "noise bound", "verdict"):
+        table.add_column(col)
+    f = (lambda v: "–" if v is None else f"{v:.4g}")
+    colour = {"better": "green", "worse": "red"}
+    for r in verdict["rows"]:
+        word = r["verdict"]
+        table.add_row(r["category"], r["figure"], f(r["a"]), f(r["b"]), f(r["difference"]), f(r["threshold"]),
+                      f"[{colour[word]}]{word}[/]" if word in colour else word)
+    _out().print(table)
+    for r in verdict["regressions"]:
+        click.echo(f"REGRESSION {sentinel.describe(r)}")
+    for cause in verdict["likely_causes"]:
+        click.echo(f"likely cause: {cause}")
+    if not verdict["regression"]:
+        click.echo("no figure fell beyond noise")
 
 
 @bench.command("report")
