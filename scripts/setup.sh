@@ -16,7 +16,7 @@ TINY_MODELS=${SPARKDEPLOY_TINY_MODELS:-/opt/sparkdeploy/tiny-models}
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
 need_pkgs=()
-for tool in docker:docker.io dockerd:docker.io debootstrap:debootstrap rsync:rsync ssh:openssh-client sshd:openssh-server; do
+for tool in docker:docker.io dockerd:docker.io debootstrap:debootstrap rsync:rsync ssh:openssh-client sshd:openssh-server promtool:prometheus; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need_pkgs+=("${tool#*:}")
 done
 if ((${#need_pkgs[@]})); then
