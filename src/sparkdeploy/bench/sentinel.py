@@ -189,8 +189,10 @@ def compare(baseline: dict, candidate: dict, *, changes: dict | None = None,
 def describe(row: dict) -> str:
     """One regression as a sentence: category, figure, from -> to, by how much, and the noise bound."""
     rel = f", {row['relative']:+.1%}" if row.get("relative") is not None else ""
+    bound = (f"beyond the noise bound {row['threshold']:.3g} {row['unit']}" if row.get("noise") else
+             "every repeat gave the same figure, so any change is real")
     return (f"{row['category']}: {row['figure']} fell {row['a']:.4g} -> {row['b']:.4g} "
-            f"({row['difference']:+.4g}{rel}; beyond the noise bound {row['threshold']:.3g} {row['unit']})")
+            f"({row['difference']:+.4g}{rel}; {bound})")
 
 
 def likely_causes(regressions: list[dict], changes: dict) -> list[str]:

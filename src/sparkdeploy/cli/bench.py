@@ -1,4 +1,4 @@
-"""`sparkdeploy bench`: probe, harness, turn2, compare, sentinel, report (see sparkdeploy.bench)."""
+"""`sparkdeploy bench`: probe, harness, turn2, compare, record + sentinel, report (see sparkdeploy.bench)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from rich.table import Table
 
 from sparkdeploy import credentials
 from sparkdeploy.bench import client, context, prompts, results, sentinel
+from sparkdeploy.bench.sentinel import CATEGORIES
 from sparkdeploy.cli.options import inventory_option
 from sparkdeploy.errors import BenchError, InputError
 
@@ -199,6 +200,32 @@ def _print_comparison(cmp: dict, a: str, b: str) -> None:
                       f(r["noise"]), f(r.get("session_noise")), f(r["threshold"]),
                       f"[{colour[word]}]{word}[/]" if word in colour else word)
     _out().print(table)
+
+
+@bench.command("record")
+@_service_options
+@click.option("--prompts", "prompt_file", type=click.Path(dir_okay=False), help="Prompt set YAML.")
+@click.option("--category", "categories", multiple=True,
+              help=f"Category (or prefix); repeatable. Default: {', '.join(CATEGORIES)}.")
+@click.option("--tokens", default=64, show_default=True, type=click.IntRange(2), help="Output tokens per request.")
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(2),
+              help="Kept runs per category (at least 2: the noise is measured from them).")
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0), help="Warm-up runs.")
+@click.option("--release-number", type=click.IntRange(1), help="The release measured.")
+@click.option("--list-sha", help="sha256 of the release's draft list.")
+@click.option("--image", help="The release's image tag.")
+@click.option("--flag", "flags", multiple=True, help="One of the release's engine flags; repeatable, in order.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Record file to write.")
+def record_cmd(url, api_key_file, inventory, model, prompt_file, categories, tokens, runs, warmup, release_number,
+               list_sha, image, flags, out):
+    """A speed record of the live service for `bench sentinel`: per category, the repeats of acceptance length,
+    acceptance per position and decode tok/s."""
+    svc, _ = _service(url, inventory, model, api_key_file)
+    facts = {"number": release_number, "list_sha": list_sha, "image": image, "flags": list(flags) or None}
+    rec = sentinel.measure(svc, categories=list(categories) or CATEGORIES, prompt_file=prompt_file, tokens=tokens,
+                           runs=runs, warmup=warmup, release={k: v for k, v in facts.items() if v is not None},
+                           progress=_progress)
+    _err.print(f"record written to {sentinel.save(rec, out)}")
 
 
 @bench.command("sentinel")

@@ -184,3 +184,21 @@ def test_measure_records_every_category_with_its_repeats_from_the_counters(tmp_p
     sentinel.validate(a, "a")
     assert sentinel.load(sentinel.save(a, tmp_path / "r" / "a.json")) == a
     assert not sentinel.compare(a, b)["regression"]
+
+
+def test_record_command_writes_a_record_with_the_release_facts(tmp_path, capsys):
+    out = tmp_path / "rec.json"
+    with FakeVllm() as fake:
+        assert main(["bench", "record", "--url", fake.url, "--category", "code", "--category", "prose_zh",
+                     "--tokens", "20", "--runs", "2", "--warmup", "0", "--release-number", "4", "--image", "v:1",
+                     "--flag=--speculative-config", "--flag={}", "--out", str(out)]) == 0
+    rec = sentinel.load(out)
+    assert list(rec["categories"]) == ["code", "prose_zh_hant", "prose_zh_hans"]
+    assert rec["release"] == {"number": 4, "image": "v:1", "flags": ["--speculative-config", "{}"]}
+    assert rec["categories"]["code"]["acceptance_length"] == [2.3, 2.3]
+    assert main(["bench", "sentinel", "--baseline", str(out), "--candidate", str(out)]) == 0
+    # exact figures (every repeat the same) are described as such, not with a float-rounding bound
+    worse = json.loads(out.read_text())
+    worse["categories"]["code"]["acceptance_length"] = [2.0, 2.0]
+    v = sentinel.compare(rec, worse)
+    assert sentinel.describe(v["regressions"][0]).endswith("every repeat gave the same figure, so any change is real)")
