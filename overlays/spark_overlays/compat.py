@@ -1,4 +1,4 @@
-"""Which of the four features each supported vLLM pin does natively, and what an overlay needs.
+"""Which of the features each supported vLLM pin does natively, and what an overlay needs.
 
 Pure data and string handling: no vllm or torch import, so the planner (``sparkdeploy.plan``) and the
 image-build ``check`` can use it anywhere.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from . import skinny_plans
 
-FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align")
+FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align", "capture")
 NATIVE = "native"
 OVERLAY = "overlay"
 
@@ -150,6 +150,36 @@ _ALIGN_NATIVE_032 = (
            ("self", "request", "num_new_tokens")),
 )
 
+_SCHED = "vllm.v1.core.sched.scheduler"
+_CAPTURE = (
+    # --scheduler-cls takes a dotted name and calls it with the stock scheduler's keyword arguments
+    Target("vllm.config.scheduler", "SchedulerConfig.scheduler_cls"),
+    Target("vllm.config.scheduler", "SchedulerConfig.get_scheduler_cls", ("self",), code=(
+        "if self.scheduler_cls is None: if self.async_scheduling: "
+        "from vllm.v1.core.sched.async_scheduler import AsyncScheduler return AsyncScheduler "
+        "from vllm.v1.core.sched.scheduler import Scheduler return Scheduler",
+        "return resolve_obj_by_qualname(self.scheduler_cls)")),
+    Target("vllm.v1.engine.core", "EngineCore.__init__", code=(
+        "Scheduler = vllm_config.scheduler_config.get_scheduler_cls()",
+        "self.scheduler: SchedulerInterface = Scheduler(vllm_config=vllm_config,")),
+    Target("vllm.v1.engine.core", "EngineCore.shutdown", ("self",), code=("self.scheduler.shutdown()",)),
+    Target(_SCHED, "Scheduler.__init__", ("self", "vllm_config")),
+    Target("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
+    # the ids each request emitted this step, as sent to the client
+    Target(_SCHED, "Scheduler.update_from_output", ("self", "scheduler_output", "model_runner_output"), code=(
+        "EngineCoreOutput(request_id=req_id, new_token_ids=new_token_ids,",
+        "client_index: EngineCoreOutputs(outputs=outs)",
+        "return engine_core_outputs")),
+    Target(_SCHED, "Scheduler.shutdown", ("self",)),
+    Target("vllm.v1.engine", "EngineCoreOutputs.outputs"),
+    Target("vllm.v1.engine", "EngineCoreOutput.new_token_ids"),
+    Target("vllm.config.model", "ModelConfig.get_vocab_size", ("self",)),
+    Target("vllm.config.parallel", "ParallelConfig.data_parallel_rank"),
+    Target("vllm.config.parallel", "ParallelConfig.data_parallel_size"),
+)
+_CAPTURE_NOTE = ("custom logits processors are refused with speculative decoding; the scheduler sees the emitted "
+                 "ids (--scheduler-cls spark_overlays.capture.scheduler)")
+
 FP8_GDN_QUANT_CONFIG = (
     '{"targets": {"re:.*linear_attn\\\\.in_proj_qkvz": "fp8_per_channel", '
     '"re:.*linear_attn\\\\.out_proj": "fp8_per_channel"}}'
@@ -172,6 +202,7 @@ TABLE: dict[str, dict[str, Support]] = {
                                 note="align mode is automatic with prefix caching; its checkpoint ignores the MTP "
                                      "look-ahead, but a wrapper changed no chunk stop in 20,000 look-ahead-1 cases "
                                      "(test pin only)"),
+        "capture": Support(OVERLAY, targets=_CAPTURE, note=_CAPTURE_NOTE),
     },
     "0.33": {
         "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON + _QWEN4_MTP,
@@ -182,6 +213,7 @@ TABLE: dict[str, dict[str, Support]] = {
         "fp8_gdn": Support(NATIVE, flags=_FP8_FLAGS, targets=_FP8_FLAGS_TARGETS),
         "prefix_align": Support(NATIVE, flags=("--enable-prefix-caching",), targets=_ALIGN_NATIVE_033,
                                 note="align mode is automatic with prefix caching; MTP look-ahead hashed"),
+        "capture": Support(OVERLAY, targets=_CAPTURE, note=_CAPTURE_NOTE),
     },
 }
 

@@ -7,7 +7,9 @@ Schema (every key optional; a feature without ``enabled: true`` is off)::
                          "sha256": "<hex of the file bytes>", "require_ids": [0, 1, 2]},
         "skinny_gemm":  {"enabled": true},
         "fp8_gdn":      {"enabled": false},
-        "prefix_align": {"enabled": false}
+        "prefix_align": {"enabled": false},
+        "capture":      {"enabled": true, "path": "/var/lib/sparkdeploy/capture/counts.npy",
+                         "flush_seconds": 60, "flush_tokens": 1000000}
     }}
 
 ``fp8_gdn`` and ``prefix_align`` are native vLLM flags on every supported pin (``compat.py``): the plugin
@@ -50,11 +52,22 @@ class NativeFeature:
 
 
 @dataclass(frozen=True)
+class Capture:
+    """Counts of emitted token ids (``capture.py``): the counts file and how often it is rewritten."""
+
+    enabled: bool = False
+    path: str = ""
+    flush_seconds: float = 60.0
+    flush_tokens: int = 1_000_000
+
+
+@dataclass(frozen=True)
 class Settings:
     shortlist: Shortlist = field(default_factory=Shortlist)
     skinny_gemm: SkinnyGemm = field(default_factory=SkinnyGemm)
     fp8_gdn: NativeFeature = field(default_factory=NativeFeature)
     prefix_align: NativeFeature = field(default_factory=NativeFeature)
+    capture: Capture = field(default_factory=Capture)
 
 
 _KEYS = {
@@ -62,8 +75,10 @@ _KEYS = {
     "skinny_gemm": {"enabled": bool},
     "fp8_gdn": {"enabled": bool},
     "prefix_align": {"enabled": bool},
+    "capture": {"enabled": bool, "path": str, "flush_seconds": (int, float), "flush_tokens": int},
 }
-_CLASSES = {"shortlist": Shortlist, "skinny_gemm": SkinnyGemm, "fp8_gdn": NativeFeature, "prefix_align": NativeFeature}
+_CLASSES = {"shortlist": Shortlist, "skinny_gemm": SkinnyGemm, "fp8_gdn": NativeFeature, "prefix_align": NativeFeature,
+            "capture": Capture}
 
 
 def _feature(name: str, raw: Any) -> Any:
@@ -86,8 +101,11 @@ def _feature(name: str, raw: Any) -> Any:
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
             raise SettingsError(f"{where}.require_ids must be non-negative integers")
         kwargs["require_ids"] = tuple(ids)
+    for key in ("flush_seconds", "flush_tokens"):
+        if key in kwargs and not kwargs[key] > 0:
+            raise SettingsError(f"{where}.{key} must be positive, got {kwargs[key]}")
     out = _CLASSES[name](**kwargs)
-    if name == "shortlist" and out.enabled and not out.path:
+    if name in ("shortlist", "capture") and out.enabled and not out.path:
         raise SettingsError(f"{where}.path is required when enabled")
     return out
 
@@ -121,7 +139,7 @@ def switched_on(additional_config: Any, name: str) -> Any | None:
 
 
 def parse(additional_config: Any) -> Settings:
-    """All four features at once (raises on the first bad key)."""
+    """Every feature at once (raises on the first bad key)."""
     return Settings(**{name: parse_feature(additional_config, name) for name in _KEYS})
 
 
