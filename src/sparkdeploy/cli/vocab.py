@@ -1,4 +1,4 @@
-"""`sparkdeploy vocab ...`: build, merge, measure, inspect, validate and split draft vocabularies."""
+"""`sparkdeploy vocab ...`: build, merge, learn, measure, inspect, validate and split draft vocabularies."""
 
 from __future__ import annotations
 
@@ -149,6 +149,56 @@ def merge(lists, out, spec, as_json) -> None:
                                            "new": result.new}})
     obj = {"sizes": result.sizes, "new": result.new, "total": int(len(result.ids)), "out": out}
     _emit(obj, as_json, [result.line()])
+
+
+@vocab.command("learn")
+@click.argument("counts", nargs=-1, required=True)
+@click.option("--vocab", "-l", "list_arg", required=True, help="the current list (file or shipped name): every id is kept")
+@click.option("--out", "-o", type=click.Path(dir_okay=False), help="the new list (.txt/.npy/.d2t.npy) + manifest")
+@click.option("--tokenizer", "-t", "spec", help="default: the one named in the current list's manifest")
+@click.option("--size", "-n", type=int, help="ids on the new list")
+@click.option("--coverage", "target", type=float, help="stop adding once this share of captured tokens is covered")
+@click.option("--min-count", type=int, default=1, show_default=True, help="add only ids captured this often")
+@click.option("--dry-run", is_flag=True, help="report what the list would be; write nothing")
+@click.option("--json", "as_json", is_flag=True)
+def learn_cmd(counts, list_arg, out, spec, size, target, min_count, dry_run, as_json) -> None:
+    """Add the ids the engine emitted most (COUNTS: `.npy` files of `spark_overlays.capture`) to the current list.
+
+    Prints the miss rate of the captured traffic before and after; the new list goes to `vocab rollout`."""
+    from sparkdeploy.vocab import validate_list, write_list
+    from sparkdeploy.vocab.learn import learn, make_manifest, read_captured
+    from sparkdeploy.vocab.manifest import write_manifest
+
+    if not out and not dry_run:
+        raise VocabError("give --out FILE for the new list (or --dry-run)")
+    path, ids, manifest = _read(list_arg)
+    tok = _tokenizer_for(manifest, spec, path)
+    if manifest and manifest.get("tokenizer", {}).get("content_hash") != tok.content_hash:
+        raise VocabError(f"{path}: built for tokenizer {manifest['tokenizer'].get('content_hash')}, "
+                         f"{tok.name} is {tok.content_hash}")
+    captured = read_captured(counts, tok)
+    res = learn(ids, captured, tok, size=size, coverage=target, min_count=min_count)
+    validate_list(res.ids, tok, what="learned list")
+    if out and not dry_run:
+        write_list(out, res.ids)
+        write_manifest(out, make_manifest(out, res, captured, tok, current=str(path),
+                                          settings={"size": size, "coverage": target, "min_count": min_count}))
+    obj = {"list": str(path), "out": out, "dry_run": dry_run, "tokens": captured.tokens,
+           "outside_tokenizer": captured.outside, "counts": captured.files, "size_before": int(len(ids)),
+           "size": int(len(res.ids)), "parts": res.parts,
+           "miss_rate": {"before": round(res.before.miss_rate, 6), "after": round(res.after.miss_rate, 6)},
+           "by_class": res.by_class, "top_added": [{"id": i, "count": c, "text": t} for i, c, t in res.top_added]}
+    lines = [f"captured: {captured.tokens:,} tokens in {len(captured.files)} counts file(s)"
+             + (f" (+{captured.outside:,} with ids outside the tokenizer, never listed)" if captured.outside else ""),
+             f"miss rate on the captured traffic: {res.before.miss_rate:.2%} -> {res.after.miss_rate:.2%}",
+             f"list: {len(ids)} -> {len(res.ids)} ids (+{res.parts['learned']} learned, +{res.parts['core']} "
+             "structural core; every current id kept)",
+             "by class: " + ", ".join(f"{c} {v['miss_before']:.1%} -> {v['miss_after']:.1%}"
+                                      for c, v in res.by_class.items())]
+    if res.top_added:
+        lines.append("most frequent added: " + " ".join(repr(t) for _, _, t in res.top_added))
+    lines.append("dry run: nothing written" if dry_run else f"wrote {out} (+ manifest); next: sparkdeploy vocab rollout {out}")
+    _emit(obj, as_json, lines)
 
 
 @vocab.command("coverage")
