@@ -171,6 +171,23 @@ def test_capturing_scheduler_counts_every_client_and_flushes_at_shutdown(tmp_pat
     assert not s._spark_counts.active and "counting failed" in caplog.text
 
 
+def test_the_factory_builds_the_stock_class_when_off_and_the_capturing_one_when_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(capture, "_stock_class", lambda vllm_config: FakeScheduler)
+    path = tmp_path / "c.npy"
+    off = capture.scheduler(_config(tmp_path, enabled=False, path=str(path)), kv_cache_config=None)
+    assert type(off) is FakeScheduler  # off: vLLM's own class, nothing added
+    off.update_from_output(None, {0: [[1, 2]]})
+    off.shutdown()
+    on = capture.scheduler(_config(tmp_path, enabled=True, path=str(path), flush_seconds=3600),
+                           kv_cache_config=None)
+    assert type(on).__name__ == "CapturingFakeScheduler"
+    on.update_from_output(None, {0: [[1, 2]]})
+    assert not path.exists()  # nothing is due yet
+    on.shutdown()
+    assert capture.read_counts(path).tolist() == [0, 1, 1, 0, 0, 0, 0, 0, 0, 0]
+    assert not on._spark_counts._thread.is_alive()
+
+
 def test_module_imports_neither_vllm_nor_torch():
     code = "import spark_overlays.capture, sys; print('torch' in sys.modules, 'vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
