@@ -160,15 +160,20 @@ def compare(baseline: dict, candidate: dict, *, changes: dict | None = None,
     `changes` (default: the difference of the two records' release facts) is what changed between the
     releases; it only feeds the likely cause. `extra_baselines` are more records of the baseline release:
     their repeats join the noise and their spread between sessions must be exceeded too.
-    Raises InputError when the two records did not measure the same thing (tokens, prompt, ignore_eos).
+    Raises InputError when the two records did not measure the same thing (tokens, prompt, ignore_eos) or
+    share no category.
     """
     ra, rb = as_results(baseline), as_results(candidate)
     differ = [f"settings.{k} {ra['settings'][k]!r} (baseline) vs {rb['settings'][k]!r} (candidate)"
               for k in SAME_SETTINGS if ra["settings"][k] != rb["settings"][k]]
     if differ:
         raise InputError("the records measured different things: " + "; ".join(differ))
+    if not set(ra["metrics"]) & set(rb["metrics"]):
+        raise InputError(f"the records share no category (baseline: {', '.join(baseline['categories'])}; "
+                         f"candidate: {', '.join(candidate['categories'])})")
     cmp = bench_compare.compare(ra, rb, extra_baselines=[as_results(e) for e in extra_baselines])
-    rows = [dict(r, category=r["metric"].split("/")[0], figure=r["metric"].split("/", 1)[1]) for r in cmp["rows"]]
+    rows = [dict(r, category=r["metric"].split("/")[0], figure=r["metric"].split("/", 1)[1], exact=_exact(r))
+            for r in cmp["rows"]]
     regressions = [r for r in rows if r["verdict"] == stats.WORSE]
     changes = changes_between(baseline, candidate) if changes is None else changes
     unmeasured = sorted({m.split("/")[0] for m in cmp["only_in_a"]} - {r["category"] for r in rows})
@@ -189,10 +194,16 @@ def compare(baseline: dict, candidate: dict, *, changes: dict | None = None,
 def describe(row: dict) -> str:
     """One regression as a sentence: category, figure, from -> to, by how much, and the noise bound."""
     rel = f", {row['relative']:+.1%}" if row.get("relative") is not None else ""
-    bound = (f"beyond the noise bound {row['threshold']:.3g} {row['unit']}" if row.get("noise") else
-             "every repeat gave the same figure, so any change is real")
+    bound = ("every repeat gave the same figure, so any change is real" if row["exact"] else
+             f"beyond the noise bound {row['threshold']:.3g} {row['unit']}")
     return (f"{row['category']}: {row['figure']} fell {row['a']:.4g} -> {row['b']:.4g} "
             f"({row['difference']:+.4g}{rel}; {bound})")
+
+
+def _exact(row: dict) -> bool:
+    """The repeats agree to float rounding (acceptance at temperature 0 on one engine): no noise to beat."""
+    scale = max(abs(row["a"] or 0), abs(row["b"] or 0), 1e-12)
+    return row["noise"] is not None and row["noise"] <= 1e-9 * scale
 
 
 def likely_causes(regressions: list[dict], changes: dict) -> list[str]:

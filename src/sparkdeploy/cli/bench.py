@@ -267,7 +267,8 @@ def _print_sentinel(verdict: dict) -> None:
     colour = {"better": "green", "worse": "red"}
     for r in verdict["rows"]:
         word = r["verdict"]
-        table.add_row(r["category"], r["figure"], f(r["a"]), f(r["b"]), f(r["difference"]), f(r["threshold"]),
+        bound = "exact" if r["exact"] else f(r["threshold"])  # every repeat equal: any change counts
+        table.add_row(r["category"], r["figure"], f(r["a"]), f(r["b"]), f(r["difference"]), bound,
                       f"[{colour[word]}]{word}[/]" if word in colour else word)
     _out().print(table)
     for r in verdict["regressions"]:

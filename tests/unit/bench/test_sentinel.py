@@ -102,6 +102,10 @@ def test_records_that_measured_different_things_are_refused():
     b["settings"]["tokens"] = 256
     with pytest.raises(InputError, match=r"settings.tokens 64 \(baseline\) vs 256 \(candidate\)"):
         sentinel.compare(record(1), b)
+    other = record(2)
+    other["categories"] = {"tool_json": other["categories"]["code"]}
+    with pytest.raises(InputError, match="share no category"):
+        sentinel.compare(record(1), other)
 
 
 def test_one_repeat_is_not_judged():
