@@ -9,7 +9,7 @@ import hashlib
 import posixpath
 import secrets
 import shlex
-import threading
+import contextvars
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -71,41 +71,80 @@ class Proc:
 
 
 # ------------------------------------------------------------------------------------------- effects
-_effects = threading.local()
+# A context variable, not a thread-local: `remote.parallel` runs each node's function in a copy of the caller's
+# context, so what a step does on its nodes at once is recorded in the step's one list.
+_effects: contextvars.ContextVar[tuple[list[str], bool] | None] = contextvars.ContextVar("effects", default=None)
+# Paths a dry run has written (node, path): a later step of the same dry run finds them, as the real run would.
+_dry_written: contextvars.ContextVar[set[tuple[str, str]] | None] = contextvars.ContextVar("dry_written",
+                                                                                          default=None)
 
 
 @contextmanager
 def recording(*, dry: bool) -> Iterator[list[str]]:
-    """Collect, as one line each, the commands and file writes made through any `Conn` on this thread: the
-    exact effects of a step's action (pyinfra's "operations yield commands", taken from the calls themselves,
-    so what a dry run prints cannot drift from what a real run does). With `dry`, nothing reaches a node: a
-    command answers success with no output, a write is dropped. Reads (`get`, `exists`) always go through."""
-    before = getattr(_effects, "state", None)
+    """Collect, as one line each, the commands and file writes made through any `Conn` in this context (and the
+    nodes' threads `remote.parallel` starts from it): the exact effects of a step's action (pyinfra's
+    "operations yield commands", taken from the calls themselves, so what a dry run prints cannot drift from
+    what a real run does). With `dry`, nothing reaches a node: a command answers success with no output, a
+    write is dropped. Reads (`query`, `get`, `exists`) always go through and are never recorded."""
     log: list[str] = []
-    _effects.state = (log, dry)
+    token = _effects.set((log, dry))
     try:
         yield log
     finally:
-        _effects.state = before
+        _effects.reset(token)
+
+
+@contextmanager
+def dry_session() -> Iterator[None]:
+    """One dry run across several recordings: a file one step would write `exists` for the next (a release
+    written by the release step is there to switch to)."""
+    token = _dry_written.set(set())
+    try:
+        yield
+    finally:
+        _dry_written.reset(token)
+
+
+def dry() -> bool:
+    """Is this context recording a dry run (nothing carried out)?"""
+    state = _effects.get()
+    return bool(state and state[1])
 
 
 @contextmanager
 def _not_recorded() -> Iterator[None]:
-    before = getattr(_effects, "state", None)
-    _effects.state = None
+    token = _effects.set(None)
     try:
         yield
     finally:
-        _effects.state = before
+        _effects.reset(token)
 
 
-def _record(line: str) -> bool:
-    """Log an effect if recording; True when it must not be carried out (dry run)."""
-    state = getattr(_effects, "state", None)
+def record(line: str) -> bool:
+    """Log an effect if recording; True when it must not be carried out (dry run). For effects made by other
+    means than `Conn.run/put/symlink` (a command fed through a byte stream)."""
+    state = _effects.get()
     if state is None:
         return False
     state[0].append(line)
     return state[1]
+
+
+def _record_write(node: str, path: str, line: str) -> bool:
+    """`record` for a file or link write; a dry run remembers the path for `exists` (see `dry_session`)."""
+    if not record(line):
+        return False
+    written = _dry_written.get()
+    if written is not None:
+        written.add((node, path))
+    return True
+
+
+def _shown(arg: str) -> str:
+    """An argument as an effect line shows it: a long one (a script passed with -c) by size and hash."""
+    if len(arg) <= 240:
+        return arg
+    return f"<{len(arg)} chars sha256:{hashlib.sha256(arg.encode()).hexdigest()[:12]}>"
 
 
 class Conn:
@@ -120,9 +159,14 @@ class Conn:
     def run(self, argv: Sequence[str], *, timeout: float = 120, check: bool = True, input: bytes | None = None) -> Result:
         argv = [str(a) for a in argv]
         stdin = f" <{len(input)} bytes sha256:{hashlib.sha256(input).hexdigest()[:12]}>" if input is not None else ""
-        if _record(f"{self.name}: run {shlex.join(argv)}{stdin}"):
+        if record(f"{self.name}: run {shlex.join(_shown(a) for a in argv)}{stdin}"):
             return Result(argv, 0, "", "", self.name)
         return self._run(argv, timeout=timeout, check=check, input=input)
+
+    def query(self, argv: Sequence[str], *, timeout: float = 120, check: bool = True) -> Result:
+        """A command that only reads the node's state (a fact): carried out and not recorded, in a dry run too."""
+        with _not_recorded():
+            return self.run(argv, timeout=timeout, check=check)
 
     def _run(self, argv: list[str], *, timeout: float, check: bool, input: bytes | None) -> Result:
         raise NotImplementedError
@@ -132,7 +176,7 @@ class Conn:
         and `path` is untouched (disk full leaves the old file in place). Through `run`, so through sudo."""
         effect = f"{self.name}: write {path} mode {mode:04o}{' owner ' + owner if owner else ''} " \
                  f"{len(data)} bytes sha256:{hashlib.sha256(data).hexdigest()[:12]}"
-        if _record(effect):
+        if _record_write(self.name, path, effect):
             return
         with _not_recorded():
             self._put(path, data, mode=mode, owner=owner)
@@ -196,12 +240,14 @@ class Conn:
         return self.run(["sh", "-c", script], timeout=timeout, check=check)
 
     def exists(self, path: str) -> bool:
-        with _not_recorded():  # a read, also in a dry run
-            return self.run(["test", "-e", path], check=False).ok
+        written = _dry_written.get()
+        if written is not None and dry() and (self.name, path) in written:
+            return True
+        return self.query(["test", "-e", path], check=False).ok
 
     def symlink(self, link: str, dest: str) -> None:
         """Point `link` at `dest` atomically (new link beside it, then rename over)."""
-        if _record(f"{self.name}: link {link} -> {dest}"):
+        if _record_write(self.name, link, f"{self.name}: link {link} -> {dest}"):
             return
         tmp = f"{link}.sparkdeploy-tmp-{secrets.token_hex(4)}"
         with _not_recorded():

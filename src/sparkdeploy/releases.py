@@ -63,7 +63,7 @@ echo END
 
 
 def scan(conn: Conn) -> NodeReleases:
-    return parse_scan(conn.run(["sh", "-c", _SCAN, "scan", RELEASES_DIR, CURRENT_LINK], timeout=30).stdout, conn.name)
+    return parse_scan(conn.query(["sh", "-c", _SCAN, "scan", RELEASES_DIR, CURRENT_LINK], timeout=30).stdout, conn.name)
 
 
 def parse_scan(out: str, node: str) -> NodeReleases:
@@ -96,7 +96,7 @@ def parse_scan(out: str, node: str) -> NodeReleases:
 
 def file_digests(conn: Conn, number: int) -> dict[str, str]:
     """sha256 of every file in a release directory (relative names), without release.json/HEALTHY."""
-    res = conn.run(["sh", "-c", 'cd "$1" 2>/dev/null && find . -type f -exec sha256sum {} +', "d", rdir(number)],
+    res = conn.query(["sh", "-c", 'cd "$1" 2>/dev/null && find . -type f -exec sha256sum {} +', "d", rdir(number)],
                    check=False, timeout=30)
     digests = {}
     for line in res.stdout.splitlines():

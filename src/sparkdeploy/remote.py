@@ -16,6 +16,7 @@ What a connection is (`Conn`, `Target`, the effects recorder) is in `connection`
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextvars
 import getpass
 import ipaddress
 import os
@@ -327,7 +328,7 @@ def host_key_line(conn: Conn, host: str, port: int = 22) -> str:
         key = conn.client.get_transport().get_remote_server_key()
         kt, kb = key.get_name(), key.get_base64()
     else:
-        kt, kb = conn.run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout.split()[:2]
+        kt, kb = conn.query(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout.split()[:2]
     name = host if port == 22 else f"[{host}]:{port}"
     return f"{name} {kt} {kb}"
 
@@ -339,7 +340,8 @@ def parallel(items: Iterable[T], fn: Callable[[T], object], *, max_workers: int 
     if not items:
         return out
     with cf.ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
-        futs = {pool.submit(fn, it): i for i, it in enumerate(items)}
+        # each in a copy of the caller's context: an effects recording (connection.recording) sees every node
+        futs = {pool.submit(contextvars.copy_context().run, fn, it): i for i, it in enumerate(items)}
         for fut in cf.as_completed(futs):
             try:
                 out[futs[fut]] = fut.result()

@@ -105,7 +105,7 @@ def parse_state(node: str, out: str) -> LiveVocab:
 
 
 def read_state(conn: Conn, vocab_dir: str = DIR, etc_dir: str = ETC_DIR) -> LiveVocab:
-    out = conn.run(["sh", "-c", _STATE, "vocab", vocab_dir, etc_dir], check=False, timeout=30).stdout
+    out = conn.query(["sh", "-c", _STATE, "vocab", vocab_dir, etc_dir], check=False, timeout=30).stdout
     return parse_state(conn.name, out)
 
 
@@ -116,7 +116,7 @@ def read_list(conn: Conn, sha: str | None = None) -> bytes | None:
 
 def has(conn: Conn, sha: str) -> bool:
     """The stored file exists and hashes to its name."""
-    out = conn.run(["sha256sum", f"{DIR}/{file_name(sha)}"], check=False, timeout=30).stdout.split()
+    out = conn.query(["sha256sum", f"{DIR}/{file_name(sha)}"], check=False, timeout=30).stdout.split()
     return out[:1] == [sha]
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from sparkdeploy import memguard, probes
+from sparkdeploy import connection, memguard, probes
 from sparkdeploy.errors import PlanError, RemoteError, SparkdeployError
 from sparkdeploy.remote import host_key_line, parallel
 from sparkdeploy.verdict import Result, Status
@@ -67,9 +67,16 @@ def diff_manifests(src: Manifest, dst: Manifest) -> tuple[list[str], list[str]]:
     return send, extra
 
 
-def helper(conn, *args: str, input: bytes | None = None, timeout: float = 3600) -> dict:
-    """Run the node-side helper with the node's python3; returns its JSON answer."""
-    res = conn.run(["python3", "-c", HELPER_SOURCE, *args], input=input, check=False, timeout=timeout)
+def helper(conn, *args: str, input: bytes | None = None, timeout: float = 3600, reads_only: bool = False) -> dict:
+    """Run the node-side helper with the node's python3; returns its JSON answer ({} in a dry run, which
+    records the command and carries nothing out). `reads_only`: a fact, carried out and never recorded."""
+    argv = ["python3", "-c", HELPER_SOURCE, *args]
+    if reads_only:
+        res = conn.query(argv, check=False, timeout=timeout)
+    else:
+        res = conn.run(argv, input=input, check=False, timeout=timeout)
+        if connection.dry():
+            return {}
     if not res.ok:
         tail = (res.stderr or res.stdout).strip().splitlines()[-2:]
         raise RemoteError(f"weights helper `{args[0]}` exited {res.rc}: {' | '.join(tail)}", node=conn.name)
@@ -80,7 +87,7 @@ def helper(conn, *args: str, input: bytes | None = None, timeout: float = 3600) 
 
 
 def manifest(conn, directory: str) -> Manifest:
-    return Manifest.from_json(helper(conn, "manifest", directory))
+    return Manifest.from_json(helper(conn, "manifest", directory, reads_only=True))
 
 
 def evict(conn, directory: str) -> dict:
@@ -368,7 +375,8 @@ def enforce(results: Sequence[Result]) -> None:
 def evict_and_guard(pool, plan, directory: str | None) -> tuple[dict[str, dict], list[Result]]:
     """Before a start: evict the checkpoint's page cache on every planned node (when there is a host
     directory), then judge MemAvailable after eviction against each node's planned budget. Returns
-    ({node: evict report}, guard results); `enforce(results)` refuses the start. For `up` and `weights evict`."""
+    ({node: evict report}, guard results); `enforce(results)` refuses the start. For `up` and `weights evict`.
+    A dry run has no guard results: with the engine still running, MemAvailable says nothing about the start."""
     names = [np.name for np in plan.nodes]
     if directory:
         out = pool.map(lambda c: evict(c, directory), names)
@@ -383,13 +391,15 @@ def evict_and_guard(pool, plan, directory: str | None) -> tuple[dict[str, dict],
     for name, res in out.items():
         if isinstance(res, Exception):
             raise res
+    if connection.dry():  # the eviction recorded, not made: MemAvailable is judged at the real start
+        return out, []
     guards = [guard(np.name, out[np.name]["mem_available_after"], np.memory,
                     mem_free=out[np.name].get("mem_free_after")) for np in plan.nodes]
     return out, guards
 
 
 def _meminfo(conn) -> dict[str, int]:
-    mem = probes.parse_meminfo(conn.run(["cat", "/proc/meminfo"], timeout=30).stdout)
+    mem = probes.parse_meminfo(conn.query(["cat", "/proc/meminfo"], timeout=30).stdout)
     if "MemAvailable" not in mem:
         raise RemoteError("no MemAvailable in /proc/meminfo", node=conn.name)
     return mem

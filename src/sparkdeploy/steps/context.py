@@ -149,7 +149,7 @@ class Context:
             c = self.conn(name)
             nr = self.rel[name]
             meta = nr.complete.get(nr.current) if nr.current else None
-            running = c.run(["systemctl", "is-active", "--quiet", layout.UNIT_NAME], check=False).ok
+            running = c.query(["systemctl", "is-active", "--quiet", layout.UNIT_NAME], check=False).ok
             if meta and running and meta.get("facts"):
                 return facts_from_dict(meta["facts"]), f"re-used the facts of release {nr.current} (engine running)"
             return gather.gather(c, self.inv.node(name)), "measured"

@@ -19,11 +19,11 @@ def step_secrets(cx: Context, out: list[Outcome]) -> None:
 
     def diff(n: str) -> list[Action]:
         c = cx.conn(n)
-        have = c.run(["sha256sum", path], check=False)
+        have = c.query(["sha256sum", path], check=False)
         if not values:
             return [Action(f"remove {path} (no auth.api_key_file)", lambda: c.run(["rm", "-f", path]))] \
                 if have.ok else []
-        mode = c.run(["stat", "-c", "%a %U", path], check=False).stdout.split()
+        mode = c.query(["stat", "-c", "%a %U", path], check=False).stdout.split()
         if have.stdout.split()[:1] == [digest] and mode == ["600", "root"]:
             return []
         return [Action(f"write {path} (mode 0600, root; {what})",

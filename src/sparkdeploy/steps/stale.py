@@ -38,7 +38,7 @@ done
 
 
 def find(conn: Conn, ours: list[str], ports: list[int]) -> list[str]:
-    out = conn.run(["sh", "-c", _FIND, "stale", " ".join(ours), *map(str, ports)], timeout=60, check=False).stdout
+    out = conn.query(["sh", "-c", _FIND, "stale", " ".join(ours), *map(str, ports)], timeout=60, check=False).stdout
     return sorted({line.strip() for line in out.splitlines() if line.strip()})
 
 

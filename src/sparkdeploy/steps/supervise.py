@@ -109,6 +109,6 @@ def head_actions(head: Conn, known_lines: list[str], units: dict[str, bytes], kn
                 head.put(p, units[p])
             head.run(["systemctl", "daemon-reload"])
         acts.append(Action(f"install {', '.join(Path(p).name for p in changed)}", install))
-    if head.run(["systemctl", "is-enabled", TIMER], check=False).stdout.strip() != "enabled":
+    if head.query(["systemctl", "is-enabled", TIMER], check=False).stdout.strip() != "enabled":
         acts.append(Action(f"enable {TIMER}", lambda: head.run(["systemctl", "enable", TIMER])))
     return acts

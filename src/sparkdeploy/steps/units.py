@@ -31,7 +31,7 @@ def step_units(cx: Context, out: list[Outcome]) -> None:
                     c.put(p, units[p])
                 c.run(["systemctl", "daemon-reload"])
             acts.append(Action(f"install {', '.join(posixpath.basename(p) for p in changed)} + daemon-reload", install))
-        if c.run(["systemctl", "is-enabled", layout.UNIT_NAME], check=False).stdout.strip() != "enabled":
+        if c.query(["systemctl", "is-enabled", layout.UNIT_NAME], check=False).stdout.strip() != "enabled":
             acts.append(Action(f"enable {layout.UNIT_NAME}", lambda c=c: c.run(["systemctl", "enable", layout.UNIT_NAME])))
         return acts
 
@@ -61,8 +61,8 @@ def retire_others(cx: Context, out: list[Outcome]) -> None:
         c = cx.conn(n)
 
         def diff(n: str, c=c) -> list[Action]:
-            en = c.run(["systemctl", "is-enabled", layout.UNIT_NAME], check=False).stdout.strip()
-            act = c.run(["systemctl", "is-active", layout.UNIT_NAME], check=False).stdout.strip()
+            en = c.query(["systemctl", "is-enabled", layout.UNIT_NAME], check=False).stdout.strip()
+            act = c.query(["systemctl", "is-active", layout.UNIT_NAME], check=False).stdout.strip()
             if en != "enabled" and act != "active":
                 return []
             return [Action(f"stop and disable {layout.UNIT_NAME} (node not in this {len(cx.names)}-node plan)",

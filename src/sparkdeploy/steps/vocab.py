@@ -19,10 +19,10 @@ def step_vocab(cx: Context, out: list[Outcome]) -> None:
     def diff(n: str) -> list[Action]:
         c = cx.conn(n)
         acts = []
-        if c.run(["sha256sum", f"{d}/{digest}.txt"], check=False).stdout.split()[:1] != [digest]:
+        if c.query(["sha256sum", f"{d}/{digest}.txt"], check=False).stdout.split()[:1] != [digest]:
             acts.append(Action(f"write {d}/{digest}.txt", lambda: (c.run(["mkdir", "-p", d]),
                                                                    c.put(f"{d}/{digest}.txt", data))))
-        if c.run(["readlink", f"{d}/current.txt"], check=False).stdout.strip() != f"{digest}.txt":
+        if c.query(["readlink", f"{d}/current.txt"], check=False).stdout.strip() != f"{digest}.txt":
             acts.append(Action(f"point {d}/current.txt at {digest[:12]}",
                                lambda: (c.run(["mkdir", "-p", d]), c.symlink(f"{d}/current.txt", f"{digest}.txt"))))
         return acts
