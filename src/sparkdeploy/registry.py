@@ -27,7 +27,7 @@ from typing import Iterator
 
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.layout import REGISTRY_CONFIG_DIR, REGISTRY_PORT, REGISTRY_STORAGE_DIR, REGISTRY_UNIT
-from sparkdeploy.connection import Conn
+from sparkdeploy.connection import Conn, dry
 
 PORT = REGISTRY_PORT
 CONFIG_DIR = REGISTRY_CONFIG_DIR
@@ -128,16 +128,18 @@ def ensure(head: Conn, data_ip: str, log=lambda msg: None) -> tuple[bytes, list[
         for p in changed:
             head.put(p, want[p], mode=0o600 if p == KEY_FILE else 0o644)
         done.append(f"wrote {', '.join(changed)}")
-    if head.run(["systemctl", "is-enabled", "--quiet", PACKAGE_UNIT], check=False).ok or \
-            head.run(["systemctl", "is-active", "--quiet", PACKAGE_UNIT], check=False).ok:
+    if head.query(["systemctl", "is-enabled", "--quiet", PACKAGE_UNIT], check=False).ok or \
+            head.query(["systemctl", "is-active", "--quiet", PACKAGE_UNIT], check=False).ok:
         head.run(["systemctl", "disable", "--now", PACKAGE_UNIT], check=False, timeout=60)
         done.append(f"stopped and disabled {PACKAGE_UNIT} (it listens on every interface)")
-    active = head.run(["systemctl", "is-active", "--quiet", UNIT_NAME], check=False).ok
+    active = head.query(["systemctl", "is-active", "--quiet", UNIT_NAME], check=False).ok
     if changed or not active:
         head.run(["systemctl", "daemon-reload"])
         head.run(["systemctl", "enable", UNIT_NAME], timeout=60)
         head.run(["systemctl", "restart", UNIT_NAME], timeout=60)
         done.append(f"(re)started {UNIT_NAME}")
+    if dry():  # recorded, not made: nothing to report or wait for
+        return ca, done
     for d in done:
         log(f"{head.name}: registry: {d}")
     wait_answering(head, data_ip)
@@ -153,11 +155,11 @@ def wait_answering(head: Conn, data_ip: str, timeout: float = 30) -> None:
     """The registry's API answers over TLS, verified against its CA (from the head itself)."""
     end = time.monotonic() + timeout
     while True:
-        res = head.run(["python3", "-c", _PROBE, address(data_ip), CA_FILE], check=False, timeout=30)
+        res = head.query(["python3", "-c", _PROBE, address(data_ip), CA_FILE], check=False, timeout=30)
         if res.ok:
             return
         if time.monotonic() > end:
-            status = head.run(["systemctl", "status", "--no-pager", "-n", "5", UNIT_NAME], check=False).stdout
+            status = head.query(["systemctl", "status", "--no-pager", "-n", "5", UNIT_NAME], check=False).stdout
             raise RemoteError(f"registry at https://{address(data_ip)} does not answer: "
                               f"{(res.stderr or '').strip()[-300:]} | {status.strip()[-500:]}", node=head.name)
         time.sleep(0.5)

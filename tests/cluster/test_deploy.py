@@ -9,6 +9,7 @@ asserted.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -70,6 +71,14 @@ def variant(base: Path, tmp: Path, name: str, reserve: float) -> Path:
     return out
 
 
+def comparable(res: dict) -> list[str]:
+    """The effects of an `up --json`, sorted; a release.json's size and hash left out (it records the time and
+    the facts measured at the write)."""
+    return sorted(re.sub(r" \d+ bytes sha256:\w+$", "", e) if e.endswith(layout.RELEASE_META) or
+                  f"/{layout.RELEASE_META} mode" in e else e
+                  for o in res["outcomes"] for e in o.get("effects", []))
+
+
 def current(sim, node) -> str:
     return sim.ssh(node, ["readlink", layout.CURRENT_LINK]).out.strip()
 
@@ -109,7 +118,8 @@ def test_second_up_changes_nothing_and_is_fast(deployed, sim_cluster):
     TIMES["second up (nothing changed)"] = time.monotonic() - t0
     print(f"\nsecond up with nothing changed: {res['seconds']:.1f} s, {res['changes']} changes")
     assert rc == 0 and res["healthy"]
-    assert res["changes"] == 0 and not res["new_release"] and not res["restarted"], res["outcomes"]
+    assert res["changes"] == 0 and not res["new_release"] and not res["restarted"], \
+        [(o["step"], o["node"], o["status"], o["detail"], o["actions"]) for o in res["outcomes"] if o["status"] != "ok"]
     assert current(sim_cluster, "node1") == "releases/0001"
 
 
@@ -242,9 +252,23 @@ def test_fault_ssh_cut_mid_step_leaves_current_release(deployed, sim_cluster, mo
     assert sim_cluster.ssh("node2", ["test", "-e", f"{releases.rdir(2)}/{layout.RELEASE_META}"]).rc != 0
     assert health_json(deployed["inv"])[0] == 0
     monkeypatch.undo()
-    # a re-run converges: release 2 written completely everywhere, switched, gated
+    # its dry run lists the exact commands, writes and links of the re-run, the restart's included (issue 15)
+    rc, out, err = cli("up", "-i", str(inv2), "--dry-run", "--json", *UP_FLAGS)
+    dry = json.loads(out)
+    assert rc == 0 and dry["new_release"] and "release 2 would be started" in dry["message"], dry["message"]
+    restart_effects = [e for o in dry["outcomes"] if o["step"] == "start" for e in o["effects"]]
+    for n in ("node1", "node2"):  # (the sim's model is in the image: no page cache to evict)
+        assert f"{n}: link {layout.CURRENT_LINK} -> releases/0002" in restart_effects
+        assert f"{n}: run systemctl start {layout.UNIT_NAME}" in restart_effects
+        assert f"{n}: run systemctl stop {layout.UNIT_NAME}" in restart_effects
+        assert all(e in err for e in restart_effects)  # printed, not only in the JSON
+    assert restart_effects.index(f"node2: run systemctl start {layout.UNIT_NAME}") < \
+        restart_effects.index(f"node1: run systemctl start {layout.UNIT_NAME}")  # workers first
+    assert current(sim_cluster, "node1") == "releases/0001"  # the dry run switched nothing
+    # a re-run converges: release 2 written completely everywhere, switched, gated; exactly as the dry run said
     rc, res2, err = up_json(inv2)
     assert rc == 0 and res2["healthy"] and res2["release"] == 2 and res2["new_release"], res2["message"]
+    assert comparable(res2) == comparable(dry)
     deployed["inv"] = inv2
     assert health_json(inv2)[0] == 0
 

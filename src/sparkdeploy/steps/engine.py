@@ -5,7 +5,9 @@ readiness and the health gate; and the two procedures every verb shares:
     serve_again(cx, good, ...)    release `good` (it passed its gate) back in service, waited for until it answers
 
 `up` (new release and its automatic rollback), `rollback` and `vocab rollout` (switch and roll-back) use these;
-none of them stops, switches or starts on its own.
+none of them stops, switches or starts on its own. Every node command here goes through `Conn.run` (reads
+through `Conn.query`), so under `connection.recording(dry=True)` `switch_and_restart` lists, without making
+them, exactly the commands and links a real restart makes: `up --dry-run` prints them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from sparkdeploy import faults, health, layout, releases
+from sparkdeploy import connection, faults, health, layout, releases
 from sparkdeploy.errors import HealthError
 from sparkdeploy.steps import supervise
 from sparkdeploy.steps.base import OK, Outcome
@@ -32,7 +34,7 @@ def watchdog(cx: Context, on: bool) -> None:
 
 
 def watchdog_active(cx: Context) -> bool:
-    return cx.conn(cx.head).run(["systemctl", "is-active", "--quiet", supervise.TIMER], check=False).ok
+    return cx.conn(cx.head).query(["systemctl", "is-active", "--quiet", supervise.TIMER], check=False).ok
 
 
 # ------------------------------------------------------------------------------------ stop, switch, start
@@ -68,7 +70,8 @@ def start_all(cx: Context) -> None:
     for node in cx.plan.start_order:
         cx.conn(node.name).run(["systemctl", "reset-failed", layout.UNIT_NAME], check=False)
         cx.conn(node.name).run(["systemctl", "start", layout.UNIT_NAME], timeout=120)
-        cx.log(f"{node.name}: started {layout.UNIT_NAME} ({node.role}, rank {node.rank})")
+        if not connection.dry():
+            cx.log(f"{node.name}: started {layout.UNIT_NAME} ({node.role}, rank {node.rank})")
 
 
 def switch(cx: Context, num: int, list_sha: str | None = None, what: str | None = None) -> None:
@@ -123,8 +126,8 @@ def wait_ready(cx: Context, timeout: float) -> str:
                                      probe_timeout=cx.opts.probe_timeout, log=cx.log,
                                      api_key=cx.inv.auth.api_key())
     except health.NotAnswering as err:
-        states = cx.map(lambda c: c.run(["docker", "inspect", "-f", "{{.State.Status}}",
-                                         layout.CONTAINER_NAME], check=False).stdout.strip() or "absent")
+        states = cx.map(lambda c: c.query(["docker", "inspect", "-f", "{{.State.Status}}",
+                                           layout.CONTAINER_NAME], check=False).stdout.strip() or "absent")
         raise HealthError(f"not ready after {timeout:.0f} s: last saw {err.last} at {url}; containers: "
                           + ", ".join(f"{n} {s}" for n, s in states.items())) from None
 

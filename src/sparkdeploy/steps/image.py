@@ -15,20 +15,22 @@ the cluster is involved.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import shlex
 import tarfile
 import time
 from typing import Callable
 
 from sparkdeploy import registry
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.connection import Conn, Target
+from sparkdeploy.connection import Conn, Target, dry, record, recording
 from sparkdeploy.remote import LocalConn
 from sparkdeploy.streams import stream_bytes
 
 
 def image_id(conn: Conn, ref: str) -> str | None:
-    res = conn.run(["docker", "image", "inspect", "-f", "{{.Id}}", ref], check=False, timeout=60)
+    res = conn.query(["docker", "image", "inspect", "-f", "{{.Id}}", ref], check=False, timeout=60)
     return res.stdout.strip() if res.ok and res.stdout.strip() else None
 
 
@@ -44,10 +46,16 @@ def context_tar(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-def build(conn: Conn, tag: str, context: dict[str, bytes], dockerfile: str = "Dockerfile", timeout: float = 3600) -> str:
+def build(conn: Conn, tag: str, context: dict[str, bytes], dockerfile: str = "Dockerfile",
+          timeout: float = 3600) -> str | None:
+    """docker build from the context streamed in as a tar; the image ID (None in a dry run, which records it)."""
     tar = context_tar(context)
+    argv = ["docker", "build", "-q", "-t", tag, "-f", dockerfile, "-"]
+    if record(f"{conn.name}: run {shlex.join(argv)} <build context {len(tar)} bytes "
+              f"sha256:{hashlib.sha256(tar).hexdigest()[:12]}>"):
+        return None
     chunks = (tar[i:i + (1 << 20)] for i in range(0, len(tar), 1 << 20))
-    rc, tail = stream_bytes(conn, ["docker", "build", "-q", "-t", tag, "-f", dockerfile, "-"], chunks, timeout=timeout)
+    rc, tail = stream_bytes(conn, argv, chunks, timeout=timeout)
     if rc != 0:
         raise RemoteError(f"docker build of {tag} failed: {tail.strip()[-1500:]}", node=conn.name)
     iid = image_id(conn, tag)
@@ -72,6 +80,9 @@ def push_through_tunnel(cl, local: Conn, tag: str, data_ip: str, attempts: int =
 
     A dropped SSH session (seen on a loaded host: OpenSSH ends the whole session on a packet for a channel it
     has freed) ends the push with EOF; the registry keeps the layers that arrived, so a retry sends the rest."""
+    if dry():  # the tunnel's local port is chosen when it opens
+        push(local, tag, f"127.0.0.1:<tunnel to {data_ip}:{registry.PORT}>")
+        return
     for attempt in range(1, attempts + 1):
         try:
             with registry.tunnel(cl.conn(cl.head), data_ip, registry.PORT) as port:
@@ -96,6 +107,8 @@ def pull(conn: Conn, tag: str, registry_addr: str, want_id: str) -> None:
                           "blob named above there and re-run `up` (it is pushed again)", node=conn.name)
     conn.run(["docker", "tag", ref, tag])
     conn.run(["docker", "image", "rm", ref], check=False)
+    if dry():
+        return
     got = image_id(conn, tag)
     if got != want_id:
         conn.run(["docker", "image", "rm", tag], check=False)
@@ -106,7 +119,7 @@ def pull(conn: Conn, tag: str, registry_addr: str, want_id: str) -> None:
 def rx_bytes(conn: Conn) -> int:
     """Bytes received so far on the node's network interfaces (loopback and container bridges excluded):
     what any delivery, of any protocol, cost the node."""
-    res = conn.run(["sh", "-c", "for d in /sys/class/net/*; do n=${d##*/}; case $n in lo|docker*|veth*|br-*) ;; "
+    res = conn.query(["sh", "-c", "for d in /sys/class/net/*; do n=${d##*/}; case $n in lo|docker*|veth*|br-*) ;; "
                                 "*) cat $d/statistics/rx_bytes;; esac; done"], check=False)
     return sum(int(x) for x in res.stdout.split() if x.isdigit())
 
@@ -114,13 +127,12 @@ def rx_bytes(conn: Conn) -> int:
 def converge(cl, out: list) -> str | None:
     """The image step of `up` for a `Cluster` `cl`: every node of the plan holds plan.image.tag, and so does the
     head's registry (the source of the next delivery's missing layers). Returns the image ID (None: dry run
-    with nothing built yet). Sets cl.image_received: bytes each node received while the image was delivered,
-    and cl.image_seconds: the step's wall time."""
+    with nothing built yet). A dry run goes the same way under `connection.recording(dry=True)`, so each node's
+    outcome lists the exact docker commands and registry files the real step makes. Sets cl.image_received:
+    bytes each node received while the image was delivered, and cl.image_seconds: the step's wall time."""
     from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD, Outcome, StepFailed
 
     tag, head, names = cl.plan.image.tag, cl.head, cl.names
-    data_ip = cl.plan.head.data_ip
-    addr = registry.address(data_ip)
     cl.image_received, started = {}, time.monotonic()
     ids = cl.pool.map(lambda c: image_id(c, tag), names)
     failed = [Outcome("image", n, FAILED, str(r)) for n, r in ids.items() if isinstance(r, Exception)]
@@ -133,41 +145,74 @@ def converge(cl, out: list) -> str | None:
     if want is None:  # built earlier on this machine (a previous run, or by hand from `sparkdeploy render`)
         local = next((c for c in cl.pool.conns.values() if isinstance(c, LocalConn)), None) or local_conn()
         want = image_id(local, tag)
-    hc = cl.conn(head)
-    in_registry = want is not None and registry.holds(hc, tag, want)
+    in_registry = want is not None and registry.holds(cl.conn(head), tag, want)
     lacking = [n for n in names if ids.get(n) is None or ids.get(n) != want]
     if not lacking and in_registry:
         out += [Outcome("image", n, OK, f"has {want[:19]}") for n in names]
         return want
-    push_what = ("push from its engine into its registry (no wire)" if source == head else
-                 f"push from {source} into the registry at {addr} (data plane)" if source else
-                 f"push from this machine through an SSH tunnel to {head} (management; layers {head}'s registry lacks)")
-    if cl.opts.dry_run:
-        acts = {n: [f"pull {tag} from {addr} (data plane, {cl.plan.node(n).data_ip})"] for n in lacking}
-        head_acts = ([] if want else [f"build {tag}"]) + ([] if in_registry else [f"{push_what}: {tag}"])
-        acts[head] = head_acts + acts.get(head, [])
-        out += [Outcome("image", n, WOULD if acts.get(n) else OK, "", acts.get(n, [])) for n in names]
-        return want
-    t0 = time.monotonic()
+    with recording(dry=cl.opts.dry_run) as made:
+        try:
+            want, done = _deliver(cl, want, source, local, lacking)
+        finally:
+            effects = list(made)
+    cl.image_seconds = time.monotonic() - started
+    by_node = {n: [e for e in effects if e.startswith(f"{n}: ")] for n in names}
+    by_node[head] = [e for e in effects if not any(e.startswith(f"{n}: ") for n in names)] + by_node[head]
+    mine = []
+    for n in names:
+        r = done.get(n)
+        if isinstance(r, Exception):
+            mine.append(Outcome("image", n, FAILED, str(r), [], 0.0, by_node[n]))
+        elif r:
+            mine.append(Outcome("image", n, WOULD if cl.opts.dry_run else CHANGED, r[0], r[1:], 0.0, by_node[n]))
+        else:
+            got = cl.image_received.get(n, 0)
+            mine.append(Outcome("image", n, OK, f"has {(want or '')[:19]}"
+                                + (f"; {got / 1e6:.1f} MB received" if got > 1e6 else "")))
+    out += mine
+    if any(o.status == FAILED for o in mine):
+        raise StepFailed("image", mine)
+    return want
+
+
+def _deliver(cl, want: str | None, source: str | None, local: Conn | None,
+             lacking: list[str]) -> tuple[str | None, dict[str, object]]:
+    """Build if nobody has the image, make the head's registry hold it, pull it where it lacks. Returns the image
+    ID and {node: [detail, action...] or the exception that node met}."""
+    tag, head, names = cl.plan.image.tag, cl.head, cl.names
+    data_ip = cl.plan.head.data_ip
+    addr = registry.address(data_ip)
+    done: dict[str, object] = {}
     if want is None:
+        t0 = time.monotonic()
         builder = choose_builder(cl.pool.conns, head, cl.plan.image.base, local_conn)
-        cl.log(f"{builder.name}: building {tag} (FROM {cl.plan.image.base})")
+        if not dry():
+            cl.log(f"{builder.name}: building {tag} (FROM {cl.plan.image.base})")
         want = build(builder, tag, cl.image_context())
         source, local = (builder.name, None) if builder.name in names else (None, builder)
         lacking = [n for n in lacking if n != source]
-        out.append(Outcome("image", source or head, CHANGED, f"built {want[:19]} on {builder.name}", [f"build {tag}"],
-                           time.monotonic() - t0))
+        done[source or head] = [f"built {(want or tag)[:19]} on {builder.name} in {time.monotonic() - t0:.1f} s",
+                                f"build {tag}"]
+    hc = cl.conn(head)
     ca, _ = registry.ensure(hc, data_ip, cl.log)
     trusted = cl.pool.map(lambda c: registry.trust(c, addr, ca), names)
+    done.update({n: r for n, r in trusted.items() if isinstance(r, Exception)})
     before = cl.pool.map(rx_bytes, names)
     t1 = time.monotonic()
-    if not registry.holds(hc, tag, want):
-        cl.log(f"{head}: registry {addr}: {push_what}: {tag}")
+    if want is None or not registry.holds(hc, tag, want):
+        how = ("from its engine into its registry (no wire)" if source == head else
+               f"from {source} into the registry at {addr} (data plane)" if source else
+               f"from this machine through an SSH tunnel to {head} (management; only the layers {head}'s "
+               "registry lacks)")
+        if not dry():
+            cl.log(f"{head}: registry {addr}: push {how}: {tag}")
         if source:
             push(cl.conn(source), tag, addr)
         else:
             push_through_tunnel(cl, local, tag, data_ip)
-    if lacking:
+        done.setdefault(head, [f"pushed {how}"])
+        done[head] = done[head] + [f"push {tag} into {addr}"]
+    if lacking and not dry():
         cl.log(f"{', '.join(lacking)}: pulling {tag} from {addr} (only the layers each lacks)")
     pulled = cl.pool.map(lambda c: pull(c, tag, addr, want), lacking)
     dt = time.monotonic() - t1
@@ -175,20 +220,15 @@ def converge(cl, out: list) -> str | None:
     for n in names:
         if isinstance(before.get(n), int) and isinstance(after.get(n), int):
             cl.image_received[n] = after[n] - before[n]
-    for n in names:
-        got = cl.image_received.get(n, 0)
-        r = pulled.get(n) or trusted.get(n)
+    for n, r in pulled.items():
         if isinstance(r, Exception):
-            out.append(Outcome("image", n, FAILED, str(r)))
-        elif n in pulled:
-            out.append(Outcome("image", n, CHANGED, f"pulled from {addr}: {got / 1e6:.1f} MB received in {dt:.1f} s",
-                               [f"pull {tag} from {addr}"], dt))
-        elif not any(o.step == "image" and o.node == n for o in out):
-            out.append(Outcome("image", n, OK, f"has {want[:19]}" + (f"; {got / 1e6:.1f} MB received" if got > 1e6 else "")))
-    cl.image_seconds = time.monotonic() - started
-    if any(o.status == FAILED for o in out if o.step == "image"):
-        raise StepFailed("image", [o for o in out if o.step == "image"])
-    return want
+            done[n] = r
+        else:
+            got = cl.image_received.get(n, 0)
+            pull_line = [f"pull {tag} from {addr} (data plane, {cl.plan.node(n).data_ip})"]
+            done[n] = (done[n] + pull_line if isinstance(done.get(n), list) else
+                       [f"pulled from {addr}: {got / 1e6:.1f} MB received in {dt:.1f} s"] + pull_line)
+    return want, done
 
 
 def choose_builder(conns: dict[str, Conn], head: str, base: str, local_factory: Callable[[], Conn]) -> Conn:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import requests
 
 from sparkdeploy import layout, releases
+from sparkdeploy.connection import dry_session, recording
 from sparkdeploy.errors import InputError, SparkdeployError
 from sparkdeploy.steps import engine
 from sparkdeploy.steps import image as img
@@ -56,6 +57,14 @@ def step_image(cx: Context, out: list[Outcome]) -> str | None:
 
 
 def up(cx: Context) -> UpResult:
+    """Converge; a dry run is one `connection.dry_session`: what a step would write is there for the next."""
+    if cx.opts.dry_run:
+        with dry_session():
+            return _up(cx)
+    return _up(cx)
+
+
+def _up(cx: Context) -> UpResult:
     res = UpResult()
     t0 = time.monotonic()
     out = res.outcomes
@@ -75,13 +84,20 @@ def up(cx: Context) -> UpResult:
         res.release = num
         cur = {cx.rel[n].current for n in cx.names}
         res.new_release = cur != {num}
-        if cx.opts.dry_run:
-            res.message = (f"dry run: {res.changes} change(s) would be made"
-                           + (f"; release {num} would be started" if res.new_release else ""))
-            return res
-        active = cx.map(lambda c: c.run(["systemctl", "is-active", "--quiet", layout.UNIT_NAME], check=False).ok)
+        active = cx.map(lambda c: c.query(["systemctl", "is-active", "--quiet", layout.UNIT_NAME], check=False).ok)
         need_start = res.new_release or not all(v is True for v in active.values()) or any(
-            o.step == "retire" and o.status == CHANGED for o in out)
+            o.step == "retire" and o.status in (CHANGED, WOULD) for o in out)
+        if cx.opts.dry_run:
+            if need_start:
+                with recording(dry=True) as made:
+                    engine.switch_and_restart(cx, num)
+                out.append(Outcome("start", cx.head, WOULD, (
+                    "stop head, stop workers, switch, evict + memory guard, start workers, head; then the health "
+                    f"gate: a temperature-0 completion at {cx.plan.api_url} within {cx.opts.ready_timeout:.0f} s, "
+                    "twice; HEALTHY marked on every node; watchdog on"), [f"restart on release {num}"], effects=made))
+            res.message = (f"dry run: {res.changes} change(s) would be made"
+                           + (f"; release {num} would be started" if need_start else ""))
+            return res
         watchdog_was = engine.watchdog_active(cx)
         stage = "start"
         # From the first stop on, any failure (memory guard, a node lost mid-switch, the gate) ends in
@@ -91,10 +107,11 @@ def up(cx: Context) -> UpResult:
                 prev = cx.rel[cx.head].current
                 cx.log(f"switching to release {num} (was {prev}): stop head, stop workers, switch, start "
                        "workers, head")
-                engine.switch_and_restart(cx, num)
+                with recording(dry=False) as made:
+                    engine.switch_and_restart(cx, num)
                 res.restarted = True
                 out.append(Outcome("start", cx.head, CHANGED, f"release {num} started workers-first",
-                                   [f"restart on release {num}"]))
+                                   [f"restart on release {num}"], effects=made))
             stage = "health gate"
             healthy_rec = releases.read_healthy(cx.conn(cx.head), num)
             if need_start or not healthy_rec:
