@@ -6,7 +6,8 @@ The model is the tiny Qwen3-Next + MTP with constructed weights (``vllm_scripts/
 planner would render: ``--scheduler-cls spark_overlays.capture.scheduler`` and the ``capture`` block in
 ``--additional-config``. The counts file must hold exactly the histogram of the ids the API returned
 (``return_token_ids``), its total must equal ``usage.completion_tokens`` summed (no prompt id counted), and
-stopping the server adds nothing twice. One server start (~60-120 s on 2 shared cores): the switched-off path
+stopping the server adds nothing twice; ``vocab learn`` on that file turns a list the traffic misses into one it
+does not. One server start (~60-120 s on 2 shared cores): the switched-off path
 builds vLLM's own scheduler class and writes nothing, which ``test_capture.py`` shows through the same factory.
 """
 
@@ -69,3 +70,16 @@ def test_capture_counts_exactly_the_generated_ids_with_speculative_decoding(tiny
     assert capture.read_counts(counts).tolist() == live.tolist()  # the stop added nothing twice
     assert log.count("capture on: counting emitted token ids") == 1, log[-3000:]  # one engine core
     assert "capture DISABLED" not in log
+
+    from sparkdeploy.cli import main  # the kit side, on the engine's own file
+    from sparkdeploy.vocab import load_tokenizer
+
+    current = tmp_path / "current.txt"  # ids below 100 and the required ones: the counted ids are all off it
+    required = set(load_tokenizer(str(model)).required_ids.tolist())
+    current.write_text("".join(f"{i}\n" for i in sorted(set(range(100)) | required)))
+    learned = tmp_path / "learned.txt"
+    assert main(["vocab", "learn", str(counts), "--vocab", str(current), "-t", str(model), "--coverage", "1",
+                 "-o", str(learned)]) == 0
+    manifest = json.loads((tmp_path / "learned.manifest.json").read_text())["learned"]
+    assert manifest["miss_rate"] == {"before": 1.0, "after": 0.0} and manifest["tokens"] == reported
+    assert set(emitted) <= set(map(int, learned.read_text().split()))

@@ -153,7 +153,8 @@ def merge(lists, out, spec, as_json) -> None:
 
 @vocab.command("learn")
 @click.argument("counts", nargs=-1, required=True)
-@click.option("--vocab", "-l", "list_arg", required=True, help="the current list (file or shipped name): every id is kept")
+@click.option("--vocab", "-l", "list_arg", required=True,
+              help="the current list (file or shipped name): every id is kept")
 @click.option("--out", "-o", type=click.Path(dir_okay=False), help="the new list (.txt/.npy/.d2t.npy) + manifest")
 @click.option("--tokenizer", "-t", "spec", help="default: the one named in the current list's manifest")
 @click.option("--size", "-n", type=int, help="ids on the new list")
@@ -197,7 +198,8 @@ def learn_cmd(counts, list_arg, out, spec, size, target, min_count, dry_run, as_
                                       for c, v in res.by_class.items())]
     if res.top_added:
         lines.append("most frequent added: " + " ".join(repr(t) for _, _, t in res.top_added))
-    lines.append("dry run: nothing written" if dry_run else f"wrote {out} (+ manifest); next: sparkdeploy vocab rollout {out}")
+    lines.append("dry run: nothing written" if dry_run
+                 else f"wrote {out} (+ manifest); next: sparkdeploy vocab rollout {out}")
     _emit(obj, as_json, lines)
 
 
