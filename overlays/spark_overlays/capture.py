@@ -221,7 +221,8 @@ def counter_for(vllm_config) -> TokenCounts | None:
     if cfg is None:
         return None
     par = vllm_config.parallel_config
-    path = counts_path(cfg.path, getattr(par, "data_parallel_rank", 0), getattr(par, "data_parallel_size", 1))
+    # data_parallel_index: every engine core's own (data_parallel_rank is set per engine only for MoE models)
+    path = counts_path(cfg.path, par.data_parallel_index, par.data_parallel_size)
     try:
         counts = TokenCounts(path, int(vllm_config.model_config.get_vocab_size()), cfg.flush_seconds,
                              cfg.flush_tokens)

@@ -174,7 +174,7 @@ _CAPTURE = (
     Target("vllm.v1.engine", "EngineCoreOutputs.outputs"),
     Target("vllm.v1.engine", "EngineCoreOutput.new_token_ids"),
     Target("vllm.config.model", "ModelConfig.get_vocab_size", ("self",)),
-    Target("vllm.config.parallel", "ParallelConfig.data_parallel_rank"),
+    Target("vllm.config.parallel", "ParallelConfig.data_parallel_index"),
     Target("vllm.config.parallel", "ParallelConfig.data_parallel_size"),
 )
 _CAPTURE_NOTE = ("custom logits processors are refused with speculative decoding; the scheduler sees the emitted "

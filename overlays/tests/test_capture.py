@@ -111,7 +111,7 @@ def test_a_foreign_file_is_refused_at_start_naming_it(tmp_path, content, reason)
 def _config(tmp_path, vocab=10, dp=(0, 1), **cap):
     extra = {"spark_overlays": {"capture": cap}} if cap else {}
     return SimpleNamespace(additional_config=extra,
-                           parallel_config=SimpleNamespace(data_parallel_rank=dp[0], data_parallel_size=dp[1]),
+                           parallel_config=SimpleNamespace(data_parallel_index=dp[0], data_parallel_size=dp[1]),
                            model_config=SimpleNamespace(get_vocab_size=lambda: vocab))
 
 
