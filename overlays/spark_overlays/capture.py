@@ -15,19 +15,20 @@ V2 model runners both report to it). The two hooks the issue names fall short:
   (prefill) and on its own drafts as well as on the emitted ids.
 
 ``scheduler(...)`` builds the scheduler vLLM would have built (``AsyncScheduler`` when async scheduling is
-on, else ``Scheduler``): with the switch off it *is* that stock class, so an off switch costs nothing.
-With it on, a subclass counts each step's new ids with one ``np.add.at`` into a vocab-sized int64 array.
+on, else ``Scheduler``; vLLM's warning that a custom class loses async scheduling does not apply): with the
+switch off it *is* that stock class, so an off switch costs nothing. With it on, a subclass counts each
+step's new ids with one ``np.add.at`` into a vocab-sized int64 array.
 
 What is kept: that array, a count per id. No text, no prompt ids, nothing naming a request. The counts file
 (``.npy``, 1-D int64, one entry per id of the model's vocabulary) accumulates across restarts: each flush adds
 the counts since the last flush to what the file holds and replaces it atomically (temp file, fsync, rename),
 so deleting the file clears the capture even while the engine runs. Flushes happen every ``flush_seconds``
 (a daemon thread: an idle engine runs no step), as soon as ``flush_tokens`` are pending, and at engine
-shutdown. The last one is best effort: on SIGTERM the API server stops the engine core at once (vLLM's default
-``--shutdown-timeout 0`` aborts, and its process manager kills what is left), so a stop can lose up to
-``flush_seconds`` of counts. A file that is
-not a counts file of this vocabulary is never overwritten: capture stops with the reason logged, serving
-goes on. With data parallelism each engine core writes ``<stem>.dp<rank>.npy`` beside ``path``.
+shutdown. The last one is best effort: on SIGTERM the API server stops the engine core at once (vLLM's
+default ``--shutdown-timeout 0`` aborts, and its process manager kills what is left), so a stop can lose up
+to ``flush_seconds`` of counts. A file that is not a counts file of this vocabulary is never overwritten:
+capture stops with the reason logged, serving goes on. With data parallelism each engine core writes
+``<stem>.dp<index>.npy`` beside ``path``.
 
 Nothing here imports vLLM or torch at module load (the factory imports the scheduler classes when called).
 """
@@ -98,7 +99,7 @@ def write_counts(path: str | os.PathLike, counts: np.ndarray) -> None:
 
 
 def counts_path(path: str, dp_rank: int = 0, dp_size: int = 1) -> Path:
-    """Where one engine core writes: ``path``, or ``<stem>.dp<rank><suffix>`` beside it under data parallelism."""
+    """Where one engine core writes: ``path``, or ``<stem>.dp<index><suffix>`` beside it under data parallelism."""
     p = Path(path)
     return p if dp_size <= 1 else p.with_name(f"{p.stem}.dp{dp_rank}{p.suffix or '.npy'}")
 
