@@ -109,6 +109,55 @@ def test_sigint_mid_switch_serves_the_last_good_release(serving, sim_cluster):
         assert sim_cluster.ssh(node, ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() == "active"
 
 
+def test_rank_killed_during_the_gate_rolls_back_without_waiting_out_the_timeout(serving, sim_cluster):
+    """A real fault: the worker's engine container is killed once the head started and `up` waits for readiness.
+    The head would wait for the lost rank forever; `up` sees the rank gone at its next check (every 10 s), not
+    after --ready-timeout, and rolls back."""
+    rc, before = up(serving["inv"])
+    assert rc == 0 and before["healthy"], before["message"]
+    good = f"releases/{before['release']:04d}"
+    watchdog_before = timer_state(sim_cluster)
+    changed = variant(serving["inv"], serving["tmp"], "rank-killed", 3.25)
+    env = {k: v for k, v in os.environ.items() if k != "SPARKDEPLOY_FAULT"}
+    p = subprocess.Popen([sys.executable, "-m", "sparkdeploy", "up", "-i", str(changed), "--json", *UP_FLAGS],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for line in p.stderr:
+        if "node1: started" in line:  # the head is the last to start: the readiness wait begins
+            break
+    sim_cluster.ssh("node2", ["docker", "kill", "sparkdeploy-engine"], check=True)
+    out, err = p.communicate(timeout=1500)
+    assert "Traceback" not in err, err[-3000:]
+    res = json.loads(out)
+    assert p.returncode == 1 and not res["healthy"], res["message"]
+    assert "node2: rank 1's container" in res["message"] and "ROLLED BACK" in res["message"], res["message"]
+    assert "not ready after" not in res["message"], res["message"]  # it did not wait out the timeout
+    assert res["rolled_back_to"] == before["release"]
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == good
+    assert timer_state(sim_cluster) == watchdog_before
+    for node in ("node1", "node2"):
+        assert sim_cluster.ssh(node, ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() == "active"
+
+
+def test_rollback_failing_after_its_switch_serves_the_release_that_was_serving(serving, sim_cluster):
+    """`rollback` shares up's switch-and-restart, so its boundaries are the same; a failure once `current` is
+    switched to the older release puts back the release that was serving (it passed its gate everywhere)."""
+    rc, before = up(serving["inv"])
+    assert rc == 0 and before["healthy"], before["message"]
+    serving_now = f"releases/{before['release']:04d}"
+    watchdog_before = timer_state(sim_cluster)
+    env = dict(os.environ, SPARKDEPLOY_FAULT="after-switch")
+    p = subprocess.run([sys.executable, "-m", "sparkdeploy", "rollback", "-i", str(serving["inv"])],
+                       capture_output=True, text=True, timeout=1500, env=env)
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    message = " ".join(p.stderr.split())
+    assert p.returncode == 1 and "rollback to release" in message and "injected fault at after-switch" in message
+    assert f"ROLLED BACK to release {before['release']}" in message, message
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == serving_now
+    assert timer_state(sim_cluster) == watchdog_before
+    for node in ("node1", "node2"):
+        assert sim_cluster.ssh(node, ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() == "active"
+
+
 def test_no_earlier_healthy_release_stops_and_disables_the_service(serving, sim_cluster):
     """With no release that passed its gate to go back to (their HEALTHY marks set aside), a failure after the
     switch (seam: after-switch) leaves the service stopped and disabled, so a reboot cannot start the unproven

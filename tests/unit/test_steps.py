@@ -134,3 +134,37 @@ def test_failed_or_aborted_newest_release_number_is_reused(cluster):
     rel["node2"].complete[4] = {}
     rel["node1"].healthy.add(4)  # 4 once passed its gate: keep it, write 5
     assert cluster.step_release([]) == 5
+
+
+def test_rank_watch_stops_the_wait_once_a_rank_is_gone():
+    """The readiness wait ends at once when a rank's unit stopped being active or was restarted (issue 14);
+    not on a node that merely did not answer the check."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from sparkdeploy.errors import HealthError
+    from sparkdeploy.steps.engine import rank_watch
+
+    answers: list[dict] = []
+    cx = SimpleNamespace(plan=SimpleNamespace(nodes=[SimpleNamespace(name="node1", rank=0),
+                                                     SimpleNamespace(name="node2", rank=1)]),
+                         map=lambda fn: answers.pop(0))
+
+    def unit(state="active", inv="a1", status="0", sub="running"):
+        return {"ActiveState": state, "SubState": sub, "InvocationID": inv, "ExecMainStatus": status}
+
+    check = rank_watch(cx)
+    for seen in ({"node1": unit(), "node2": unit(inv="b1")},
+                 {"node1": unit(), "node2": OSError("ssh dropped")}):  # unreachable: judged next time
+        answers.append(seen)
+        check()
+    answers.append({"node1": unit(), "node2": unit("activating", "b1", "137", "auto-restart")})
+    with pytest.raises(HealthError, match=r"node2: rank 1's engine unit is activating \(auto-restart; its process "
+                                          "exited with status 137"):
+        check()
+    check = rank_watch(cx)
+    answers += [{"node1": unit(), "node2": unit(inv="b1")}, {"node1": unit(inv="a2"), "node2": unit(inv="b1")}]
+    check()
+    with pytest.raises(HealthError, match="node1: rank 0's engine unit was restarted"):
+        check()

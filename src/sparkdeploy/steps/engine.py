@@ -119,17 +119,48 @@ def serve_again(cx: Context, good: int, *, plan_of_release: bool = True, list_sh
 
 # ----------------------------------------------------------------------------------- readiness + gate
 def wait_ready(cx: Context, timeout: float) -> str:
-    """Poll the head until a real temperature-0 completion answers; returns its text."""
+    """Poll the head until a real temperature-0 completion answers; returns its text. Stops early when a rank
+    dies meanwhile (`rank_watch`): the other rank then waits for it forever, the timeout would only add to the
+    outage before the rollback."""
     url = cx.plan.api_url
     try:
         return health.wait_answering(url, served(cx.plan), timeout=timeout,
                                      probe_timeout=cx.opts.probe_timeout, log=cx.log,
-                                     api_key=cx.inv.auth.api_key())
+                                     api_key=cx.inv.auth.api_key(), every=rank_watch(cx))
     except health.NotAnswering as err:
         states = cx.map(lambda c: c.query(["docker", "inspect", "-f", "{{.State.Status}}",
                                            layout.CONTAINER_NAME], check=False).stdout.strip() or "absent")
         raise HealthError(f"not ready after {timeout:.0f} s: last saw {err.last} at {url}; containers: "
                           + ", ".join(f"{n} {s}" for n, s in states.items())) from None
+
+
+def rank_watch(cx: Context) -> Callable[[], None]:
+    """A check to repeat while waiting: raises HealthError naming the node once a rank's engine unit is no
+    longer active or runs another invocation than the first check saw (its process died and systemd's
+    Restart= started it again, or the node rebooted). A node that does not answer is judged at the next check."""
+    first: dict[str, str] = {}
+    ranks = {n.name: n.rank for n in cx.plan.nodes}
+
+    def look(c) -> dict[str, str]:
+        out = c.query(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "InvocationID", "-p",
+                       "ExecMainStatus", layout.UNIT_NAME], check=False, timeout=20).stdout
+        return dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
+
+    def check() -> None:
+        for n, unit in cx.map(look).items():
+            if isinstance(unit, Exception) or "ActiveState" not in unit:
+                continue
+            first.setdefault(n, unit.get("InvocationID", ""))
+            if unit["ActiveState"] != "active":
+                raise HealthError(f"{n}: rank {ranks.get(n)}'s engine unit is {unit['ActiveState']} "
+                                  f"({unit.get('SubState')}; its process exited with status "
+                                  f"{unit.get('ExecMainStatus')}) while waiting for readiness; the other rank "
+                                  "cannot finish without it")
+            if unit.get("InvocationID", "") != first[n]:
+                raise HealthError(f"{n}: rank {ranks.get(n)}'s engine unit was restarted while waiting for "
+                                  "readiness; the other rank cannot finish with a new peer")
+
+    return check
 
 
 def gate(cx: Context, num: int, out: list[Outcome]) -> str:
