@@ -200,6 +200,24 @@ def layer_sizes(head: Conn, image_tag: str) -> dict[str, int]:
     return {layer["digest"]: layer["size"] for layer in man.get("layers", [])}
 
 
+def collect(head: Conn, repository: str, keep_tags: set[str]) -> list[str]:
+    """Registry garbage collection: untag what no kept release names, then free the blobs no tag reaches
+    (`docker-registry garbage-collect --delete-untagged`, with the registry stopped so no push races it).
+    Returns the tags removed; nothing to remove costs one listing."""
+    tags_dir = f"{STORAGE_DIR}/docker/registry/v2/repositories/{repository}/_manifests/tags"
+    have = head.query(["ls", "-1", tags_dir], check=False).stdout.split()
+    drop = sorted(t for t in have if f"{repository}:{t}" not in keep_tags)
+    if not drop:
+        return []
+    head.run(["rm", "-rf", *[f"{tags_dir}/{t}" for t in drop]])
+    head.run(["systemctl", "stop", UNIT_NAME], timeout=60)
+    try:
+        head.run([BINARY, "garbage-collect", "--delete-untagged", CONFIG], timeout=600)
+    finally:
+        head.run(["systemctl", "start", UNIT_NAME], timeout=60)
+    return drop
+
+
 @contextlib.contextmanager
 def tunnel(conn: Conn, host: str, port: int) -> Iterator[int]:
     """A loopback port on this machine forwarded through `conn`'s SSH session to host:port (as `ssh -L`).

@@ -56,3 +56,27 @@ def test_plan_says_which_path_each_image_and_checkpoint_transfer_takes():
     fetch, sync = p.weights_transfers  # and the checkpoint's: fetched once on the head, synced over the data plane
     assert fetch.startswith("fetch:") and head.name in fetch
     assert sync.startswith(f"{head.name} -> {worker.name}") and f"over data plane {worker.data_ip}" in sync
+
+
+def test_registry_collect_untags_what_no_kept_release_names_then_frees_the_blobs(tmp_path, monkeypatch):
+    """Real listing of a registry store laid out as Distribution lays it; the changes recorded by a dry run."""
+    from sparkdeploy import registry
+    from sparkdeploy.connection import Target, recording
+    from sparkdeploy.remote import LocalConn
+
+    monkeypatch.setattr(registry, "STORAGE_DIR", str(tmp_path))
+    tags = tmp_path / "docker/registry/v2/repositories/sparkdeploy/serving/_manifests/tags"
+    for t in ("0.33.0-aaa", "0.33.0-bbb", "0.33.0-ccc"):
+        (tags / t / "current").mkdir(parents=True)
+    head = LocalConn(Target("node1", "localhost", local=True))
+    keep = {"sparkdeploy/serving:0.33.0-aaa", "sparkdeploy/serving:0.33.0-ccc", "other/repo:0.33.0-bbb"}
+    with recording(dry=True) as made:
+        assert registry.collect(head, "sparkdeploy/serving", keep) == ["0.33.0-bbb"]
+    assert made == [f"node1: run rm -rf {tags}/0.33.0-bbb",
+                    f"node1: run systemctl stop {registry.UNIT_NAME}",
+                    f"node1: run {registry.BINARY} garbage-collect --delete-untagged {registry.CONFIG}",
+                    f"node1: run systemctl start {registry.UNIT_NAME}"]
+    with recording(dry=True) as made:
+        assert registry.collect(head, "sparkdeploy/serving", keep | {"sparkdeploy/serving:0.33.0-bbb"}) == []
+    assert made == []  # nothing to drop: the registry is not stopped
+    assert (tags / "0.33.0-bbb").is_dir()  # the dry run removed nothing

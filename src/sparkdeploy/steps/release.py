@@ -4,7 +4,7 @@ the images no kept release names."""
 
 from __future__ import annotations
 
-from sparkdeploy import paths, releases
+from sparkdeploy import paths, registry, releases
 from sparkdeploy.connection import Conn
 from sparkdeploy.steps.base import OK, Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
@@ -61,7 +61,8 @@ def step_release(cx: Context, out: list[Outcome]) -> int:
 
 
 def prune(cx: Context) -> None:
-    """Old releases (releases.prune keeps the newest healthy ones) and the images no kept release names."""
+    """Old releases (releases.prune keeps the newest healthy ones), the images no kept release names, on the
+    nodes and in the head's registry (its layers would otherwise grow with every image ever deployed)."""
     nrs = cx.scan()
     keep_images = set()
     for n, nr in nrs.items():
@@ -71,10 +72,13 @@ def prune(cx: Context) -> None:
     repo = cx.plan.image.repository
 
     def drop_images(c: Conn):
-        tags = c.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repo], check=False).stdout.split()
+        tags = c.query(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repo], check=False).stdout.split()
         old = [t for t in tags if t not in keep_images and not t.endswith(":<none>")]
         if old:
             c.run(["docker", "image", "rm", *old], check=False, timeout=300)
         c.run(["docker", "image", "prune", "-f"], check=False, timeout=300)
 
     cx.map(drop_images)
+    dropped = registry.collect(cx.conn(cx.head), repo, keep_images)
+    if dropped:
+        cx.log(f"{cx.head}: registry: removed {', '.join(dropped)} and the layers only they used")
