@@ -13,6 +13,7 @@ RELEASES_DIR = f"{ETC_DIR}/releases"  # releases/NNNN/ (numbered by sparkdeploy.
 CURRENT_LINK = f"{ETC_DIR}/current"  # -> releases/NNNN; the unit and launch.sh only ever name this
 RELEASE_META = "release.json"
 HEALTHY_MARK = "HEALTHY"  # in a release directory once it passed its health gate
+SENTINEL_RECORD = "sentinel.json"  # in the head's release directory: its speed record + verdict (bench/sentinel.py)
 ENV_FILE = "engine.env"
 LAUNCH_FILE = "launch.sh"
 SECRETS_ENV = f"{ETC_DIR}/secrets.env"  # root-only 0600, the engine's second --env-file

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.layout import CURRENT_LINK, HEALTHY_MARK, RELEASE_META, RELEASES_DIR
+from sparkdeploy.layout import CURRENT_LINK, HEALTHY_MARK, RELEASE_META, RELEASES_DIR, SENTINEL_RECORD
 from sparkdeploy.connection import Conn
 
 KEEP = 5
@@ -102,7 +102,7 @@ def file_digests(conn: Conn, number: int) -> dict[str, str]:
     for line in res.stdout.splitlines():
         h, _, name = line.partition("  ")
         name = name[2:] if name.startswith("./") else name
-        if name not in (RELEASE_META, HEALTHY_MARK):
+        if name not in (RELEASE_META, HEALTHY_MARK, SENTINEL_RECORD):
             digests[name] = h
     return digests
 
@@ -137,6 +137,19 @@ def mark_healthy(conn: Conn, number: int, record: dict) -> None:
 def read_healthy(conn: Conn, number: int) -> dict | None:
     data = conn.get(posixpath.join(rdir(number), HEALTHY_MARK))
     return json.loads(data) if data else None
+
+
+def write_sentinel(conn: Conn, number: int, record: dict) -> None:
+    """The release's speed record (kept on the head, with the release, pruned with it)."""
+    conn.put(posixpath.join(rdir(number), SENTINEL_RECORD), json.dumps(record, sort_keys=True).encode() + b"\n")
+
+
+def read_sentinel(conn: Conn, number: int) -> dict | None:
+    data = conn.get(posixpath.join(rdir(number), SENTINEL_RECORD))
+    try:
+        return json.loads(data) if data else None
+    except ValueError:
+        return None
 
 
 def prune(conn: Conn, nr: NodeReleases, keep: int = KEEP) -> list[int]:

@@ -26,7 +26,9 @@ from sparkdeploy.steps import deploy as D
 pytestmark = pytest.mark.cluster
 
 READY = "600"
-UP_FLAGS = ["--ready-timeout", READY, "--watchdog-grace", "180", "--watchdog-backoff", "10", "--watchdog-cap", "2"]
+# the speed sentinel's probe is left out of every up but the one that tests it (test_rollback_command)
+UP_FLAGS = ["--ready-timeout", READY, "--watchdog-grace", "180", "--watchdog-backoff", "10", "--watchdog-cap", "2",
+            "--no-sentinel"]
 TIMES: dict[str, float] = {}
 
 
@@ -35,8 +37,9 @@ def cli(*args: str, timeout: float = 1200) -> tuple[int, str, str]:
     return p.returncode, p.stdout, p.stderr
 
 
-def up_json(inv: Path, *extra: str) -> tuple[int, dict, str]:
-    rc, out, err = cli("up", "-i", str(inv), "--json", *UP_FLAGS, *extra)
+def up_json(inv: Path, *extra: str, sentinel: bool = False) -> tuple[int, dict, str]:
+    flags = [f for f in UP_FLAGS if f != "--no-sentinel"] if sentinel else UP_FLAGS
+    rc, out, err = cli("up", "-i", str(inv), "--json", *flags, *extra)
     try:
         return rc, json.loads(out), err
     except ValueError:
@@ -318,10 +321,20 @@ def test_rollback_command(deployed, sim_cluster):
     assert rc == 0, err[-2000:]  # names the node lacking the release and what it holds
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0001"
     assert health_json(deployed["inv"])[0] == 0
-    # and up brings the inventory's release back (it exists: switch + restart, no rewrite needed)
-    rc, res, err = up_json(deployed["inv"])
+    # and up brings the inventory's release back (it exists: switch + restart, no rewrite needed), with the speed
+    # sentinel on: a probe per category after the gate, kept with the release on the head (issue 17)
+    rc, res, err = up_json(deployed["inv"], sentinel=True)
     assert rc == 0 and res["healthy"], res["message"]
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == f"releases/{res['release']:04d}"
+    assert res["sentinel"]["against"] is None and "first record" in res["sentinel"]["text"], res["sentinel"]
+    record = json.loads(sim_cluster.ssh("node1", ["cat", f"{releases.rdir(res['release'])}/{layout.SENTINEL_RECORD}"]).out)
+    assert record["release"]["number"] == res["release"] and record["verdict"] == res["sentinel"]
+    assert set(record["categories"]) == {"code", "prose_en", "prose_zh_hant", "prose_zh_hans", "reasoning"}
+    assert all(len(c["acceptance_length"]) >= 2 for c in record["categories"].values())  # repeats: noise measurable
+    rc, rep = health_json(deployed["inv"])
+    assert rc == 0 and any(c["name"] == "speed" and "first record" in c["reason"] for c in rep["checks"]["service"])
+    rc, out, err = cli("bench", "sentinel", "-i", str(deployed["inv"]))
+    assert rc == 2 and "no older healthy release with a speed record" in err, err[-1500:]
 
 
 def test_fault_node_rebooted_during_up(deployed, sim_cluster):
@@ -366,7 +379,8 @@ def test_reboot_recovers_without_operator(deployed, sim_cluster, which):
 def test_worker_crash_loop_stops_with_reason_then_rerun_converges(deployed, sim_cluster):
     # A short watchdog grace and one allowed restart for this test only (each failed start costs a grace and
     # a tick or two): the knobs live outside the release (no restart).
-    rc, out, err = cli("up", "-i", str(deployed["inv"]), "--json", "--ready-timeout", READY, "--watchdog-grace", "30",
+    rc, out, err = cli("up", "-i", str(deployed["inv"]), "--json", "--no-sentinel", "--ready-timeout", READY,
+                       "--watchdog-grace", "30",
                        "--watchdog-backoff", "10", "--watchdog-cap", "1")
     res = json.loads(out)
     assert rc == 0 and not res["restarted"] and res["changes"] == 1, res["outcomes"]

@@ -25,8 +25,8 @@ import json
 import math
 from pathlib import Path
 
+from sparkdeploy.bench import client, prompts, results, stats
 from sparkdeploy.bench import compare as bench_compare
-from sparkdeploy.bench import prompts, results, stats
 from sparkdeploy.bench.client import Service
 from sparkdeploy.bench.probe import Progress, probe
 from sparkdeploy.errors import InputError
@@ -251,3 +251,48 @@ def _flag_diff(change: dict) -> str:
     added, removed = [f for f in b if f not in a], [f for f in a if f not in b]
     parts = ([f"added {' '.join(added)}"] if added else []) + ([f"removed {' '.join(removed)}"] if removed else [])
     return "; ".join(parts) or "reordered"
+
+
+# ------------------------------------------------------------------------------- a release on a cluster
+def check_release(cx, number: int, *, tokens: int = 32, runs: int = 3, warmup: int = 1,
+                  progress: Progress | None = None) -> dict:
+    """After release `number` passed its gate on the cluster context `cx` (steps.context.Context): measure it,
+    compare with the record of the newest older release that passed its gate (when it has one), and keep the
+    record, with that verdict, in the release's directory on the head (`layout.SENTINEL_RECORD`): `health`
+    shows it, `bench sentinel --inventory` repeats it. Returns the verdict summary."""
+    from sparkdeploy import releases
+    from sparkdeploy.steps.context import served
+
+    head = cx.conn(cx.head)
+    nrs = cx.scan()
+    meta = nrs[cx.head].complete.get(number, {})
+    rec = measure(client.discover(cx.plan.api_url, model=served(cx.plan), api_key=cx.inv.auth.api_key()),
+                  tokens=tokens, runs=runs, warmup=warmup, progress=progress,
+                  release=release_facts(number, meta, cx.plan))
+    before = releases.last_healthy(nrs, before=number)
+    base = releases.read_sentinel(head, before) if before is not None else None
+    rec["verdict"] = summary(compare(base, rec) if base else None, before if base else None)
+    releases.write_sentinel(head, number, rec)
+    return rec["verdict"]
+
+
+def release_facts(number: int, meta: dict, plan) -> dict:
+    """What a record says about its release: the draft list's sha256, the image, the head's serve flags."""
+    from sparkdeploy import releases
+
+    src = plan.image.vocab_source
+    return {"number": number, "list_sha": releases.sha(Path(src).read_bytes()) if src else None,
+            "image": meta.get("image") or plan.image.tag, "flags": list(plan.nodes[0].serve_argv)}
+
+
+def summary(verdict: dict | None, against: int | None) -> dict:
+    """The part of a compare kept with the record: enough for `health` to say what the last check found."""
+    if verdict is None:
+        return {"against": None, "regression": False, "text": "first record: no earlier healthy release's "
+                                                                "record to compare with"}
+    lines = [describe(r) for r in verdict["regressions"]]
+    text = (f"SPEED REGRESSION against release {against}: " + "; ".join(lines)
+            + (f" (likely: {verdict['likely_causes'][0]})" if verdict["likely_causes"] else "")
+            if verdict["regression"] else f"no regression beyond noise against release {against}")
+    return {"against": against, "regression": verdict["regression"], "text": text,
+            "categories": sorted({r["category"] for r in verdict["regressions"]})}

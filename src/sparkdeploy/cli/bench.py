@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from sparkdeploy import credentials
+from sparkdeploy import credentials, layout
 from sparkdeploy.bench import client, context, prompts, results, sentinel
 from sparkdeploy.bench.sentinel import CATEGORIES
 from sparkdeploy.cli.options import inventory_option
@@ -229,21 +229,29 @@ def record_cmd(url, api_key_file, inventory, model, prompt_file, categories, tok
 
 
 @bench.command("sentinel")
-@click.option("--baseline", required=True, type=click.Path(dir_okay=False),
-              help="Speed record of the previous healthy release.")
-@click.option("--candidate", required=True, type=click.Path(dir_okay=False), help="Speed record of the new release.")
+@click.option("--baseline", type=click.Path(dir_okay=False),
+              help="Speed record of the previous healthy release [default: from the cluster, see below].")
+@click.option("--candidate", type=click.Path(dir_okay=False), help="Speed record of the new release.")
 @click.option("--baseline-session", "sessions", multiple=True, type=click.Path(dir_okay=False),
               help="Another record of the baseline release: its repeats join the noise and the spread between "
                    "sessions must be exceeded too. Repeatable.")
+@inventory_option("inventory", help="Without --baseline/--candidate: the records `up` kept on this inventory's head, "
+                                    "the current release's against the newest older healthy release's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
-def sentinel_cmd(baseline, candidate, sessions, as_json):
+def sentinel_cmd(baseline, candidate, sessions, inventory, as_json):
     """Exit 1 when a category's acceptance or decode speed fell beyond the measured noise (0: it did not)."""
-    base, cand = sentinel.load(baseline), sentinel.load(candidate)
+    if bool(baseline) != bool(candidate):
+        raise InputError("give both --baseline and --candidate, or neither (the cluster's records)")
+    if baseline:
+        base, cand = sentinel.load(baseline), sentinel.load(candidate)
+        what = f"{candidate} against {baseline}"
+    else:
+        base, cand, what = _cluster_records(inventory or "inventory.yaml")
     extra = [sentinel.load(p) for p in sessions]
     try:
         verdict = sentinel.compare(base, cand, extra_baselines=extra)
     except InputError as err:
-        raise InputError(f"{candidate} against {baseline}: {err}") from err
+        raise InputError(f"{what}: {err}") from err
     if as_json:
         click.echo(json.dumps(verdict, indent=2))
     else:
@@ -251,6 +259,29 @@ def sentinel_cmd(baseline, candidate, sessions, as_json):
     if verdict["regression"]:
         cats = sorted({r["category"] for r in verdict["regressions"]})
         raise BenchError(f"speed regression beyond noise in {', '.join(cats)}")
+
+
+def _cluster_records(inventory: str) -> tuple[dict, dict, str]:
+    """The current release's record and the newest older healthy release's, read from the head."""
+    from sparkdeploy import releases
+    from sparkdeploy.steps.deploy import Options, load_cluster
+
+    with load_cluster(inventory, Options()) as cl:
+        cl.connect([], [cl.head])
+        nrs = cl.scan([cl.head])
+        cur = nrs[cl.head].current
+        before = releases.last_healthy(nrs, before=cur) if cur is not None else None
+        cand = releases.read_sentinel(cl.conn(cl.head), cur) if cur is not None else None
+        base = releases.read_sentinel(cl.conn(cl.head), before) if before is not None else None
+    if cand is None:
+        raise InputError(f"{inventory}: release {cur} on {cl.head} has no speed record: `sparkdeploy up` keeps one "
+                         "(unless --no-sentinel), or make one with `sparkdeploy bench record`")
+    if base is None:
+        raise InputError(f"{inventory}: no older healthy release with a speed record on {cl.head} to compare "
+                         f"release {cur} with")
+    for rec, num in ((base, before), (cand, cur)):
+        sentinel.validate(rec, f"{cl.head}: release {num}'s {layout.SENTINEL_RECORD}")
+    return base, cand, f"release {cur} against release {before}"
 
 
 def _print_sentinel(verdict: dict) -> None:

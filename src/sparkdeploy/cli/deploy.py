@@ -7,11 +7,13 @@ import subprocess
 import sys
 
 import click
+import requests
 from rich.console import Console
 from rich.markup import escape
 
-from sparkdeploy import layout
-from sparkdeploy import paths
+from sparkdeploy import layout, paths, releases
+from sparkdeploy.errors import SparkdeployError
+from sparkdeploy.verdict import Status
 from sparkdeploy.cli.interrupts import interrupt_as_failure
 from sparkdeploy.cli.options import inventory_option
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD
@@ -64,21 +66,41 @@ def _print_outcomes(outcomes) -> None:
               help="seconds the watchdog lets a (re)started pair get ready (default: --ready-timeout)")
 @click.option("--watchdog-backoff", type=float, default=30, show_default=True, help="first coupled-restart backoff (s)")
 @click.option("--watchdog-cap", type=int, default=4, show_default=True, help="coupled restarts before the watchdog stops")
+@click.option("--sentinel/--no-sentinel", default=True, show_default=True,
+              help="after the gate of a new or restarted release, a short speed probe per prompt category, kept "
+                   "with the release and compared with the previous healthy release's (docs/monitoring.md)")
 def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watchdog_grace, watchdog_backoff,
-       watchdog_cap):
+       watchdog_cap, sentinel):
     """Converge the nodes on the plan: image, files, units, then start workers-first and gate on health."""
     opts = Options(nodes=nodes, dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout,
                    watchdog_grace=watchdog_grace, watchdog_backoff_s=watchdog_backoff, watchdog_cap=watchdog_cap,
                    log=_log)
+    speed = None
     with load_cluster(_inv(inventory), opts) as cluster, interrupt_as_failure("up", _log):
         res = cluster.up()
+        if sentinel and res.healthy and (res.restarted or not releases.read_sentinel(cluster.conn(cluster.head),
+                                                                                     res.release)):
+            speed = _sentinel(cluster, res.release)
     _print_outcomes(res.outcomes)
     style = "green" if res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes)) else "red bold"
     err.print(f"[{style}]{res.message}[/{style}]  ({res.changes} change(s), {res.seconds:.1f} s)")
+    if speed:
+        err.print(("[yellow bold]" if speed.get("regression") else "[green]") + "sentinel: " + escape(speed["text"]))
     if as_json:
-        click.echo(json.dumps(res.to_dict(), indent=2))
+        click.echo(json.dumps(dict(res.to_dict(), sentinel=speed), indent=2))
     ok = res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes))
     raise click.exceptions.Exit(0 if ok else 1)
+
+
+def _sentinel(cluster, number: int) -> dict:
+    """The speed record of a release that just passed its gate; a failed probe is reported, never fails `up`."""
+    from sparkdeploy.bench import sentinel
+
+    _log(f"sentinel: measuring release {number} (a short probe per prompt category)")
+    try:
+        return sentinel.check_release(cluster, number)
+    except (SparkdeployError, requests.RequestException, ValueError, KeyError) as e:
+        return {"regression": False, "text": f"not measured: {e}", "against": None}
 
 
 @click.command()
@@ -109,7 +131,8 @@ def health(inventory, as_json, probe_timeout, trust_new_hosts):
         click.echo(rep.to_json())
     else:
         for c in rep.checks:
-            mark = "[green]ok  [/green]" if c.ok else "[red bold]FAIL[/red bold]"
+            mark = ("[yellow]warn[/yellow]" if c.status is Status.WARN else "[green]ok  [/green]") if c.ok \
+                else "[red bold]FAIL[/red bold]"
             err.print(f"  {mark} {c.node or 'service':<10} {c.name:<17} {c.reason}")
         err.print("[green]healthy[/green]" if rep.healthy else
                   "[red bold]UNHEALTHY[/red bold]: " + "; ".join(f"{c.node or 'service'} {c.name}" for c in rep.failed()))

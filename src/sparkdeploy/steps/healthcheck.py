@@ -10,6 +10,7 @@ from sparkdeploy.connection import Conn
 from sparkdeploy.steps import stale, supervise
 from sparkdeploy.steps.base import FAILED, Outcome
 from sparkdeploy.steps.context import Context, facts_from_dict, served
+from sparkdeploy.verdict import Status
 
 
 def expect(cx: Context) -> health.ServiceExpect:
@@ -74,4 +75,9 @@ def check(cx: Context) -> health.Report:
         rep.add("ssh", True, "connected", e.name)
         health.check_node(rep, *r)
     health.check_api(rep, exp, probe_timeout=cx.opts.probe_timeout)
+    speed = releases.read_sentinel(cx.conn(cx.head), exp.nodes[0].release) or {}
+    if isinstance(speed.get("verdict"), dict):  # the sentinel's last word on this release (bench/sentinel.py)
+        v = speed["verdict"]
+        rep.add("speed", True, f"release {exp.nodes[0].release}: {v.get('text')}",
+                status=Status.WARN if v.get("regression") else None)
     return rep

@@ -206,3 +206,59 @@ def test_record_command_writes_a_record_with_the_release_facts(tmp_path, capsys)
     worse["categories"]["code"]["acceptance_length"] = [2.0, 2.0]
     v = sentinel.compare(rec, worse)
     assert sentinel.describe(v["regressions"][0]).endswith("every repeat gave the same figure, so any change is real)")
+
+
+def test_the_summary_kept_with_a_release_says_what_the_last_check_found():
+    first = sentinel.summary(None, None)
+    assert not first["regression"] and first["against"] is None and "first record" in first["text"]
+    quiet = sentinel.summary(sentinel.compare(record(1), record(2)), 3)
+    assert quiet == {"against": 3, "regression": False, "categories": [],
+                     "text": "no regression beyond noise against release 3"}
+    drop = sentinel.summary(sentinel.compare(record(1, release={"list_sha": "a" * 64}),
+                                             record(2, drop={"code": 0.5}, release={"list_sha": "b" * 64})), 3)
+    assert drop["regression"] and drop["categories"] == ["code"]
+    assert drop["text"].startswith("SPEED REGRESSION against release 3: code: ") and "the draft list changed" in drop["text"]
+
+
+def test_command_wants_both_files_or_neither(tmp_path, capsys):
+    a = sentinel.save(record(1), tmp_path / "a.json")
+    assert main(["bench", "sentinel", "--baseline", str(a)]) == 2
+    assert "give both --baseline and --candidate, or neither" in capsys.readouterr().err
+
+
+def test_check_release_keeps_the_record_with_its_verdict_against_the_last_healthy_release(monkeypatch):
+    """`up`'s probe after the gate, against the fake vLLM; the head's release files in memory."""
+    from types import SimpleNamespace
+
+    from sparkdeploy import releases
+    from sparkdeploy.connection import Conn, Target
+    from sparkdeploy.steps import context
+
+    class Head(Conn):
+        def __init__(self):
+            self.target, self.files = Target("node1", "h"), {}
+
+        def _put(self, path, data, *, mode, owner):
+            self.files[path] = data
+
+        def get(self, path):
+            return self.files.get(path)
+
+    head = Head()
+    nrs = {"node1": releases.NodeReleases(complete={3: {"image": "img:3"}, 4: {"image": "img:4"}}, current=4,
+                                          healthy={3, 4})}
+    monkeypatch.setattr(context, "served", lambda plan: None)
+    with FakeVllm() as fake:
+        cx = SimpleNamespace(head="node1", conn=lambda n: head, scan=lambda: nrs, inv=SimpleNamespace(
+            auth=SimpleNamespace(api_key=lambda: None)), plan=SimpleNamespace(
+            api_url=fake.url, image=SimpleNamespace(vocab_source=None, tag="img:4"),
+            nodes=[SimpleNamespace(serve_argv=("vllm", "serve", "m"))]))
+        first = sentinel.check_release(cx, 3, tokens=20, runs=2)
+        second = sentinel.check_release(cx, 4, tokens=20, runs=2)
+    assert first["against"] is None and "first record" in first["text"]
+    assert second == {"against": 3, "regression": False, "categories": [],
+                      "text": "no regression beyond noise against release 3"}
+    kept = releases.read_sentinel(head, 4)
+    assert kept["verdict"] == second and kept["release"] == {"number": 4, "list_sha": None, "image": "img:4",
+                                                            "flags": ["vllm", "serve", "m"]}
+    sentinel.validate(kept, "release 4")
