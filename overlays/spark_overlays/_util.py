@@ -1,9 +1,12 @@
-"""Logging, process identity and cross-rank agreement shared by the overlays."""
+"""Logging, process identity, cross-rank agreement and atomic file writes shared by the overlays (and by the
+kit's vocab tools, which vendor this package)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
+from pathlib import Path
 
 logger = logging.getLogger("vllm.spark_overlays")
 PREFIX = "spark_overlays:"
@@ -46,3 +49,26 @@ def tp_agree(ok: bool) -> bool:
     except Exception as e:  # noqa: BLE001
         logger.warning(f"{PREFIX} TP agreement check failed (%s); treating as disagreement", e)
         return False
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """A reader sees the old file or the new one, never a part: temp file beside it (mode as the umask says,
+    not mkstemp's 0600), fsync, rename; on any failure the temp file is removed and `path` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

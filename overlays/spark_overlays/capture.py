@@ -36,16 +36,16 @@ Nothing here imports vLLM or torch at module load (the factory imports the sched
 from __future__ import annotations
 
 import atexit
+import io
 import itertools
 import os
-import tempfile
 import threading
 from pathlib import Path
 
 import numpy as np
 
 from . import settings as _settings
-from ._util import fail_closed, info, process_tag
+from ._util import atomic_write_bytes, fail_closed, info, process_tag
 
 FEATURE = "capture"
 DTYPE = np.int64
@@ -81,21 +81,10 @@ def read_counts(path: str | os.PathLike, vocab_size: int | None = None) -> np.nd
 
 
 def write_counts(path: str | os.PathLike, counts: np.ndarray) -> None:
-    """Replace ``path`` with ``counts`` atomically: temp file in the same directory, fsync, rename."""
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, np.ascontiguousarray(counts, dtype=DTYPE), allow_pickle=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Replace ``path`` with ``counts`` atomically (`_util.atomic_write_bytes`)."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(counts, dtype=DTYPE), allow_pickle=False)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def counts_path(path: str, dp_rank: int = 0, dp_size: int = 1) -> Path:

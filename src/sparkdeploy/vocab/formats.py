@@ -16,11 +16,11 @@ from __future__ import annotations
 import io
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from spark_overlays import vocab_list
+from spark_overlays._util import atomic_write_bytes
 
 from sparkdeploy.errors import VocabError
 
@@ -34,28 +34,6 @@ def format_for(path: str | os.PathLike) -> str:
     if name.endswith(".npy"):
         return "npy"
     return "txt"
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` via a temp file + rename (same directory, fsynced)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; a list is ordinary data
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def atomic_write_json(path: str | os.PathLike, obj: object) -> None:
