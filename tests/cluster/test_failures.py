@@ -129,7 +129,7 @@ def test_rank_killed_during_the_gate_rolls_back_without_waiting_out_the_timeout(
     assert "Traceback" not in err, err[-3000:]
     res = json.loads(out)
     assert p.returncode == 1 and not res["healthy"], res["message"]
-    assert "node2: rank 1's container" in res["message"] and "ROLLED BACK" in res["message"], res["message"]
+    assert "node2: rank 1's engine unit is" in res["message"] and "ROLLED BACK" in res["message"], res["message"]
     assert "not ready after" not in res["message"], res["message"]  # it did not wait out the timeout
     assert res["rolled_back_to"] == before["release"]
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == good
