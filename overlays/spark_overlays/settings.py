@@ -9,6 +9,7 @@ Schema (every key optional; a feature without ``enabled: true`` is off)::
         "fp8_gdn":      {"enabled": false},
         "prefix_align": {"enabled": false},
         "capture":      {"enabled": true, "path": "/var/lib/sparkdeploy/capture/counts.npy",
+                         "switch": "/var/lib/sparkdeploy/capture/on",
                          "flush_seconds": 60, "flush_tokens": 1000000}
     }}
 
@@ -57,6 +58,7 @@ class Capture:
 
     enabled: bool = False
     path: str = ""
+    switch: str = ""  # a file whose presence turns counting on at run time ("": counting from the start)
     flush_seconds: float = 60.0
     flush_tokens: int = 1_000_000
 
@@ -75,7 +77,7 @@ _KEYS = {
     "skinny_gemm": {"enabled": bool},
     "fp8_gdn": {"enabled": bool},
     "prefix_align": {"enabled": bool},
-    "capture": {"enabled": bool, "path": str, "flush_seconds": (int, float), "flush_tokens": int},
+    "capture": {"enabled": bool, "path": str, "switch": str, "flush_seconds": (int, float), "flush_tokens": int},
 }
 _CLASSES = {"shortlist": Shortlist, "skinny_gemm": SkinnyGemm, "fp8_gdn": NativeFeature, "prefix_align": NativeFeature,
             "capture": Capture}

@@ -138,7 +138,7 @@ def test_settings_errors_name_the_key(raw, where):
     with pytest.raises(S.SettingsError, match=where):
         S.parse({"spark_overlays": {"capture": raw}})
     assert S.parse({"spark_overlays": {"capture": {"enabled": True, "path": "/x", "flush_seconds": 0.5}}}
-                   ).capture == S.Capture(True, "/x", 0.5, 1_000_000)
+                   ).capture == S.Capture(True, "/x", flush_seconds=0.5, flush_tokens=1_000_000)
 
 
 class FakeScheduler:
@@ -207,3 +207,43 @@ def test_drift_in_the_emitted_ids_fails_check(tmp_path, label):
                          capture_output=True, text=True)
     assert out.returncode == 1
     assert "DRIFT capture: vllm.v1.core.sched.scheduler:Scheduler.update_from_output" in out.stderr
+
+
+def test_the_run_time_switch_file_turns_counting_on_and_off_without_a_restart(tmp_path, monkeypatch):
+    monkeypatch.setattr(capture, "SWITCH_POLL_S", 0.02)
+    switch = tmp_path / "on"
+    c = capture.TokenCounts(tmp_path / "counts.npy", 10, 3600, 1000, switch)
+    cls = capture._capturing(FakeScheduler)
+    s = cls(None)
+    s._spark_counts = c
+    c.start()
+    s.update_from_output(None, {0: [[1, 2]]})
+    assert not c.on and c.pending == 0  # no switch file: nothing counted
+
+    def wait(cond):
+        deadline = time.monotonic() + 10
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cond()
+
+    switch.touch()  # `vocab capture on`
+    wait(lambda: c.on)
+    s.update_from_output(None, {0: [[3, 3]]})
+    assert c.pending == 2 and not c.path.exists()  # counted, not due before flush_seconds (an hour)
+    switch.unlink()  # `vocab capture off`: what was counted while on is flushed at once, then nothing more
+    wait(lambda: c.path.exists())
+    s.update_from_output(None, {0: [[4]]})
+    s.shutdown()
+    assert capture.read_counts(c.path, 10).tolist() == [0, 0, 0, 2, 0, 0, 0, 0, 0, 0]
+
+
+def test_a_switch_never_turned_on_leaves_no_counts_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(capture, "_stock_class", lambda vllm_config: FakeScheduler)
+    path = tmp_path / "c.npy"
+    s = capture.scheduler(_config(tmp_path, enabled=True, path=str(path), switch=str(tmp_path / "on"),
+                                  flush_seconds=0.01), kv_cache_config=None)
+    assert type(s).__name__ == "CapturingFakeScheduler"  # wired, so `on` needs no restart
+    s.update_from_output(None, {0: [[1, 2]]})
+    time.sleep(0.05)
+    s.shutdown()
+    assert not path.exists() and os.listdir(tmp_path) == []
