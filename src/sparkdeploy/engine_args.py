@@ -41,6 +41,8 @@ OWNED = {
     "max_model_len": "engine.max_model_len", "max_num_seqs": "engine.max_num_seqs",
     "max_num_batched_tokens": "engine.max_num_batched_tokens", "kv_cache_dtype": "engine.kv_cache_dtype",
     "enforce_eager": "engine.enforce_eager", "enable_prefix_caching": "engine.prefix_caching",
+    "scheduler_cls": "the kit (spark_overlays.capture.scheduler: vLLM's own scheduler, counting emitted ids while "
+                     "`sparkdeploy vocab capture on`)",
 }
 _NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,80}")
 

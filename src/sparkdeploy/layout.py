@@ -16,6 +16,7 @@ HEALTHY_MARK = "HEALTHY"  # in a release directory once it passed its health gat
 SENTINEL_RECORD = "sentinel.json"  # in the head's release directory: its speed record + verdict (bench/sentinel.py)
 ENV_FILE = "engine.env"
 LAUNCH_FILE = "launch.sh"
+NODE_PLAN_FILE = "node-plan.json"  # in each release: this node's part of the plan (its exact serve argv)
 SECRETS_ENV = f"{ETC_DIR}/secrets.env"  # root-only 0600, the engine's second --env-file
 
 # ------------------------------------------------------------------------------------------------ engine
@@ -30,6 +31,10 @@ VOCAB_HOST_DIR = f"{STATE_DIR}/vocab"
 VOCAB_POINTER = f"{VOCAB_HOST_DIR}/current.txt"  # relative symlink to <sha256>.txt
 VOCAB_CONTAINER_DIR = "/opt/sparkdeploy/vocab"  # VOCAB_HOST_DIR mounted read-only
 VOCAB_CONTAINER_FILE = f"{VOCAB_CONTAINER_DIR}/current.txt"
+CAPTURE_DIR = f"{STATE_DIR}/capture"  # mounted read-write at the same path: the engine's token-id counts
+CAPTURE_COUNTS = f"{CAPTURE_DIR}/counts.npy"  # written by the head's engine core (spark_overlays.capture)
+CAPTURE_SWITCH = f"{CAPTURE_DIR}/on"  # present: the engine counts (`vocab capture on|off`, no restart)
+CAPTURE_SCHEDULER = "spark_overlays.capture.scheduler"  # the --scheduler-cls every release is rendered with
 
 # ----------------------------------------------------------------------------------------- supervision
 LIB_DIR = "/usr/local/lib/sparkdeploy"

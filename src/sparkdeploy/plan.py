@@ -33,9 +33,10 @@ from sparkdeploy.checkpoint import Checkpoint
 from sparkdeploy.errors import PlanError
 from sparkdeploy.facts import NodeFacts, facts_for
 from sparkdeploy.inventory import FEATURES, Inventory, Node, SshTarget
-from sparkdeploy.layout import (CACHE_HOST_DIR, CONTAINER_NAME, CURRENT_LINK, ENV_FILE, LAUNCH_FILE, REGISTRY_PORT,
-                                SECRETS_ENV, UNIT_NAME, UNIT_PATH, VOCAB_CONTAINER_DIR, VOCAB_CONTAINER_FILE,
-                                VOCAB_HOST_DIR)
+from sparkdeploy.layout import (CACHE_HOST_DIR, CAPTURE_COUNTS, CAPTURE_DIR, CAPTURE_SCHEDULER, CAPTURE_SWITCH,
+                                CONTAINER_NAME, CURRENT_LINK, ENV_FILE, LAUNCH_FILE, NODE_PLAN_FILE, REGISTRY_PORT,
+                                SECRETS_ENV,
+                                UNIT_NAME, UNIT_PATH, VOCAB_CONTAINER_DIR, VOCAB_CONTAINER_FILE, VOCAB_HOST_DIR)
 from sparkdeploy.memory import MemoryBudget, budget, shortlist_head_gib
 
 STOP_TIMEOUT_S = 30
@@ -120,6 +121,7 @@ class Plan:
     checkpoint: Checkpoint | None = None  # the weights' format, decides the quantization flags
     secrets: dict[str, str] = field(default_factory=dict)  # env name -> fingerprint of what SECRETS_ENV holds
     weights_transfers: tuple[str, ...] = ()  # which path the checkpoint takes to each node
+    capture: bool = False  # traffic capture wired in (counts only while `vocab capture on`: no restart to switch)
 
     def feature_enabled(self, name: str) -> bool:
         return any(f.name == name and f.enabled for f in self.features)
@@ -196,14 +198,29 @@ def _features(inv: Inventory, mode_of: Callable[[str, str], str], ckpt: Checkpoi
     return tuple(out)
 
 
-def _additional_config(inv: Inventory, features: tuple[Feature, ...]) -> dict[str, Any]:
+def _additional_config(inv: Inventory, features: tuple[Feature, ...], capture: bool) -> dict[str, Any]:
     cfg: dict[str, Any] = {}
     for feat in features:
         entry: dict[str, Any] = {"enabled": feat.enabled and feat.mode == "overlay"}
         if feat.name == "shortlist" and entry["enabled"] and inv.vocab is not None:
             entry.update(path=VOCAB_CONTAINER_FILE, sha256=inv.vocab.sha256)
         cfg[feat.name] = entry
+    if capture:
+        cfg["capture"] = {"enabled": True, "path": CAPTURE_COUNTS, "switch": CAPTURE_SWITCH,
+                          "flush_seconds": CAPTURE_FLUSH_S}
     return {"spark_overlays": cfg}
+
+
+CAPTURE_FLUSH_S = 10  # a node's counts file lags the engine by at most this (and is flushed at `capture off`)
+
+
+def _capture_wired(version: str, mode_of: Callable[[str, str], str]) -> bool:
+    """Every release carries the capture overlay where the pinned vLLM supports it: `vocab capture on|off`
+    then switches counting with a file, without the engine restart a flag change would cost."""
+    try:
+        return mode_of(version, "capture") == "overlay"
+    except Exception:  # noqa: BLE001 - a pin (or test table) without the capture entry: not wired
+        return False
 
 
 def _speculative_config(profile, features: tuple[Feature, ...]) -> dict[str, Any] | None:
@@ -314,12 +331,14 @@ def _serve_argv(inv: Inventory, node: Node, rank: int, nnodes: int, tp: int, pp:
                 if flag not in argv:
                     argv += chunk
                 i += len(chunk)
+    if "capture" in additional["spark_overlays"]:
+        argv += ["--scheduler-cls", CAPTURE_SCHEDULER]
     argv += ["--additional-config", _json(additional)]
     return tuple(argv) + p.engine_args
 
 
 def _docker_argv(inv: Inventory, node: Node, role: str, image_tag: str, serve_argv: tuple[str, ...],
-                 secrets: Mapping[str, str]) -> tuple[str, ...]:
+                 secrets: Mapping[str, str], capture: bool) -> tuple[str, ...]:
     p = inv.profile
     argv = ["docker", "run", "--name", CONTAINER_NAME, "--init", "--stop-timeout", str(STOP_TIMEOUT_S),
             "--network", "host", "--ipc", "host"]
@@ -334,6 +353,8 @@ def _docker_argv(inv: Inventory, node: Node, role: str, image_tag: str, serve_ar
              "--label", f"io.sparkdeploy.node={node.name}",
              "--label", f"io.sparkdeploy.role={role}",
              "-v", f"{VOCAB_HOST_DIR}:{VOCAB_CONTAINER_DIR}:ro"]
+    if capture:
+        argv += ["-v", f"{CAPTURE_DIR}:{CAPTURE_DIR}"]
     if p.caches:
         for name, target in CACHE_MOUNTS:
             argv += ["-v", f"{CACHE_HOST_DIR}/{name}:{target}"]
@@ -428,7 +449,8 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     ckpt = _checkpoint(p, checkpoint)
     features = _features(inv, mode_of, ckpt)
     secrets = inv.auth.fingerprints()
-    additional = _additional_config(inv, features)
+    capture = _capture_wired(inv.image.vllm_version, mode_of)
+    additional = _additional_config(inv, features, capture)
     spec = _speculative_config(p, features)
     image = _image(inv, features, git_commit, overlays_digest)
     head = chosen[0]
@@ -465,8 +487,8 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
         role = "head" if rank == 0 else "worker"
         env = _env(inv, node, nf, nnodes, notes)
         serve = _serve_argv(inv, node, rank, nnodes, tp, pp, mem, head, features, flags_of, spec, additional)
-        docker = _docker_argv(inv, node, role, image.tag, serve, secrets)
-        files = {f"{node.name}/release/{name}": f"{{release}}/{name}" for name in (ENV_FILE, LAUNCH_FILE, "node-plan.json")}
+        docker = _docker_argv(inv, node, role, image.tag, serve, secrets, capture)
+        files = {f"{node.name}/release/{name}": f"{{release}}/{name}" for name in (ENV_FILE, LAUNCH_FILE, NODE_PLAN_FILE)}
         files[f"{node.name}/unit/{UNIT_NAME}"] = UNIT_PATH
         start_order = nnodes - 1 if rank == 0 else rank - 1
         node_plans.append(NodePlan(node.name, role, rank, start_order, node.ssh, node.data_ip, node.netdev, node.hca,
@@ -477,7 +499,7 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
 
     draft = Plan(cluster=inv.cluster, release_id=_RELEASE_PLACEHOLDER, kit_version=__version__, profile=p.name,
                  nnodes=nnodes, tp=tp, pp=pp, api_port=inv.ports.api, master_port=inv.ports.master, image=image,
-                 nodes=tuple(node_plans), features=features, additional_config=additional,
+                 nodes=tuple(node_plans), features=features, additional_config=additional, capture=capture,
                  speculative_config=spec, model_host_dir=p.host_dir, notes=tuple(notes), checkpoint=ckpt,
                  secrets=secrets, weights_transfers=_weights_transfers(inv, chosen))
     identity = draft.to_dict()  # what reaches the nodes; not provenance, host paths or how we log in

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkdeploy import inventory, paths, plan
+from sparkdeploy import inventory, layout, paths, plan
 
 
 def _shipped():
@@ -114,7 +114,12 @@ def test_additional_config_shape_and_native_flags_on_033():
     argv = p.head.serve_argv
     cfg = json.loads(_arg(argv, "--additional-config"))
     assert set(cfg) == {"spark_overlays"}
-    assert set(cfg["spark_overlays"]) == {"shortlist", "skinny_gemm", "fp8_gdn", "prefix_align"}
+    assert set(cfg["spark_overlays"]) == {"shortlist", "skinny_gemm", "fp8_gdn", "prefix_align", "capture"}
+    # capture is wired into every release and counts only while its switch file exists (`vocab capture on`)
+    assert cfg["spark_overlays"]["capture"] == {"enabled": True, "path": layout.CAPTURE_COUNTS,
+                                                "switch": layout.CAPTURE_SWITCH, "flush_seconds": 10}
+    assert p.capture and _arg(argv, "--scheduler-cls") == "spark_overlays.capture.scheduler"
+    assert f"{layout.CAPTURE_DIR}:{layout.CAPTURE_DIR}" in p.head.docker_argv  # read-write: the engine writes
     assert all("enabled" in v for v in cfg["spark_overlays"].values())
     assert cfg["spark_overlays"]["shortlist"]["sha256"] == inventory.load(paths.default_inventory()).vocab.sha256
     # The shipped checkpoint is ModelOpt NVFP4: pre-quantized, so no --quantization (FP8 GDN applies to BF16 only)
@@ -134,7 +139,7 @@ def test_patches_off_render_no_flags(tmp_path):
     p = plan.plan(inventory.load(path))
     assert "--quantization" not in p.head.serve_argv
     cfg = json.loads(_arg(p.head.serve_argv, "--additional-config"))["spark_overlays"]
-    assert not any(v["enabled"] for v in cfg.values())
+    assert not any(v["enabled"] for k, v in cfg.items() if k != "capture")  # capture is no patch: its switch decides
 
 
 def test_release_id_changes_with_content_not_with_commit(tmp_path):

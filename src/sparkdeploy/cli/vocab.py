@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from sparkdeploy.cli.options import inventory_option
 from sparkdeploy.errors import VocabError
 
 
@@ -152,28 +153,56 @@ def merge(lists, out, spec, as_json) -> None:
 
 
 @vocab.command("learn")
-@click.argument("counts", nargs=-1, required=True)
-@click.option("--vocab", "-l", "list_arg", required=True,
-              help="the current list (file or shipped name): every id is kept")
+@click.argument("counts", nargs=-1)
+@click.option("--vocab", "-l", "list_arg",
+              help="the current list (file or shipped name): every id is kept (default with no COUNTS: the live "
+                   "list on the head)")
 @click.option("--out", "-o", type=click.Path(dir_okay=False), help="the new list (.txt/.npy/.d2t.npy) + manifest")
-@click.option("--tokenizer", "-t", "spec", help="default: the one named in the current list's manifest")
+@click.option("--tokenizer", "-t", "spec",
+              help="default: the one named in the current list's manifest (the served model's, for the live list)")
 @click.option("--size", "-n", type=int, help="ids on the new list")
 @click.option("--coverage", "target", type=float, help="stop adding once this share of captured tokens is covered")
 @click.option("--min-count", type=int, default=1, show_default=True, help="add only ids captured this often")
+@click.option("--save-counts", type=click.Path(file_okay=False), help="with no COUNTS: keep the pulled files here")
+@inventory_option("inventory", help="with no COUNTS: pull the counts from this inventory's nodes "
+                                    "(default: inventory.yaml of the checkout)")
+@click.option("--trust-new-hosts", is_flag=True, help="accept and record SSH host keys not seen before")
 @click.option("--dry-run", is_flag=True, help="report what the list would be; write nothing")
 @click.option("--json", "as_json", is_flag=True)
-def learn_cmd(counts, list_arg, out, spec, size, target, min_count, dry_run, as_json) -> None:
-    """Add the ids the engine emitted most (COUNTS: `.npy` files of `spark_overlays.capture`) to the current list.
+def learn_cmd(counts, list_arg, out, spec, size, target, min_count, save_counts, inventory, trust_new_hosts,
+              dry_run, as_json) -> None:
+    """Add the ids the engine emitted most to the current list; the new list goes to `vocab rollout`.
 
-    Prints the miss rate of the captured traffic before and after; the new list goes to `vocab rollout`."""
+    COUNTS: `.npy` files of `spark_overlays.capture`; none: pulled from the nodes (`vocab capture on` gathers
+    them). Prints the miss rate of the captured traffic before and after."""
     from sparkdeploy.vocab import validate_list, write_list
+    from sparkdeploy.vocab.formats import parse_list
     from sparkdeploy.vocab.learn import learn, make_manifest, read_captured
     from sparkdeploy.vocab.manifest import write_manifest
 
     if not out and not dry_run:
         raise VocabError("give --out FILE for the new list (or --dry-run)")
-    path, ids, manifest = _read(list_arg)
-    tok = _tokenizer_for(manifest, spec, path)
+    if counts and not list_arg:
+        raise VocabError("give --vocab: the list the counts are to be added to")
+    if counts:
+        path, ids, manifest = _read(list_arg)
+        tok = _tokenizer_for(manifest, spec, path)
+    else:
+        from sparkdeploy import paths, served_tokenizer
+        from sparkdeploy.steps import capture
+        from sparkdeploy.steps.deploy import Options, load_cluster
+
+        with load_cluster(inventory or str(paths.default_inventory()), Options(trust_new_hosts=trust_new_hosts)) as cx:
+            cx.connect([])
+            counts = capture.pull(cx, save_counts)
+            live = None if list_arg else capture.live_list(cx)
+            inv = cx.inv
+        if list_arg:
+            path, ids, manifest = _read(list_arg)
+            tok = _tokenizer_for(manifest, spec, path)
+        else:
+            tok = _load(spec) if spec else served_tokenizer.resolve(inv)
+            path, ids, manifest = live[0], parse_list(live[1], live[0], tok.vocab_size), None
     if manifest and manifest.get("tokenizer", {}).get("content_hash") != tok.content_hash:
         raise VocabError(f"{path}: built for tokenizer {manifest['tokenizer'].get('content_hash')}, "
                          f"{tok.name} is {tok.content_hash}")

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Rendered by sparkdeploy 0.1.0; do not edit (sparkdeploy render).
-# Engine of node node1: rank 0 of 2 (head), release 2b138530f84e.
+# Engine of node node1: rank 0 of 2 (head), release 345b03551697.
 # Run by sparkdeploy-engine.service as /etc/sparkdeploy/current/launch.sh, in the foreground: systemd supervises
 # `docker run` (no -d, no --rm, no docker restart policy), docker supervises vLLM (--init).
 set -euo pipefail
@@ -17,10 +17,11 @@ exec docker run \
   --ulimit stack=67108864 \
   --shm-size 1g \
   --env-file /etc/sparkdeploy/current/engine.env \
-  --label io.sparkdeploy.release=2b138530f84e \
+  --label io.sparkdeploy.release=345b03551697 \
   --label io.sparkdeploy.node=node1 \
   --label io.sparkdeploy.role=head \
   -v /var/lib/sparkdeploy/vocab:/opt/sparkdeploy/vocab:ro \
+  -v /var/lib/sparkdeploy/capture:/var/lib/sparkdeploy/capture \
   sparkdeploy/serving-sim:0.32.0-e082055cf270 \
   vllm serve /models/tiny-qwen3 \
   --served-model-name tiny \
@@ -35,6 +36,7 @@ exec docker run \
   --enforce-eager \
   --enable-prefix-caching \
   --speculative-config '{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":3}' \
-  --additional-config '{"spark_overlays":{"fp8_gdn":{"enabled":false},"prefix_align":{"enabled":false},"shortlist":{"enabled":false},"skinny_gemm":{"enabled":true}}}' \
+  --scheduler-cls spark_overlays.capture.scheduler \
+  --additional-config '{"spark_overlays":{"capture":{"enabled":true,"flush_seconds":10,"path":"/var/lib/sparkdeploy/capture/counts.npy","switch":"/var/lib/sparkdeploy/capture/on"},"fp8_gdn":{"enabled":false},"prefix_align":{"enabled":false},"shortlist":{"enabled":false},"skinny_gemm":{"enabled":true}}}' \
   --enable-auto-tool-choice \
   --tool-call-parser hermes
