@@ -17,6 +17,8 @@ BOUNDARIES = (
     "after-stop",    # engine stopped on every node, `current` not switched yet
     "after-switch",  # `current` switched on every node, nothing started
     "memory-guard",  # inside the start: where the memory guard refuses
+    "after-gate",    # the new release passed its gate, the watchdog is not back on yet
+    "release-one-node",  # vocab rollout: the new release is written on the head, a worker's write fails
 )
 
 _fired: set[str] = set()

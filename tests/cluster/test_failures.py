@@ -185,3 +185,26 @@ def test_no_earlier_healthy_release_stops_and_disables_the_service(serving, sim_
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == f"releases/{again['release']:04d}"
     assert timer_state(sim_cluster) == "active"
     serving["inv"] = changed
+
+
+def test_failure_after_the_gate_keeps_the_new_release_and_turns_the_watchdog_back_on(serving, sim_cluster):
+    """Seam `after-gate`: `up` fails once the new release passed its gate, before the watchdog is back. That
+    release is now the last good one: it keeps serving, the watchdog is turned back on anyway (an unsupervised
+    pair would not survive its next crash), exit 1 says so, and the re-run converges with nothing to change."""
+    rc, before = up(serving["inv"])
+    assert rc == 0 and before["healthy"], before["message"]
+    changed = variant(serving["inv"], serving["tmp"], "after-gate", 4.5)
+    rc, res = up(changed, "after-gate")
+    assert rc == 1 and not res["healthy"], res["message"]
+    assert "injected fault at after-gate" in res["message"] and "the watchdog is on again" in res["message"]
+    assert "ROLLED BACK" not in res["message"] and res["release"] != before["release"]
+    new = f"releases/{res['release']:04d}"
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == new
+    assert timer_state(sim_cluster) == "active"
+    for node in ("node1", "node2"):
+        assert sim_cluster.ssh(node, ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() == "active"
+        assert sim_cluster.ssh(node, ["test", "-e", f"/etc/sparkdeploy/{new}/HEALTHY"]).rc == 0
+    rc, again = up(changed)
+    assert rc == 0 and again["healthy"] and again["release"] == res["release"], again["message"]
+    assert not again["restarted"], again["message"]  # nothing half-applied: no restart on the re-run
+    serving["inv"] = changed

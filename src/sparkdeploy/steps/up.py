@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import requests
 
-from sparkdeploy import layout, releases
+from sparkdeploy import faults, layout, releases
 from sparkdeploy.connection import dry_session, recording
 from sparkdeploy.errors import InputError, SparkdeployError
 from sparkdeploy.steps import engine
@@ -123,7 +123,13 @@ def _up(cx: Context) -> UpResult:
             out.append(Outcome(stage, cx.head, FAILED, str(err)))
             auto_rollback(cx, num, f"{stage}: {err}", res, watchdog_was)
             return res
-        engine.watchdog(cx, True)
+        try:
+            faults.hit("after-gate")
+            engine.watchdog(cx, True)
+        except SparkdeployError as err:
+            out.append(Outcome("watchdog", cx.head, FAILED, str(err)))
+            res.message = _watchdog_back(cx, num, err)
+            return res
         res.healthy = True
         res.message = (f"release {num} healthy" + (" (new release)" if res.new_release else "")
                        + f"; {res.changes} change(s)")
@@ -144,6 +150,17 @@ def _up(cx: Context) -> UpResult:
         return res
     finally:
         res.seconds = time.monotonic() - t0
+
+
+def _watchdog_back(cx: Context, num: int, err: SparkdeployError) -> str:
+    """`up` failed after release `num` passed its gate: that release is the last good one and serves, so the
+    only thing left to put right is its supervision (a second try, past whatever interrupted the first)."""
+    done = f"release {num} passed its gate and serves, but `up` stopped before it finished ({err})"
+    try:
+        engine.watchdog(cx, True)
+    except SparkdeployError as again:
+        return f"{done}; the watchdog could NOT be turned back on ({again}): re-run up"
+    return f"{done}; the watchdog is on again; re-run up to finish"
 
 
 def auto_rollback(cx: Context, failed: int, reason: str, res: UpResult, watchdog_was: bool) -> None:
