@@ -32,7 +32,7 @@ from typing import Callable
 
 import requests
 
-from sparkdeploy import health, releases, vocab_live
+from sparkdeploy import faults, health, releases, vocab_live
 from sparkdeploy.errors import SparkdeployError, VocabError
 from sparkdeploy.rollout_checks import (Candidate, Failed, Golden, RolloutError, boot_time, capture,
                                         check_candidate, check_ranks, coverage_change, derive_release,
@@ -74,6 +74,7 @@ class RolloutResult:
     nodes: dict = field(default_factory=dict)  # node -> live vocab at the end
     timings: dict = field(default_factory=dict)
     seconds: float = 0.0
+    sentinel: dict | None = None  # the speed verdict on the new release (`vocab rollout --sentinel`)
 
     @property
     def ok(self) -> bool:
@@ -120,7 +121,8 @@ class Rollout:
         self.exp: health.ServiceExpect | None = None  # what the current release serves (read by _prepare)
         self.prev: int | None = None  # the release running before
         self.old_sha: str | None = None  # the list it names
-        self.new_num: int | None = None  # the release this rollout writes
+        self.new_num: int | None = None  # the release this rollout writes (a number no node has yet)
+        self.writing = False  # release new_num may exist on some node
         self.prompts: list[tuple[str, str]] = []
         self.probe: str | None = None
         self.started_at = 0.0
@@ -273,11 +275,14 @@ class Rollout:
         meta = dict(self.cand.meta(), version=self.cand.version)
 
         def put(c):
+            if c.name != self.c.head:
+                faults.hit("release-one-node")
             wrote = vocab_live.store(c, self.cand.data, self.cand.sha256, meta)
             files, m = built[c.name]
             releases.write(c, self.new_num, files, m)
             return wrote
 
+        self.writing = True  # from here a failure may leave release new_num on some nodes: _discard removes it
         self.c.each(put, "distributing the list and release")
         res.new_release = self.new_num
         self.log(f"list {self.cand.version} and release {self.new_num} are on every node")
@@ -359,7 +364,7 @@ class Rollout:
     def _discard(self, res: RolloutResult) -> None:
         """Nothing switched: remove the release directory this rollout wrote (the stored list may stay)."""
         num = self.new_num
-        if num is None or self.exp is None or res.new_release is None:
+        if num is None or self.exp is None or not self.writing:
             return
         self.c.map(lambda c: c.run(["rm", "-rf", releases.rdir(num)], check=False), self.names)
 

@@ -20,6 +20,7 @@ import pytest
 from sparkdeploy import cli, rollout, served_tokenizer
 from sparkdeploy import inventory as I
 from sparkdeploy.remote import connect as _connect
+from sparkdeploy.vocab import read_list
 
 MTP_PROFILE = "sim-tiny-next-mtp"
 
@@ -220,6 +221,39 @@ def _assert_rolled_back(deployed, res, words: str):
     assert {r for r, _, _ in st.values()} == {f"releases/{deployed['b_release']:04d}"}
 
 
+def _fault(monkeypatch, boundary: str) -> None:
+    """The SPARKDEPLOY_FAULT seam in this process (a boundary fires once per process: re-armed per case)."""
+    from sparkdeploy import faults
+
+    monkeypatch.setenv(faults.ENV, boundary)
+    monkeypatch.setattr(faults, "_fired", set())
+
+
+def test_release_written_on_one_node_only_is_removed_and_nothing_switched(deployed, monkeypatch):
+    """Seam `release-one-node`: the worker's write of the new release fails after the head's succeeded (the
+    writes run in parallel, so no real fault lands between them on purpose). Nothing was stopped: the release
+    directory is removed from every node, the live list, `current` and the running engines are untouched."""
+    sim = deployed["sim"]
+    before = _state(deployed)
+    listing = {n.name: sim.ssh(n, "ls /etc/sparkdeploy/releases").out.split() for n in sim.nodes}
+    timer = sim.ssh("node1", "systemctl is-active sparkdeploy-watchdog.timer").out.strip()
+    _fault(monkeypatch, "release-one-node")
+    res = _run(deployed, "c")
+    assert res.status == "failed" and "stopped before any node switched" in res.message, res.message
+    assert "injected fault at release-one-node" in res.message, res.message
+    # the head had the new release written: removed again, nothing else touched
+    assert {n.name: sim.ssh(n, "ls /etc/sparkdeploy/releases").out.split() for n in sim.nodes} == listing
+    assert _state(deployed) == before  # same release, same list, engines not restarted
+    assert sim.ssh("node1", "systemctl is-active sparkdeploy-watchdog.timer").out.strip() == timer
+
+
+def test_failure_after_the_switch_before_the_start_rolls_back(deployed, monkeypatch):
+    """Seam `after-switch`: `current` and the list pointer switched on every node, nothing started yet."""
+    _fault(monkeypatch, "after-switch")
+    res = _run(deployed, "c")
+    _assert_rolled_back(deployed, res, "injected fault at after-switch")
+
+
 def test_worker_fails_to_start_rolls_back(deployed):
     res = _run(deployed, "c", edit=_serve_flag(b"--no-such-option", ("node2",)))
     _assert_rolled_back(deployed, res, "node2 (worker) failed to start")
@@ -252,7 +286,7 @@ def test_history_and_rollback_command(deployed, capsys):
     h = json.loads(capsys.readouterr().out)
     assert rc == 0
     actions = [e["action"] for e in h["history"]]
-    assert actions.count("auto-rollback") == 4 and "rollout" in actions
+    assert actions.count("auto-rollback") == 5 and "rollout" in actions
     assert all(v["version"] == deployed["b_sha"][:12] for v in h["nodes"].values())
 
 
@@ -262,3 +296,92 @@ def test_rollback_command_puts_the_previous_list_back(deployed, capsys):
     assert rc == 0 and out["status"] == "changed", out["message"]
     assert out["golden_identical"] is True
     _assert_on(deployed, deployed["start_sha"])  # the list live before the module's rollout, live again
+
+
+# ------------------------------------------------------------------------------------ traffic capture
+def _traffic(deployed, prompts: list[str]) -> np.ndarray:
+    """Greedy completions; the ids the API returned, concatenated."""
+    import requests
+
+    from sparkdeploy import health
+    from sparkdeploy.steps.deploy import Cluster, Options
+
+    with Cluster(deployed["inv"], Options()) as c:
+        exp = c.expect()
+    ids = []
+    for p in prompts:
+        r = requests.post(f"{exp.api_url}/v1/completions", headers=health.bearer(exp.api_key), timeout=120,
+                          json={"model": exp.served_model, "prompt": p, "max_tokens": 24, "temperature": 0,
+                                "return_token_ids": True})
+        r.raise_for_status()
+        ids += r.json()["choices"][0]["token_ids"]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def _capture(deployed, capsys, *args) -> dict:
+    capsys.readouterr()  # what earlier steps printed (the rollout's log)
+    rc = cli.main(["vocab", "capture", *args, "-i", str(deployed["inv_path"]), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    return out
+
+
+def test_capture_then_learn_then_rollout_lowers_the_miss_rate_with_identical_output(deployed, capsys):
+    """`vocab capture on`, traffic, `vocab learn` (counts pulled from the nodes, the live list as the base),
+    `vocab rollout` of what it learned; capture off counts nothing and `clear` deletes the counts."""
+    prompts = [f"Capture probe {i}: ünïcödé 漢字 {i * 7919}" for i in range(6)]
+    st = _capture(deployed, capsys, "status")
+    assert all(n["wired"] and not n["on"] and not n["files"] for n in st["nodes"].values()), st
+    _traffic(deployed, prompts)
+    time.sleep(12)  # past the engine's flush interval (10 s): counting while off would have written by now
+    assert not any(n["files"] for n in _capture(deployed, capsys, "status")["nodes"].values())
+
+    dry = _capture(deployed, capsys, "on", "--dry-run")
+    assert not any(n["on"] for n in dry["nodes"].values()) and all(o["status"] == "would change"
+                                                                    for o in dry["outcomes"]), dry
+    on = _capture(deployed, capsys, "on")
+    assert all(n["on"] for n in on["nodes"].values())
+    time.sleep(2)  # the engine looks for the switch every second
+    emitted = _traffic(deployed, prompts)
+    head = deployed["sim"].nodes[0].name
+    time.sleep(12)  # one flush interval (10 s) after the last token
+    counts_dir = deployed["dir"] / "counts"
+    out = deployed["dir"] / "learned.txt"
+    capsys.readouterr()
+    rc = cli.main(["vocab", "learn", "-i", str(deployed["inv_path"]), "--coverage", "1.0", "--save-counts",
+                   str(counts_dir), "--out", str(out), "--json"])
+    learned = json.loads(capsys.readouterr().out)
+    assert rc == 0, learned
+    files = sorted(counts_dir.iterdir())
+    assert [f.name for f in files] == [f"{head}.counts.npy"]  # only the engine core's node counts
+    raw = files[0].read_bytes()
+    counts = np.load(files[0], allow_pickle=False)
+    assert counts.dtype == np.int64 and counts.ndim == 1  # ids only: no text
+    assert b"Capture probe" not in raw and "漢字".encode() not in raw
+    mine = np.bincount(emitted, minlength=counts.size)
+    assert (counts >= mine).all() and counts.sum() >= emitted.size  # every id we were sent back is counted
+    assert learned["miss_rate"]["before"] > 0, learned  # our traffic had ids off the live list
+    assert learned["miss_rate"]["after"] < learned["miss_rate"]["before"]
+    new_ids = set(read_list(out).tolist())
+    assert set(emitted[emitted < deployed["tok"].vocab_size].tolist()) <= new_ids
+
+    # the CLI, with the speed sentinel on: a record of the new release, kept on the head with its list's sha256
+    capsys.readouterr()
+    rc = cli.main(["vocab", "rollout", str(out), "-i", str(deployed["inv_path"]), "--max-tokens", "16", "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0 and res["status"] == "changed" and res["golden_identical"] is True, (res["message"], res["reason"])
+    sha = rollout.check_candidate(str(out), deployed["tok"]).sha256
+    _assert_on(deployed, sha)
+    assert res["sentinel"]["against"] is None and "first record" in res["sentinel"]["text"], res["sentinel"]
+    record = json.loads(deployed["sim"].ssh("node1", f"cat /etc/sparkdeploy/releases/{res['release']:04d}/"
+                                                     "sentinel.json").out)
+    assert record["release"]["number"] == res["release"] and record["release"]["list_sha"] == sha
+    assert record["verdict"] == res["sentinel"]
+
+    off = _capture(deployed, capsys, "off")
+    assert not any(n["on"] for n in off["nodes"].values())
+    cleared = _capture(deployed, capsys, "clear")
+    assert not any(n["files"] for n in cleared["nodes"].values())
+    _traffic(deployed, prompts[:2])
+    time.sleep(12)
+    assert not any(n["files"] for n in _capture(deployed, capsys, "status")["nodes"].values())

@@ -254,35 +254,45 @@ def _flag_diff(change: dict) -> str:
 
 
 # ------------------------------------------------------------------------------- a release on a cluster
-def check_release(cx, number: int, *, tokens: int = 32, runs: int = 3, warmup: int = 1,
-                  progress: Progress | None = None) -> dict:
-    """After release `number` passed its gate on the cluster context `cx` (steps.context.Context): measure it,
-    compare with the record of the newest older release that passed its gate (when it has one), and keep the
-    record, with that verdict, in the release's directory on the head (`layout.SENTINEL_RECORD`): `health`
-    shows it, `bench sentinel --inventory` repeats it. Returns the verdict summary."""
-    from sparkdeploy import releases
+def check_release(cx, number: int, *, against: int | None = None, tokens: int = 32, runs: int = 3,
+                  warmup: int = 1, progress: Progress | None = None) -> dict:
+    """After release `number` passed its gate on the cluster context `cx` (steps.context.Context) through `up`,
+    `rollback` or `vocab rollout`: measure it, compare with the record of release `against` (default: the newest
+    older release that passed its gate and has one; a rollback passes the release itself, whose earlier record
+    says how fast it was), and keep the record, with that verdict, in the release's directory on the head
+    (`layout.SENTINEL_RECORD`): `health` shows it, `bench sentinel --inventory` repeats it. Returns the verdict."""
+    from sparkdeploy import layout, releases
     from sparkdeploy.steps.context import served
 
     head = cx.conn(cx.head)
     nrs = cx.scan()
-    meta = nrs[cx.head].complete.get(number, {})
+    raw = head.get(f"{releases.rdir(number)}/{layout.NODE_PLAN_FILE}")
+    facts = release_facts(number, json.loads(raw) if raw else {}, nrs[cx.head].complete.get(number, {}))
     rec = measure(client.discover(cx.plan.api_url, model=served(cx.plan), api_key=cx.inv.auth.api_key()),
-                  tokens=tokens, runs=runs, warmup=warmup, progress=progress,
-                  release=release_facts(number, meta, cx.plan))
-    before = releases.last_healthy(nrs, before=number)
+                  tokens=tokens, runs=runs, warmup=warmup, progress=progress, release=facts)
+    before = against if against is not None else releases.last_healthy(nrs, before=number)
     base = releases.read_sentinel(head, before) if before is not None else None
     rec["verdict"] = summary(compare(base, rec) if base else None, before if base else None)
     releases.write_sentinel(head, number, rec)
     return rec["verdict"]
 
 
-def release_facts(number: int, meta: dict, plan) -> dict:
-    """What a record says about its release: the draft list's sha256, the image, the head's serve flags."""
-    from sparkdeploy import releases
+def release_facts(number: int, node_plan: dict, meta: dict) -> dict:
+    """What a record says about its release, read from the head's own files of it (`node-plan.json`: the argv
+    the head serves with, the draft list's sha256 inside it, the image), so a release that `rollback` or `vocab
+    rollout` put live is described as it runs, not as today's inventory would plan it."""
+    argv = list(node_plan.get("node", {}).get("serve_argv") or [])
+    return {"number": number, "list_sha": _list_sha(argv), "image": node_plan.get("image") or meta.get("image"),
+            "flags": argv}
 
-    src = plan.image.vocab_source
-    return {"number": number, "list_sha": releases.sha(Path(src).read_bytes()) if src else None,
-            "image": meta.get("image") or plan.image.tag, "flags": list(plan.nodes[0].serve_argv)}
+
+def _list_sha(argv: list[str]) -> str | None:
+    """The shortlist's sha256 in `--additional-config` (None: no shortlist)."""
+    try:
+        cfg = json.loads(argv[argv.index("--additional-config") + 1])
+        return cfg["spark_overlays"]["shortlist"].get("sha256")
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def summary(verdict: dict | None, against: int | None) -> dict:

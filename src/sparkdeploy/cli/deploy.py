@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import click
-import requests
 from rich.console import Console
 from rich.markup import escape
 
@@ -15,7 +14,7 @@ from sparkdeploy import layout, paths, releases
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.verdict import Status
 from sparkdeploy.cli.interrupts import interrupt_as_failure
-from sparkdeploy.cli.options import inventory_option
+from sparkdeploy.cli.options import inventory_option, print_speed, sentinel_option, speed_after_gate
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD
 from sparkdeploy.steps.deploy import Options, load_cluster
 
@@ -66,9 +65,7 @@ def _print_outcomes(outcomes) -> None:
               help="seconds the watchdog lets a (re)started pair get ready (default: --ready-timeout)")
 @click.option("--watchdog-backoff", type=float, default=30, show_default=True, help="first coupled-restart backoff (s)")
 @click.option("--watchdog-cap", type=int, default=4, show_default=True, help="coupled restarts before the watchdog stops")
-@click.option("--sentinel/--no-sentinel", default=True, show_default=True,
-              help="after the gate of a new or restarted release, a short speed probe per prompt category, kept "
-                   "with the release and compared with the previous healthy release's (docs/monitoring.md)")
+@sentinel_option
 def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watchdog_grace, watchdog_backoff,
        watchdog_cap, sentinel):
     """Converge the nodes on the plan: image, files, units, then start workers-first and gate on health."""
@@ -80,27 +77,15 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
         res = cluster.up()
         if sentinel and res.healthy and (res.restarted or not releases.read_sentinel(cluster.conn(cluster.head),
                                                                                      res.release)):
-            speed = _sentinel(cluster, res.release)
+            speed = speed_after_gate(cluster, res.release, _log)
     _print_outcomes(res.outcomes)
     style = "green" if res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes)) else "red bold"
     err.print(f"[{style}]{res.message}[/{style}]  ({res.changes} change(s), {res.seconds:.1f} s)")
-    if speed:
-        err.print(("[yellow bold]" if speed.get("regression") else "[green]") + "sentinel: " + escape(speed["text"]))
+    print_speed(err, speed)
     if as_json:
         click.echo(json.dumps(dict(res.to_dict(), sentinel=speed), indent=2))
     ok = res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes))
     raise click.exceptions.Exit(0 if ok else 1)
-
-
-def _sentinel(cluster, number: int) -> dict:
-    """The speed record of a release that just passed its gate; a failed probe is reported, never fails `up`."""
-    from sparkdeploy.bench import sentinel
-
-    _log(f"sentinel: measuring release {number} (a short probe per prompt category)")
-    try:
-        return sentinel.check_release(cluster, number)
-    except (SparkdeployError, requests.RequestException, ValueError, KeyError) as e:
-        return {"regression": False, "text": f"not measured: {e}", "against": None}
 
 
 @click.command()
@@ -164,12 +149,20 @@ def status(inventory, as_json, trust_new_hosts):
 @click.argument("number", type=int, required=False)
 @click.option("--ready-timeout", type=float, default=900, show_default=True)
 @_trust_option
-def rollback(inventory, number, ready_timeout, trust_new_hosts):
-    """Switch every node back to release NUMBER (default: the last healthy one before the current) and restart."""
+@sentinel_option
+def rollback(inventory, number, ready_timeout, trust_new_hosts, sentinel):
+    """Switch every node back to release NUMBER (default: the last healthy one before the current) and restart.
+
+    The sentinel compares the release with its own earlier speed record (how fast it was when it served)."""
+    speed = None
     with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log)) as cluster, \
             interrupt_as_failure("rollback", _log):
         res = cluster.rollback(number)
+        if sentinel and res.healthy and res.restarted:
+            own = releases.read_sentinel(cluster.conn(cluster.head), res.release)
+            speed = speed_after_gate(cluster, res.release, _log, against=res.release if own else None)
     err.print(("[green]" if res.healthy else "[red bold]") + res.message)
+    print_speed(err, speed)
     raise click.exceptions.Exit(0 if res.healthy else 1)
 
 

@@ -1,4 +1,4 @@
-"""Options more than one command takes, declared once."""
+"""Options (and the report lines) more than one command shares, declared once."""
 
 from __future__ import annotations
 
@@ -11,3 +11,34 @@ def inventory_option(dest: str = "inventory_file", help: str = INVENTORY_HELP):
     """`--inventory/-i FILE` (default None: the command falls back to `paths.default_inventory()`), passed to the
     command as `dest`."""
     return click.option("--inventory", "-i", dest, default=None, metavar="FILE", help=help)
+
+
+def sentinel_option(f):
+    """`--sentinel/--no-sentinel` for the commands that put a release live (`up`, `rollback`, `vocab rollout`)."""
+    return click.option("--sentinel/--no-sentinel", default=True, show_default=True,
+                        help="after the gate of a (re)started release, a short speed probe per prompt category, "
+                             "kept with the release and compared with the previous healthy release's "
+                             "(docs/monitoring.md)")(f)
+
+
+def speed_after_gate(cluster, number: int, log, *, against: int | None = None) -> dict:
+    """The sentinel's verdict on release `number`, which just passed its gate; a probe that fails is reported
+    in the verdict, never fails the command (the release is healthy and serves)."""
+    import requests
+
+    from sparkdeploy.bench import sentinel
+    from sparkdeploy.errors import SparkdeployError
+
+    log(f"sentinel: measuring release {number} (a short probe per prompt category)")
+    try:
+        return sentinel.check_release(cluster, number, against=against)
+    except (SparkdeployError, requests.RequestException, ValueError, KeyError) as e:
+        return {"regression": False, "text": f"not measured: {e}", "against": None}
+
+
+def print_speed(console, speed: dict | None) -> None:
+    if speed:
+        from rich.markup import escape
+
+        console.print(("[yellow bold]" if speed.get("regression") else "[green]") + "sentinel: "
+                      + escape(speed["text"]))

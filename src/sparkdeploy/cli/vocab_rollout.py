@@ -16,7 +16,7 @@ from rich.console import Console
 from sparkdeploy import inventory as I
 from sparkdeploy import paths
 from sparkdeploy.cli.interrupts import interrupt_as_failure
-from sparkdeploy.cli.options import inventory_option
+from sparkdeploy.cli.options import inventory_option, print_speed, sentinel_option, speed_after_gate
 from sparkdeploy.cli.vocab import vocab
 
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
@@ -94,8 +94,9 @@ def _report(res, as_json: bool) -> None:
 @click.option("--allow-no-manifest", is_flag=True, help="accept a list without a manifest (tokenizer hash unchecked)")
 @_gate_options
 @_common
+@sentinel_option
 def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, spec, ready_timeout, max_tokens, categories,
-                inventory, trust_new_hosts, as_json):
+                inventory, trust_new_hosts, as_json, sentinel):
     """Put LIST live on every node: validate, golden outputs, new release, restart workers-first, verify;
     any failure rolls back to the previous list and release."""
     from sparkdeploy import rollout as R
@@ -107,12 +108,17 @@ def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, spec, ready_time
     err.print(f"[green]valid[/green] {list_path}: {cand.size} ids for {tok.name} ({tok.content_hash[:19]}), "
               f"version {cand.version}")
     cluster = R._cluster(inv, opts, trust_new_hosts)
+    speed = None
     try:
         with interrupt_as_failure("vocab rollout", _log):
             res = R.Rollout(cluster, cand, opts, tok).run()
+            if sentinel and res.status == "changed":
+                speed = speed_after_gate(cluster, res.release, _log)
     finally:
         cluster.close()
+    res.sentinel = speed
     _report(res, as_json)
+    print_speed(err, speed)
     raise click.exceptions.Exit(0 if res.ok else 1)
 
 

@@ -247,18 +247,23 @@ def test_check_release_keeps_the_record_with_its_verdict_against_the_last_health
     head = Head()
     nrs = {"node1": releases.NodeReleases(complete={3: {"image": "img:3"}, 4: {"image": "img:4"}}, current=4,
                                           healthy={3, 4})}
+    argv = ["vllm", "serve", "m", "--additional-config",
+            json.dumps({"spark_overlays": {"shortlist": {"enabled": True, "sha256": "ab" * 32}}})]
+    head.files[f"{releases.rdir(4)}/node-plan.json"] = json.dumps({"image": "img:4", "node": {"serve_argv": argv}})
     monkeypatch.setattr(context, "served", lambda plan: None)
     with FakeVllm() as fake:
         cx = SimpleNamespace(head="node1", conn=lambda n: head, scan=lambda: nrs, inv=SimpleNamespace(
-            auth=SimpleNamespace(api_key=lambda: None)), plan=SimpleNamespace(
-            api_url=fake.url, image=SimpleNamespace(vocab_source=None, tag="img:4"),
-            nodes=[SimpleNamespace(serve_argv=("vllm", "serve", "m"))]))
+            auth=SimpleNamespace(api_key=lambda: None)), plan=SimpleNamespace(api_url=fake.url))
         first = sentinel.check_release(cx, 3, tokens=20, runs=2)
         second = sentinel.check_release(cx, 4, tokens=20, runs=2)
+        again = sentinel.check_release(cx, 4, against=4, tokens=20, runs=2)  # a rollback to 4: its own record
     assert first["against"] is None and "first record" in first["text"]
+    assert releases.read_sentinel(head, 3)["release"] == {"number": 3, "list_sha": None, "image": "img:3",
+                                                          "flags": []}  # no node-plan.json: the meta's image
     assert second == {"against": 3, "regression": False, "categories": [],
                       "text": "no regression beyond noise against release 3"}
+    assert again["against"] == 4 and not again["regression"]
     kept = releases.read_sentinel(head, 4)
-    assert kept["verdict"] == second and kept["release"] == {"number": 4, "list_sha": None, "image": "img:4",
-                                                            "flags": ["vllm", "serve", "m"]}
+    assert kept["verdict"] == again and kept["release"] == {"number": 4, "list_sha": "ab" * 32, "image": "img:4",
+                                                            "flags": argv}  # as the head's release files say
     sentinel.validate(kept, "release 4")
