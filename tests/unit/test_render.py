@@ -96,8 +96,10 @@ def test_unit_is_supervised_foreground_with_backoff_and_start_limit():
 
 # ----------------------------------------------------------------------------------- per-node isolation
 def _env_file(data: bytes) -> dict[str, str]:
+    """As docker's --env-file reads it: lines end at "\n" only (str.splitlines would also split a value at
+    U+0085 or U+2028, which docker keeps in the value)."""
     out = {}
-    for line in data.decode().splitlines():
+    for line in data.decode().split("\n"):
         if line and not line.startswith("#"):
             key, _, value = line.partition("=")
             out[key] = value
