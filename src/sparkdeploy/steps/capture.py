@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import time
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from sparkdeploy.steps.context import Context
 
 COUNTS_GLOB = posixpath.basename(CAPTURE_COUNTS).replace(".npy", "*.npy")  # counts.npy, counts.dp1.npy, ...
 MODES = ("on", "off", "clear")
+OFF_SETTLE_S = 2.5  # > the engine's switch poll (spark_overlays.capture.SWITCH_POLL_S = 1 s) + one flush
 
 
 class CaptureError(SparkdeployError):
@@ -89,7 +91,10 @@ def switch(cx: Context, mode: str, *, dry_run: bool = False) -> list[Outcome]:
             return [Action(f"remove {', '.join(s.files)}", lambda: c.run(["rm", "-f", *s.files]))]
         return []
 
-    return run_step(f"capture {mode}", cx.names, diff, dry_run=dry_run, log=cx.log)
+    outcomes = run_step(f"capture {mode}", cx.names, diff, dry_run=dry_run, log=cx.log)
+    if mode == "off" and not dry_run and any(o.actions for o in outcomes):
+        time.sleep(OFF_SETTLE_S)  # the engine's last flush (it looks for the switch every second) lands before we return
+    return outcomes
 
 
 def pull(cx: Context, dest: str | Path | None = None) -> list[Path]:
