@@ -42,3 +42,13 @@ def print_speed(console, speed: dict | None) -> None:
 
         console.print(("[yellow bold]" if speed.get("regression") else "[green]") + "sentinel: "
                       + escape(speed["text"]))
+
+
+def connected(inventory: str | None, trust_new_hosts: bool):
+    """The inventory's cluster, every node connected (for commands that only read or flip files)."""
+    from sparkdeploy import paths
+    from sparkdeploy.steps.deploy import Options, load_cluster
+
+    cluster = load_cluster(inventory or str(paths.default_inventory()), Options(trust_new_hosts=trust_new_hosts))
+    cluster.connect([])
+    return cluster

@@ -188,12 +188,11 @@ def learn_cmd(counts, list_arg, out, spec, size, target, min_count, save_counts,
         path, ids, manifest = _read(list_arg)
         tok = _tokenizer_for(manifest, spec, path)
     else:
-        from sparkdeploy import paths, served_tokenizer
+        from sparkdeploy import served_tokenizer
+        from sparkdeploy.cli.options import connected
         from sparkdeploy.steps import capture
-        from sparkdeploy.steps.deploy import Options, load_cluster
 
-        with load_cluster(inventory or str(paths.default_inventory()), Options(trust_new_hosts=trust_new_hosts)) as cx:
-            cx.connect([])
+        with connected(inventory, trust_new_hosts) as cx:
             counts = capture.pull(cx, save_counts)
             live = None if list_arg else capture.live_list(cx)
             inv = cx.inv

@@ -10,18 +10,8 @@ import json
 
 import click
 
-from sparkdeploy.cli.options import inventory_option
+from sparkdeploy.cli.options import connected, inventory_option
 from sparkdeploy.cli.vocab import vocab
-
-
-def connected(inventory: str | None, trust_new_hosts: bool):
-    """The inventory's cluster, every node connected (for commands that only read or flip files)."""
-    from sparkdeploy import paths
-    from sparkdeploy.steps.deploy import Options, load_cluster
-
-    cluster = load_cluster(inventory or str(paths.default_inventory()), Options(trust_new_hosts=trust_new_hosts))
-    cluster.connect([])
-    return cluster
 
 
 @vocab.command("capture")
