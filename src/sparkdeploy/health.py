@@ -108,7 +108,6 @@ for u in "$@"; do echo "extra $u $(systemctl is-enabled "$u" 2>/dev/null || echo
 echo "container $(docker inspect -f '{{.State.Status}} {{.Image}} {{.State.StartedAt}} {{.RestartCount}}' "$ctr" 2>/dev/null || echo absent)"
 echo "mem $(awk '/^MemAvailable:/{print $2*1024}' /proc/meminfo)"
 echo "current $(readlink "$current" 2>/dev/null)"
-echo "boot $(ps -o lstart= -p 1 2>/dev/null)"
 echo "watchdog $(cat "$wd_state" 2>/dev/null | tr -d '\n')"
 echo "vocab_pointer $(readlink "$vocab" 2>/dev/null)"
 echo "vocab_content $(sha256sum "$vocab" 2>/dev/null | cut -c1-64)"

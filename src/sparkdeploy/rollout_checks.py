@@ -227,7 +227,13 @@ def derive_release(cx, node: str, prev: int, old_sha: str, cand: Candidate, acti
 
 
 def boot_time(conn) -> str:
-    return conn.run(["ps", "-o", "lstart=", "-p", "1"], check=False, timeout=20).stdout.strip()
+    """Which boot this is: the kernel's boot id and PID 1's start in clock ticks since that boot.
+
+    Neither depends on the wall clock. `ps -o lstart` did (btime moves when the clock is stepped), and a VM's
+    clock step once read as a reboot in CI. The tick count tells a restarted container (the sim's reboot)
+    from the one that was there."""
+    return conn.run(["sh", "-c", "echo $(cat /proc/sys/kernel/random/boot_id)/$(sed 's/.*) //' /proc/1/stat | cut -d' ' -f20)"],
+                    check=False, timeout=20).stdout.strip()
 
 
 def rank_state(conn) -> dict:
@@ -246,11 +252,11 @@ def check_ranks(cx, boots: dict[str, str], num: int | None) -> None:
             errs = cx.reconnect([n], wait=0)
             boot = None if errs else boot_time(cx.conn(n))
             if boot and boots.get(n) and boot != boots[n]:
-                raise Failed(f"{n} rebooted during the rollout (PID 1 started {boot}, was {boots[n]})")
+                raise Failed(f"{n} rebooted during the rollout (boot/PID 1 start {boot}, was {boots[n]})")
             raise Failed(f"{n}: lost the connection during the rollout ({st})"
                          + ("; it does not answer SSH now (rebooting?)" if errs else "; it answers again"))
         if st.get("boot") and boots.get(n) and st["boot"] != boots[n]:
-            raise Failed(f"{n} rebooted during the rollout (PID 1 started {st['boot']}, was {boots[n]})")
+            raise Failed(f"{n} rebooted during the rollout (boot/PID 1 start {st['boot']}, was {boots[n]})")
         # inactive too: a foreground server whose engine died can exit 0 (vLLM's EngineDeadError path)
         if st.get("ActiveState") in ("failed", "inactive") or st.get("SubState") == "auto-restart":
             tail = cx.conn(n).run(["journalctl", "-u", layout.UNIT_NAME, "-n", "4", "--no-pager", "-o", "cat"],

@@ -13,7 +13,7 @@ EXP = health.NodeExpect("node1", "head", "sparkdeploy-engine.service", "sparkdep
 GOOD = {"docker": "28.3.3", "docker_enabled": "enabled", "unit_enabled": "enabled", "unit_active": "active",
         "extra": {"sparkdeploy-watchdog.timer": ("enabled", "active")},
         "container": "running sha256:aa 2026-11-30T12:00:00Z 0", "mem": str(10 << 30),
-        "current": "releases/0003", "boot": "x"}
+        "current": "releases/0003"}
 
 
 def verdicts(snap, stale=()):
