@@ -82,15 +82,27 @@ def test_stray_request_during_a_run_is_discarded_not_averaged(service, cats):
     strays = []
 
     def stray(group, attempt):
+        """Send a stray request and return only once the server streams its first token: a thread that was
+        merely started could reach the server after our request had been judged (seen under CI load)."""
         if attempt == 2:  # the second measured run (attempt 0 is the warm-up)
             body = {"model": service.model, "prompt": "stray " * 20, "max_tokens": 200, "temperature": 0,
-                    "ignore_eos": True}
-            t = threading.Thread(target=requests.post, args=(service.url + "/v1/completions",),
-                                 kwargs={"json": body, "timeout": 120, "headers": service.headers})
+                    "ignore_eos": True, "stream": True}
+            arrived = threading.Event()
+
+            def send():
+                with requests.post(service.url + "/v1/completions", json=body, timeout=120,
+                                   headers=service.headers, stream=True) as resp:
+                    for line in resp.iter_lines():
+                        if line.startswith(b"data:"):
+                            arrived.set()
+                arrived.set()
+
+            t = threading.Thread(target=send)
             t.start()
             strays.append(t)
+            assert arrived.wait(120)
 
-    # our request is long (256 tokens) so the stray, sent the moment ours is launched, is sure to overlap it
+    # the stray reached the server before the run is judged: it overlaps ours, or is still running at its end
     r = probe(service, prompts.select(cats, ["code"]), tokens=256, runs=3, warmup=1, on_run_start=stray)
     for t in strays:
         t.join()
