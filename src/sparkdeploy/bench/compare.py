@@ -22,17 +22,27 @@ def comparability(a: dict, b: dict) -> list[str]:
 
 
 def compare(a: dict, b: dict, *, extra_baselines: list[dict] = ()) -> dict:
-    """Verdicts for every metric both sides have; `extra_baselines` are more repeats of side A."""
+    """Verdicts for every metric both sides have; `extra_baselines` are more repeats of side A.
+
+    The figures are judged together: each noisy one at stats.ALPHA / the number of noisy ones (Bonferroni),
+    so the whole comparison false-alarms at most stats.ALPHA of the time (at 1% each, an A/A of about 20
+    noisy figures alarmed 3-5% of the time). A figure whose repeats all agree (acceptance at temperature 0)
+    cannot false-alarm and does not dilute the others' bound."""
     common = [k for k in a["metrics"] if k in b["metrics"]]
     if not common:
         raise BenchError("the two results share no metric: nothing to compare")
+    samples = {k: (a["metrics"][k]["values"], b["metrics"][k]["values"],
+                   [e["metrics"][k]["values"] for e in extra_baselines if k in e.get("metrics", {})])
+               for k in common}
+    noisy = sum(stats.is_noisy([*s[:2], *s[2]]) for s in samples.values())
+    alpha = stats.ALPHA / max(1, noisy)
     rows = []
     for key in common:
-        ma, mb = a["metrics"][key], b["metrics"][key]
+        ma = a["metrics"][key]
         hib = ma.get("higher_is_better")
-        extra = [e["metrics"][key]["values"] for e in extra_baselines if key in e.get("metrics", {})]
-        v = stats.verdict(key, ma["values"], mb["values"], higher_is_better=bool(hib) if hib is not None else True,
-                          extra_a=extra)
+        va, vb, extra = samples[key]
+        v = stats.verdict(key, va, vb, higher_is_better=bool(hib) if hib is not None else True,
+                          extra_a=extra, alpha=alpha)
         row = {**v.to_dict(), "unit": ma.get("unit", ""), "higher_is_better": hib}
         if hib is None and v.verdict in (stats.BETTER, stats.WORSE):
             row["verdict"] = "changed"  # not a performance figure: only say that it moved beyond noise
@@ -43,6 +53,7 @@ def compare(a: dict, b: dict, *, extra_baselines: list[dict] = ()) -> dict:
         "a": {"created": a.get("created"), "service": a.get("service"), "context": a.get("context")},
         "b": {"created": b.get("created"), "service": b.get("service"), "context": b.get("context")},
         "extra_baselines": len(extra_baselines),
+        "alpha_per_figure": alpha,
         "comparability": comparability(a, b),
         "rows": rows,
         "only_in_a": [k for k in a["metrics"] if k not in b["metrics"]],

@@ -169,7 +169,8 @@ HOW_TO_READ = """<details><summary>How to read this</summary>
 - `throughput_tok_s` (concurrency groups `cK`): all output tokens of the K streams over the run's wall time.
 - turn2: `prefix_hits_turn2` = `vllm:prefix_cache_hits_total` delta of turn two (tokens served from cache).
 - Comparisons: noise = pooled standard deviation of the repeats of both sides; a difference of medians counts
-  ("better"/"worse") only beyond the two-sided 99% Student-t bound on that noise, never a fixed percentage.
+  ("better"/"worse") only beyond a two-sided Student-t bound on that noise, never a fixed percentage; the
+  bound is at 1% divided by the number of figures whose repeats vary, so a comparison false-alarms at most 1%.
   With extra baseline sessions (`--baseline`), the spread of the sessions' medians must be exceeded as well.
 </details>
 """
@@ -218,7 +219,8 @@ def markdown(results: list[tuple[str, dict]], images: list[str], *, title: str, 
                   "B against A; noise = pooled standard deviation of the repeats"
                   + (f", plus {comparison['extra_baselines']} extra baseline session(s): B must beat every "
                      "baseline session's median" if comparison["extra_baselines"] else "")
-                  + "; a difference counts only beyond the 99% t bound on that noise.", ""]
+                  + f"; a difference counts only beyond the t bound on that noise at {comparison['alpha_per_figure']:.2g} "
+                  "per figure (1% for the whole comparison).", ""]
         for n in comparison["comparability"]:
             lines.append(f"- not like for like: {n}")
         for side in ("a", "b"):

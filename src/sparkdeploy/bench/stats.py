@@ -3,40 +3,40 @@
 The gate the seeds needed: a difference between two medians counts only if it is larger than what
 repeating the *same* configuration produces. The noise is measured, per metric, from the repeats of each
 side (plus any extra baseline repeats) as a pooled standard deviation; the difference of medians is
-compared with a two-sided 99% Student-t bound on that noise. There is no fixed percentage anywhere: a
+compared with a two-sided Student-t bound on that noise. One comparison judges many figures at once (every
+category's acceptance and speed): compare.py judges each noisy one at 1% divided by their number
+(Bonferroni), so two measurements of the same release false-alarm in at most 1% of comparisons, not figures. There is no fixed percentage anywhere: a
 metric that swings 50% on its own needs a large shift to count, a steady one counts a small shift.
 
 Repeats inside one session miss drift between sessions (a busier machine, a warmer cache, a reboot). When the
 baseline was measured more than once (extra baseline files, each a session), the spread of the session
 medians is noise too: B must then beat *every* baseline session's median by more than the repeat noise bound,
-and, from three sessions on (when their spread can be estimated at all), also lie outside a 99% prediction
-bound for one more session's median, t(0.995, k-1) * sd(session medians) * sqrt(1 + 1/k).
+and, from three sessions on (when their spread can be estimated at all), also lie outside a prediction
+bound for one more session's median, t(1 - alpha/2, k-1) * sd(session medians) * sqrt(1 + 1/k).
 The reported threshold is that bound expressed as a distance from A's median, in the direction of B.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import asdict, dataclass
 
 BETTER, WORSE, WITHIN_NOISE, UNKNOWN = "better", "worse", "within noise", "unknown noise"
 
-# two-sided 99% Student-t quantiles t(0.995, dof); beyond the table the normal value is close enough
-_T995 = {1: 63.657, 2: 9.925, 3: 5.841, 4: 4.604, 5: 4.032, 6: 3.707, 7: 3.499, 8: 3.355, 9: 3.250,
-         10: 3.169, 12: 3.055, 15: 2.947, 20: 2.845, 30: 2.750, 60: 2.660}
 # standard error of a median relative to that of a mean, for normal data (sqrt(pi/2))
 _MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)
+ALPHA = 0.01  # a comparison's false-alarm rate, over all its figures together
 
 
-def t_quantile(dof: int) -> float:
+@functools.lru_cache(maxsize=256)
+def t_quantile(dof: int, alpha: float = ALPHA) -> float:
+    """Two-sided Student-t bound: |T| exceeds it with probability alpha."""
     if dof <= 0:
         return math.inf
-    keys = sorted(_T995)
-    for k in keys:
-        if dof <= k:
-            return _T995[k]
-    return 2.576
+    from scipy.stats import t  # noqa: PLC0415 - scipy.stats takes a moment to import; only verdicts need it
+    return float(t.ppf(1 - alpha / 2, dof))
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,13 @@ def pooled_stdev(groups: list[list[float]]) -> tuple[float | None, int]:
     return math.sqrt(ss / dof), dof
 
 
+def is_noisy(groups: list[list[float]]) -> bool:
+    """Do the repeats of a figure vary beyond float rounding (the floor `verdict` applies)?"""
+    vals = [float(x) for g in groups for x in g if x is not None]
+    sd, _ = pooled_stdev([[float(x) for x in g if x is not None] for g in groups])
+    return sd is not None and sd > 1e-9 * max((abs(x) for x in vals), default=1e-12)
+
+
 @dataclass(frozen=True)
 class Verdict:
     metric: str
@@ -96,10 +103,10 @@ class Verdict:
 
 
 def verdict(metric: str, a: list[float], b: list[float], *, higher_is_better: bool = True,
-            extra_a: list[list[float]] = ()) -> Verdict:
+            extra_a: list[list[float]] = (), alpha: float = ALPHA) -> Verdict:
     """Compare repeats `b` against baseline repeats `a` (plus optional extra baseline groups).
 
-    Difference of medians against t(0.995, dof) * pooled_sd * sqrt(1/n_a + 1/n_b) * sqrt(pi/2).
+    Difference of medians against t(1 - alpha/2, dof) * pooled_sd * sqrt(1/n_a + 1/n_b) * sqrt(pi/2).
     With fewer than two repeats anywhere the noise is unknown and no verdict is given.
     """
     a = [float(x) for x in a if x is not None]
@@ -115,7 +122,7 @@ def verdict(metric: str, a: list[float], b: list[float], *, higher_is_better: bo
         return Verdict(metric, ma, mb, diff, None, None, UNKNOWN, len(a), len(b))
     # a floor for deterministic metrics (sd == 0): float rounding is not a difference
     floor = 1e-9 * max(abs(ma), abs(mb), 1e-12)
-    threshold = max(t_quantile(dof) * sd * math.sqrt(1 / len(a) + 1 / len(b)) * _MEDIAN_EFFICIENCY, floor)
+    threshold = max(t_quantile(dof, alpha) * sd * math.sqrt(1 / len(a) + 1 / len(b)) * _MEDIAN_EFFICIENCY, floor)
     sessions = [statistics.median(g) for g in groups[:1] + groups[2:] if g]
     session_sd = None
     if len(sessions) >= 2:
@@ -125,7 +132,7 @@ def verdict(metric: str, a: list[float], b: list[float], *, higher_is_better: bo
         bound = abs(edge - ma) + threshold
         if k >= 3:
             centre = statistics.fmean(sessions)
-            bound = max(bound, abs(centre - ma) + t_quantile(k - 1) * session_sd * math.sqrt(1 + 1 / k))
+            bound = max(bound, abs(centre - ma) + t_quantile(k - 1, alpha) * session_sd * math.sqrt(1 + 1 / k))
         threshold = bound
     if abs(diff) <= threshold:
         word = WITHIN_NOISE
