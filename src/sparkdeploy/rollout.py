@@ -52,7 +52,8 @@ Log = Callable[[str], None]
 # ------------------------------------------------------------------------------------------- result
 @dataclass
 class RolloutResult:
-    status: str = "failed"  # changed | unchanged | dry-run | rolled-back | failed | refused
+    status: str = "failed"  # changed | unchanged | dry-run | rolled-back | failed | refused | unfinished (live,
+    # proven, but the watchdog's restore failed: exit 1)
     message: str = ""
     reason: str = ""  # why it rolled back / failed
     from_version: str | None = None
@@ -347,7 +348,17 @@ class Rollout:
                  "from": self.old_sha, "release": self.new_num, "previous_release": self.prev,
                  "size": self.cand.size, "source": Path(self.cand.path).name, "result": "live"}
         self.c.each(lambda c: vocab_live.record(c, entry), "recording history")
-        engine.watchdog(self.c, self.watchdog_was)
+        live = (f"list {self.cand.version} is live on every node as release {self.new_num} "
+                f"(was {res.from_version}, release {self.prev}); golden outputs byte-identical")
+        res.release = self.new_num
+        try:
+            faults.hit("after-gate")
+            engine.watchdog(self.c, self.watchdog_was)
+        except SparkdeployError as err:  # the list passed its gate and its golden check: it stays live
+            res.status = "unfinished"
+            res.message = (f"{live}, but the rollout stopped before it finished ({err}); "
+                           f"{engine.watchdog_again(self.c, self.watchdog_was)}")
+            return
         for n in self.names:
             try:
                 c = self.conn(n)
@@ -355,9 +366,7 @@ class Rollout:
                 vocab_live.prune(c, vocab_live.read_state(c), {self.old_sha, self.cand.sha256})
             except SparkdeployError as err:
                 res.notes.append(f"{n}: pruning old versions: {err}")
-        res.status, res.release = "changed", self.new_num
-        res.message = (f"list {self.cand.version} is live on every node as release {self.new_num} "
-                       f"(was {res.from_version}, release {self.prev}); golden outputs byte-identical")
+        res.status, res.message = "changed", live
         self._timed(res, "finish", t0)
 
     # ------------------------------------------------------------------------------------ failure paths
@@ -446,25 +455,20 @@ def history(inventory, *, trust_new_hosts: bool = False) -> dict:
         return {"history": vocab_live.history(head), "stored": stored,
                 "nodes": {n: s.to_dict() for n, s in states.items()}}
 
-def rollback(inventory, version: str | None, opts: RolloutOptions, *, tokenizer_spec: str | None = None,
-             trust_new_hosts: bool = False) -> RolloutResult:
-    """Roll out a stored version (default: the one live before the current), with the rollout's checks."""
-    from sparkdeploy import served_tokenizer
 
-    tok = served_tokenizer.resolve(inventory, tokenizer_spec)
-    opts.action = "rollback"
-    with _cluster(inventory, opts, trust_new_hosts) as cluster:
-        cluster.connect([])
-        cluster.expect()
-        head = cluster.conn(cluster.head)
-        state = vocab_live.read_state(head)
-        sha = pick_version(vocab_live.history(head), state.stored, state.configured or state.content, version)
-        data = vocab_live.read_list(head, sha)
-        if data is None or hashlib.sha256(data).hexdigest() != sha:
-            raise VocabError(f"stored version {sha[:12]} on {cluster.head} is missing or altered")
-        from sparkdeploy.vocab import validate_list
+def stored_candidate(cluster, version: str | None, tok) -> Candidate:
+    """A version stored on the head (default: the one live before the current), checked like a new list:
+    what `vocab rollback` rolls out, with the rollout's checks (opts.action = "rollback")."""
+    from sparkdeploy.vocab import validate_list
 
-        ids = validate_list(parse_list(data, f"version {sha[:12]}"), tok, None, what=f"version {sha[:12]}")
-        m = vocab_live.meta(head, sha)
-        cand = Candidate(m.get("source") or f"{sha[:12]}.txt", data, ids, sha, tok.content_hash, None)
-        return Rollout(cluster, cand, opts, tok).run()
+    cluster.connect([])
+    cluster.expect()
+    head = cluster.conn(cluster.head)
+    state = vocab_live.read_state(head)
+    sha = pick_version(vocab_live.history(head), state.stored, state.configured or state.content, version)
+    data = vocab_live.read_list(head, sha)
+    if data is None or hashlib.sha256(data).hexdigest() != sha:
+        raise VocabError(f"stored version {sha[:12]} on {cluster.head} is missing or altered")
+    ids = validate_list(parse_list(data, f"version {sha[:12]}"), tok, None, what=f"version {sha[:12]}")
+    m = vocab_live.meta(head, sha)
+    return Candidate(m.get("source") or f"{sha[:12]}.txt", data, ids, sha, tok.content_hash, None)

@@ -138,19 +138,21 @@ def test_rank_killed_during_the_gate_rolls_back_without_waiting_out_the_timeout(
         assert sim_cluster.ssh(node, ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() == "active"
 
 
-def test_rollback_failing_after_its_switch_serves_the_release_that_was_serving(serving, sim_cluster):
+@pytest.mark.parametrize("fault", ["after-switch", "memory-guard"])
+def test_rollback_failing_after_its_switch_serves_the_release_that_was_serving(serving, sim_cluster, fault):
     """`rollback` shares up's switch-and-restart, so its boundaries are the same; a failure once `current` is
-    switched to the older release puts back the release that was serving (it passed its gate everywhere)."""
+    switched to the older release (or inside its start) puts back the release that was serving (it passed its
+    gate everywhere)."""
     rc, before = up(serving["inv"])
     assert rc == 0 and before["healthy"], before["message"]
     serving_now = f"releases/{before['release']:04d}"
     watchdog_before = timer_state(sim_cluster)
-    env = dict(os.environ, SPARKDEPLOY_FAULT="after-switch")
+    env = dict(os.environ, SPARKDEPLOY_FAULT=fault)
     p = subprocess.run([sys.executable, "-m", "sparkdeploy", "rollback", "-i", str(serving["inv"])],
                        capture_output=True, text=True, timeout=1500, env=env)
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     message = " ".join(p.stderr.split())
-    assert p.returncode == 1 and "rollback to release" in message and "injected fault at after-switch" in message
+    assert p.returncode == 1 and "rollback to release" in message and f"injected fault at {fault}" in message
     assert f"ROLLED BACK to release {before['release']}" in message, message
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == serving_now
     assert timer_state(sim_cluster) == watchdog_before

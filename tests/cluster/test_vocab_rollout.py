@@ -296,6 +296,11 @@ def test_rollback_command_puts_the_previous_list_back(deployed, capsys):
     assert rc == 0 and out["status"] == "changed", out["message"]
     assert out["golden_identical"] is True
     _assert_on(deployed, deployed["start_sha"])  # the list live before the module's rollout, live again
+    # the speed sentinel ran on the release it made (the module's first record: the rollouts above ran without)
+    assert out["sentinel"]["against"] is None and "first record" in out["sentinel"]["text"], out["sentinel"]
+    record = json.loads(deployed["sim"].ssh("node1", f"cat /etc/sparkdeploy/releases/{out['release']:04d}/"
+                                                     "sentinel.json").out)
+    assert record["release"]["number"] == out["release"] and record["release"]["list_sha"] == deployed["start_sha"]
 
 
 # ------------------------------------------------------------------------------------ traffic capture
@@ -372,7 +377,8 @@ def test_capture_then_learn_then_rollout_lowers_the_miss_rate_with_identical_out
     assert rc == 0 and res["status"] == "changed" and res["golden_identical"] is True, (res["message"], res["reason"])
     sha = rollout.check_candidate(str(out), deployed["tok"]).sha256
     _assert_on(deployed, sha)
-    assert res["sentinel"]["against"] is None and "first record" in res["sentinel"]["text"], res["sentinel"]
+    # against the release `vocab rollback` left (it has a record) when that test ran, else the first record
+    assert res["sentinel"]["against"] in (None, res["release"] - 1) and res["sentinel"]["text"], res["sentinel"]
     record = json.loads(deployed["sim"].ssh("node1", f"cat /etc/sparkdeploy/releases/{res['release']:04d}/"
                                                      "sentinel.json").out)
     assert record["release"]["number"] == res["release"] and record["release"]["list_sha"] == sha
@@ -385,3 +391,53 @@ def test_capture_then_learn_then_rollout_lowers_the_miss_rate_with_identical_out
     _traffic(deployed, prompts[:2])
     time.sleep(12)
     assert not any(n["files"] for n in _capture(deployed, capsys, "status")["nodes"].values())
+
+
+def test_failure_after_the_gate_keeps_the_proven_list_and_puts_the_watchdog_back(deployed, monkeypatch):
+    """Seam `after-gate`: the new list passed its gate and its golden check on every node, then the rollout fails
+    before the watchdog is back. The list stays live (it is proven; rolling back would cost a restart for
+    nothing), the watchdog is put back as it was, exit 1 says so; the re-run has nothing left to change."""
+    sim = deployed["sim"]
+    timer = sim.ssh("node1", "systemctl is-active sparkdeploy-watchdog.timer").out.strip()
+    _fault(monkeypatch, "after-gate")
+    res = _run(deployed, "c")
+    assert res.status == "unfinished" and not res.ok, res.message
+    assert "injected fault at after-gate" in res.message and "golden outputs byte-identical" in res.message
+    assert f"the watchdog is {'on' if timer == 'active' else 'off'} again" in res.message, res.message
+    sha = rollout.check_candidate(str(deployed["lists"]["c"]), deployed["tok"]).sha256
+    _assert_on(deployed, sha)
+    assert sim.ssh("node1", "systemctl is-active sparkdeploy-watchdog.timer").out.strip() == timer
+    again = _run(deployed, "c")
+    assert again.status == "unchanged", again.message
+
+
+def test_sigterm_mid_switch_puts_the_previous_list_back(deployed):
+    """A real fault: SIGTERM (what `systemctl stop` or a CI runner sends) to `sparkdeploy vocab rollout` once it has
+    begun switching releases. The previous list and release serve again, every node agrees, and the command says
+    why, without a traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    before = _state(deployed)
+    live = {s for _, s, _ in before.values()}
+    assert len(live) == 1
+    which = next(w for w, p in deployed["lists"].items()
+                 if rollout.check_candidate(str(p), deployed["tok"]).sha256 not in live)
+    env = {k: v for k, v in os.environ.items() if k != "SPARKDEPLOY_FAULT"}
+    p = subprocess.Popen([sys.executable, "-m", "sparkdeploy", "vocab", "rollout", str(deployed["lists"][which]),
+                          "-i", str(deployed["inv_path"]), "--json", "--no-sentinel"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for line in p.stderr:  # the CLI logs each phase on stderr
+        if "switching to release" in line:
+            break
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=1200)
+    assert "Traceback" not in err, err[-3000:]
+    res = json.loads(out)
+    assert p.returncode == 1 and res["status"] == "rolled-back", res["message"]
+    assert "interrupted by SIGTERM" in res["reason"], res["reason"]
+    after = _state(deployed)
+    assert {n: v[:2] for n, v in after.items()} == {n: v[:2] for n, v in before.items()}
+    _assert_on(deployed, live.pop())

@@ -107,11 +107,18 @@ def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, spec, ready_time
     tok, cand = R.validate_locally(inv, list_path, tokenizer_spec=spec, allow_no_manifest=allow_no_manifest)
     err.print(f"[green]valid[/green] {list_path}: {cand.size} ids for {tok.name} ({tok.content_hash[:19]}), "
               f"version {cand.version}")
-    cluster = R._cluster(inv, opts, trust_new_hosts)
+    _roll(R._cluster(inv, opts, trust_new_hosts), lambda c: cand, opts, tok, "vocab rollout", sentinel, as_json)
+
+
+def _roll(cluster, candidate, opts, tok, what: str, sentinel: bool, as_json: bool) -> None:
+    """Roll out `candidate(cluster)` (a Ctrl-C or SIGTERM rolls back), then the speed sentinel on the new
+    release; report; exit 0 or 1."""
+    from sparkdeploy import rollout as R
+
     speed = None
     try:
-        with interrupt_as_failure("vocab rollout", _log):
-            res = R.Rollout(cluster, cand, opts, tok).run()
+        with interrupt_as_failure(what, _log):
+            res = R.Rollout(cluster, candidate(cluster), opts, tok).run()
             if sentinel and res.status == "changed":
                 speed = speed_after_gate(cluster, res.release, _log)
     finally:
@@ -126,16 +133,19 @@ def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, spec, ready_time
 @click.argument("version", required=False)
 @_gate_options
 @_common
-def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, inventory, trust_new_hosts, as_json):
+@sentinel_option
+def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, inventory, trust_new_hosts, as_json,
+                 sentinel):
     """Put a stored list back (VERSION = a sha256 prefix from `vocab history`; default: the one live before)."""
     from sparkdeploy import rollout as R
+    from sparkdeploy import served_tokenizer
 
+    inv = _load(inventory)
     opts = R.RolloutOptions(ready_timeout=ready_timeout, max_tokens=max_tokens, categories=list(categories) or None,
-                            require_golden=False, log=_log)
-    with interrupt_as_failure("vocab rollback", _log):
-        res = R.rollback(_load(inventory), version, opts, tokenizer_spec=spec, trust_new_hosts=trust_new_hosts)
-    _report(res, as_json)
-    raise click.exceptions.Exit(0 if res.ok else 1)
+                            require_golden=False, log=_log, action="rollback")
+    tok = served_tokenizer.resolve(inv, spec)
+    _roll(R._cluster(inv, opts, trust_new_hosts), lambda c: R.stored_candidate(c, version, tok), opts, tok,
+          "vocab rollback", sentinel, as_json)
 
 
 @vocab.command("history")

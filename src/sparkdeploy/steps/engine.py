@@ -16,7 +16,7 @@ import time
 from typing import Callable
 
 from sparkdeploy import connection, faults, health, layout, releases
-from sparkdeploy.errors import HealthError
+from sparkdeploy.errors import HealthError, SparkdeployError
 from sparkdeploy.steps import supervise
 from sparkdeploy.steps.base import OK, Outcome
 from sparkdeploy.steps.context import Context, served
@@ -31,6 +31,17 @@ def watchdog(cx: Context, on: bool) -> None:
         c.run(["systemctl", "start", supervise.TIMER], check=False)
     else:
         c.run(["systemctl", "stop", supervise.TIMER, supervise.SERVICE], check=False, timeout=330)
+
+
+def watchdog_again(cx: Context, on: bool = True) -> str:
+    """A second try at putting the watchdog back, after a failure that came once the release was proven (it
+    serves, so only its supervision is left to put right); the words for the message either way."""
+    state = "on" if on else "off"
+    try:
+        watchdog(cx, on)
+    except SparkdeployError as err:
+        return f"the watchdog could NOT be turned back {state} ({err}); `sparkdeploy up` puts it back"
+    return f"the watchdog is {state} again"
 
 
 def watchdog_active(cx: Context) -> bool:

@@ -128,7 +128,8 @@ def _up(cx: Context) -> UpResult:
             engine.watchdog(cx, True)
         except SparkdeployError as err:
             out.append(Outcome("watchdog", cx.head, FAILED, str(err)))
-            res.message = _watchdog_back(cx, num, err)
+            res.message = (f"release {num} passed its gate and serves, but `up` stopped before it finished ({err}); "
+                           f"{engine.watchdog_again(cx)}; re-run up to finish")
             return res
         res.healthy = True
         res.message = (f"release {num} healthy" + (" (new release)" if res.new_release else "")
@@ -150,17 +151,6 @@ def _up(cx: Context) -> UpResult:
         return res
     finally:
         res.seconds = time.monotonic() - t0
-
-
-def _watchdog_back(cx: Context, num: int, err: SparkdeployError) -> str:
-    """`up` failed after release `num` passed its gate: that release is the last good one and serves, so the
-    only thing left to put right is its supervision (a second try, past whatever interrupted the first)."""
-    done = f"release {num} passed its gate and serves, but `up` stopped before it finished ({err})"
-    try:
-        engine.watchdog(cx, True)
-    except SparkdeployError as again:
-        return f"{done}; the watchdog could NOT be turned back on ({again}): re-run up"
-    return f"{done}; the watchdog is on again; re-run up to finish"
 
 
 def auto_rollback(cx: Context, failed: int, reason: str, res: UpResult, watchdog_was: bool) -> None:
