@@ -137,9 +137,13 @@ def check_node(report: Report, exp: NodeExpect, snap: dict, stale: list[str]) ->
     en, act = snap.get("unit_enabled", "missing"), snap.get("unit_active", "unknown")
     report.add("unit", en == "enabled" and act == "active", f"{exp.unit} is {en} and {act}", n)
     for u, (uen, uact) in snap.get("extra", {}).items():
-        want_active = u.endswith(".timer")
-        ok = uen == "enabled" and (uact == "active" or not want_active)
-        report.add(f"unit {u}", ok, f"{u} is {uen} and {uact}", n)
+        ok = uen == "enabled" and uact == "active"
+        if u == layout.EXPORTER_UNIT:  # monitoring, not serving: a warning
+            report.add(f"unit {u}", ok, f"{u} is {uen} and {uact}" + ("" if ok else
+                       f": no metrics for Prometheus; `journalctl -u {u}` on {n} says why, `up` reinstalls it"), n,
+                       status=None if ok else Status.WARN)
+        else:
+            report.add(f"unit {u}", ok, f"{u} is {uen} and {uact}", n)
     report.add("stale units", not stale, "none" if not stale else "other enabled units run vLLM or bind our ports: "
                + ", ".join(stale), n)
     parts = snap.get("container", "").split() or ["absent"]  # no container line, or an empty one

@@ -20,7 +20,7 @@ Inventory shape (see the top-level `inventory.yaml` and `tests/unit/fixtures/inv
     image:      {base: REF@sha256:..., vllm_version: 0.33.0, local: false, repository: sparkdeploy/serving}
     patches:    {shortlist: true, skinny_gemm: true, fp8_gdn: true, prefix_align: true}
     vocab:      vocabs/x.txt            # draft vocab list, relative to this file; null only if shortlist is off
-    ports:      {api: 8000, master: 29501}
+    ports:      {api: 8000, master: 29501, metrics: 9466}   # metrics: the head's exporter, 0 = none
     memory:     {reserve_gib: 28, gpu_memory_utilization: null}   # see memory.py
     speculative_tokens: 2               # optional override of the profile's MTP depth (0 = off)
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from sparkdeploy import credentials, engine_args, paths, sshconfig, yamlfile
+from sparkdeploy import credentials, engine_args, layout, paths, sshconfig, yamlfile
 from sparkdeploy.credentials import Auth
 from sparkdeploy.errors import InventoryError, RemoteError
 from sparkdeploy.fields import Fields, path_text, short
@@ -103,6 +103,7 @@ class Vocab:
 class Ports:
     api: int = 8000
     master: int = 29501
+    metrics: int = layout.EXPORTER_PORT  # the head's Prometheus exporter; 0 = none
 
 
 @dataclass(frozen=True)
@@ -279,11 +280,15 @@ def load(path: str | Path) -> Inventory:
     profile = _replace(profile, engine_args=engine_args.to_argv(raw_engine_args, _series(image, file),
                                                                 file=profile.file))
 
-    po = f.sub("ports", ("api", "master"), required=False)
+    po = f.sub("ports", ("api", "master", "metrics"), required=False)
     ports = Ports(api=po.integer("api", 1, 65535, 8000, what="a port 1..65535"),
-                  master=po.integer("master", 1, 65535, 29501, what="a port 1..65535"))
+                  master=po.integer("master", 1, 65535, 29501, what="a port 1..65535"),
+                  metrics=po.integer("metrics", 0, 65535, layout.EXPORTER_PORT,
+                                     what="a port 1..65535 for the head's Prometheus exporter, or 0 for none"))
     if ports.api == ports.master:
         po.fail("master", f"must differ from ports.api ({ports.api})")
+    if ports.metrics in (ports.api, ports.master):
+        po.fail("metrics", f"must differ from ports.api ({ports.api}) and ports.master ({ports.master})")
 
     me = f.sub("memory", ("reserve_gib", "gpu_memory_utilization"), required=False)
     memory = MemoryConfig(

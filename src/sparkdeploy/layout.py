@@ -46,6 +46,12 @@ WATCHDOG_TIMER = "sparkdeploy-watchdog.timer"
 WATCHDOG_CONFIG = "watchdog.json"  # in each release
 WATCHDOG_STATE = f"{STATE_DIR}/watchdog.json"
 
+# ------------------------------------------------------------------------------------------ monitoring
+EXPORTER_UNIT = "sparkdeploy-exporter.service"  # on the head (steps/monitoring.py)
+EXPORTER_CONTAINER = "sparkdeploy-exporter"
+EXPORTER_CODE_DIR = f"{LIB_DIR}/exporter"  # the kit's Python code the exporter runs (mounted read-only)
+EXPORTER_PORT = 9466  # inventory ports.metrics; 0 = no exporter
+
 # ------------------------------------------------------------------------------------- image registry
 REGISTRY_PORT = 5443  # on the head's data-plane address
 REGISTRY_CONFIG_DIR = f"{ETC_DIR}/registry"

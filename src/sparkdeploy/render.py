@@ -11,6 +11,7 @@ Output layout (what `sparkdeploy render --out DIR` writes):
     <node>/release/launch.sh                    foreground `exec docker run ...` (mode 0755)
     <node>/release/node-plan.json               this node's part of the plan (argv, env, memory budget)
     <node>/unit/sparkdeploy-engine.service      systemd unit
+    <head>/monitoring/sparkdeploy-exporter.service   the head's Prometheus exporter (unless ports.metrics is 0)
 
 On-node layout (the steps layer installs it; `sparkdeploy.releases` numbers the releases):
 
@@ -47,13 +48,16 @@ import jinja2
 
 from sparkdeploy import paths
 from sparkdeploy.errors import InputError
-from sparkdeploy.layout import CURRENT_LINK, ENV_FILE, LAUNCH_FILE, UNIT_NAME, VOCAB_CONTAINER_DIR, VOCAB_HOST_DIR
+from sparkdeploy.layout import (CURRENT_LINK, ENV_FILE, ETC_DIR, EXPORTER_CODE_DIR, EXPORTER_CONTAINER, EXPORTER_UNIT,
+                                LAUNCH_FILE, SENTINEL_RECORD, STATE_DIR, UNIT_NAME, VOCAB_CONTAINER_DIR, VOCAB_HOST_DIR,
+                                WATCHDOG_STATE)
 from sparkdeploy.plan import STOP_TIMEOUT_S, Plan
 
 DOCKERFILE_TEMPLATE = "images/serving.Dockerfile.j2"
 ENV_TEMPLATE = "deploy/templates/engine.env.j2"
 LAUNCH_TEMPLATE = "deploy/templates/launch.sh.j2"
 UNIT_TEMPLATE = "systemd/sparkdeploy-engine.service.j2"
+EXPORTER_TEMPLATE = f"systemd/{EXPORTER_UNIT}.j2"
 EXECUTABLE = (LAUNCH_FILE,)
 
 
@@ -63,6 +67,17 @@ def systemd_escape(value: Any) -> str:
     if any(ch in text for ch in "\n\r\x00"):
         raise ValueError(f"line break in unit text: {text!r}")
     return text.replace("\\", "\\\\").replace("%", "%%")
+
+
+def systemd_args(argv: Any) -> str:
+    """argv as an Exec= line: plain words as they are, anything else double-quoted (systemd's own quoting)."""
+    words = []
+    for arg in argv:
+        text = systemd_escape(arg).replace("$", "$$")
+        if not text or not all(ch.isalnum() or ch in "_@%+=:,./-" for ch in text):
+            text = '"' + text.replace('"', '\\"') + '"'
+        words.append(text)
+    return " ".join(words)
 
 
 def _shargs(argv: Any, *breaks: int) -> str:
@@ -81,7 +96,7 @@ def _environment_for(root: str) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(root),
                              undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
                              trim_blocks=False, lstrip_blocks=False)
-    env.filters.update(sh=lambda v: shlex.quote(str(v)), shargs=_shargs, sd=systemd_escape,
+    env.filters.update(sh=lambda v: shlex.quote(str(v)), shargs=_shargs, sd=systemd_escape, sdargs=systemd_args,
                        dq=lambda v: json.dumps(str(v), ensure_ascii=False))
     return env
 
@@ -118,7 +133,26 @@ def render(plan: Plan) -> dict[str, bytes]:
         out[f"{node.name}/release/node-plan.json"] = _json_bytes(
             {"release_id": plan.release_id, "cluster": plan.cluster, "image": plan.image.tag, "node": node_dict})
         out[f"{node.name}/unit/{UNIT_NAME}"] = env.get_template(UNIT_TEMPLATE).render(**ctx).encode()
+    if plan.metrics_port:
+        out[f"{plan.head.name}/monitoring/{EXPORTER_UNIT}"] = env.get_template(EXPORTER_TEMPLATE).render(
+            kit_version=plan.kit_version, code_dir=EXPORTER_CODE_DIR, port=plan.metrics_port,
+            container=EXPORTER_CONTAINER, argv=exporter_argv(plan)).encode()
     return dict(sorted(out.items()))
+
+
+def exporter_argv(plan: Plan) -> list[str]:
+    """`docker run` of the exporter in the serving image: host network (it reads the engine on loopback and
+    serves Prometheus), the kit's code and the state it reads mounted read-only, as nobody, no capabilities."""
+    python = shlex.split(plan.image.python)
+    return ["/usr/bin/docker", "run", "--rm", "--name", EXPORTER_CONTAINER, "--network", "host",
+            "--user", "65534:65534", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+            "--read-only", "--memory", "512m", "--env", "PYTHONPATH=/opt/sparkdeploy-kit",
+            "--env", "PYTHONDONTWRITEBYTECODE=1",
+            "-v", f"{EXPORTER_CODE_DIR}:/opt/sparkdeploy-kit:ro", "-v", f"{ETC_DIR}:{ETC_DIR}:ro",
+            "-v", f"{STATE_DIR}:{STATE_DIR}:ro", "--entrypoint", python[0], plan.image.tag, *python[1:],
+            "-m", "sparkdeploy.exporter", "--listen", f"0.0.0.0:{plan.metrics_port}",
+            "--engine", f"http://127.0.0.1:{plan.api_port}", "--state", WATCHDOG_STATE, "--current", CURRENT_LINK,
+            "--sentinel", f"{CURRENT_LINK}/{SENTINEL_RECORD}"]
 
 
 def overlays_digest() -> str | None:

@@ -109,8 +109,11 @@ def test_up_from_scratch_is_healthy(deployed, sim_cluster):
     assert rc == 0, rep["failed"]
     names = {c["name"] for cs in rep["checks"].values() for c in cs}
     for want in ("ssh", "docker", "unit", "stale units", "container", "memory", "boot persistence", "/health",
-                 "/v1/models", "generation", "metrics", "unit sparkdeploy-watchdog.timer"):
+                 "/v1/models", "generation", "metrics", "unit sparkdeploy-watchdog.timer",
+                 "unit sparkdeploy-exporter.service"):
         assert want in names, want
+    exporter = next(c for c in rep["checks"]["node1"] if c["name"] == "unit sparkdeploy-exporter.service")
+    assert exporter["status"] == "ok", exporter
     gen = next(c for c in rep["checks"]["service"] if c["name"] == "generation")
     assert "byte-identical" in gen["reason"]
 
@@ -124,6 +127,33 @@ def test_second_up_changes_nothing_and_is_fast(deployed, sim_cluster):
     assert res["changes"] == 0 and not res["new_release"] and not res["restarted"], \
         [(o["step"], o["node"], o["status"], o["detail"], o["actions"]) for o in res["outcomes"] if o["status"] != "ok"]
     assert current(sim_cluster, "node1") == "releases/0001"
+
+
+def test_the_heads_exporter_serves_prometheus_from_the_engine_image(deployed, sim_cluster):
+    """`up` installed the exporter on the head (steps/monitoring.py): the kit's code run by the serving image's
+    Python, as nobody; a scrape from outside the node sees the release serving and the engine's counters."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"http://{sim_cluster.head.ip}:9466/metrics"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            text = requests.get(url, timeout=10).text
+            break
+        except requests.RequestException:
+            assert time.monotonic() < deadline, sim_cluster.ssh("node1", "journalctl -u sparkdeploy-exporter -n 20").out
+            time.sleep(2)
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for f in text_string_to_metric_families(text) for s in f.samples}
+    up_of = {dict(k[1])["source"]: v for k, v in values.items() if k[0] == "sparkdeploy_exporter_source_up"}
+    assert up_of["release"] == 1 and up_of["engine"] == 1, up_of
+    assert values[("sparkdeploy_release_number", ())] == 1
+    if sim_cluster.ssh("node1", "test -e /var/lib/sparkdeploy/watchdog.json").rc == 0:
+        assert up_of["watchdog_state"] == 1, up_of  # readable by nobody
+    user = sim_cluster.ssh("node1", "docker inspect -f '{{.Config.User}}' sparkdeploy-exporter").out.strip()
+    assert user == "65534:65534"
+    assert sim_cluster.ssh("node2", "systemctl cat sparkdeploy-exporter.service").rc != 0  # the head's only
 
 
 def test_api_key_guards_the_api_and_stays_secret(deployed, sim_cluster):

@@ -8,12 +8,15 @@ only outside CI; in CI a missing promtool fails them.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 
 import pytest
@@ -22,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sparkdeploy import exporter, paths
 from sparkdeploy.bench import client, metrics, sentinel
-from tests.support.vllm_server import free_port
+from sparkdeploy.steps import monitoring
+from tests.support.vllm_server import free_port, venv_python
 from tests.unit.bench.fake_vllm import FakeVllm
 from tests.unit.bench.metrics_text import metrics_text
 
@@ -97,41 +101,79 @@ def test_release_number_is_where_current_points(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ a real HTTP scrape
-@pytest.fixture(scope="module")
-def scrape(tmp_path_factory):
-    """`python -m sparkdeploy.exporter` on a free loopback port against the fake engine: one scrape, real
-    traffic, a second scrape (so the live figures exist); returns the second scrape's text."""
-    tmp = tmp_path_factory.mktemp("exporter")
+def _inputs(tmp) -> list[str]:
+    """The head's inputs, as files under tmp: release 7 current, the watchdog state, the sentinel record."""
     (tmp / "releases" / "0007").mkdir(parents=True)
     (tmp / "current").symlink_to("releases/0007")
     (tmp / "watchdog.json").write_text(json.dumps(STATE))
     (tmp / "sentinel.json").write_text(json.dumps(RECORD))
+    return ["--state", str(tmp / "watchdog.json"), "--current", str(tmp / "current"),
+            "--sentinel", str(tmp / "sentinel.json")]
+
+
+@contextlib.contextmanager
+def _serving(python: list[str], engine_url: str, inputs: list[str], **popen):
+    """The exporter started with `python` on a free loopback port; yields its /metrics URL once it answers."""
     port = free_port()
-    with FakeVllm() as engine:
-        proc = subprocess.Popen([sys.executable, "-m", "sparkdeploy.exporter", "--listen", f"127.0.0.1:{port}",
-                                 "--engine", engine.url, "--state", str(tmp / "watchdog.json"),
-                                 "--current", str(tmp / "current"), "--sentinel", str(tmp / "sentinel.json")],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}/metrics"
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    requests.get(url, timeout=5).raise_for_status()
-                    break
-                except requests.RequestException:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        said = proc.stdout.read() if proc.poll() is not None else ""
-                        raise AssertionError(f"exporter did not serve: {said}")
-                    time.sleep(0.1)
-            svc = client.discover(engine.url)
-            client.stream_chat(svc, [{"role": "user", "content": "hello"}], 20)
-            resp = requests.get(url, timeout=5)
-            resp.raise_for_status()
-            return resp.text
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+    proc = subprocess.Popen([*python, "-m", "sparkdeploy.exporter", "--listen", f"127.0.0.1:{port}",
+                             "--engine", engine_url, *inputs], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            **popen)
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                requests.get(url, timeout=5).raise_for_status()
+                break
+            except requests.RequestException:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    said = proc.stdout.read() if proc.poll() is not None else ""
+                    raise AssertionError(f"exporter did not serve: {said}")
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def scrape(tmp_path_factory):
+    """`python -m sparkdeploy.exporter` on a free loopback port against the fake engine: one scrape, real
+    traffic, a second scrape (so the live figures exist); returns the second scrape's text."""
+    inputs = _inputs(tmp_path_factory.mktemp("exporter"))
+    with FakeVllm() as engine, _serving([sys.executable], engine.url, inputs) as url:
+        svc = client.discover(engine.url)
+        client.stream_chat(svc, [{"role": "user", "content": "hello"}], 20)
+        resp = requests.get(url, timeout=5)
+        resp.raise_for_status()
+        return resp.text
+
+
+def test_the_code_shipped_to_the_head_runs_on_the_engine_images_python(tmp_path):
+    """What `up` copies to the head (steps/monitoring.code_archive), run by the vLLM venv's Python (what the
+    serving image has) from that copy alone: it imports, serves, and reads its inputs."""
+    python = venv_python()
+    if python is None:
+        assert not os.environ.get("CI"), "the vLLM CPU venv is missing in CI"
+        pytest.skip("no vLLM CPU venv (scripts/setup.sh makes it)")
+    archive, digest, count = monitoring.code_archive()
+    assert monitoring.code_archive()[:2] == (archive, digest)  # stable bytes: an unchanged kit ships nothing
+    code = tmp_path / "kit"
+    code.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(code, filter="data")
+    assert (code / "sparkdeploy" / "exporter.py").is_file() and count > 20
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(code), "PYTHONDONTWRITEBYTECODE": "1"}
+    where = subprocess.run([str(python), "-c", "import sparkdeploy.exporter as e; print(e.__file__)"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert where.stdout.strip() == str(code / "sparkdeploy" / "exporter.py"), where.stderr[-2000:]
+    with FakeVllm() as engine, _serving([str(python)], engine.url, _inputs(tmp_path), env=env, cwd=tmp_path) as url:
+        text = requests.get(url, timeout=5).text
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for f in text_string_to_metric_families(text) for s in f.samples}
+    assert values[("sparkdeploy_release_number", ())] == 7
+    assert values[("sparkdeploy_exporter_source_up", (("source", "engine"),))] == 1
+    assert values[("sparkdeploy_sentinel_decode_tokens_per_second", (("category", "code"),))] == 40.0
 
 
 def published(text: str) -> set[str]:

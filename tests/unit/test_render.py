@@ -263,3 +263,21 @@ def test_systemd_escape_round_trips(text):
 def test_systemd_escape_rejects_line_breaks():
     with pytest.raises(ValueError):
         render.systemd_escape("a\nExecStart=/bin/sh")
+
+
+def test_the_exporter_unit_is_the_heads_and_ports_metrics_0_renders_none(tmp_path):
+    base = _plan(FIXTURES / "inventory.sim.yaml")
+    files = render.render(base)
+    exporters = [k for k in files if k.endswith("/monitoring/sparkdeploy-exporter.service")]
+    assert exporters == [f"{base.head.name}/monitoring/sparkdeploy-exporter.service"]
+    unit = files[exporters[0]].decode()
+    start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert f" {base.image.tag} " in start and "--listen 0.0.0.0:9466" in start and "--user 65534:65534" in start
+    assert f"--engine http://127.0.0.1:{base.api_port}" in start
+    raw = yaml.safe_load((FIXTURES / "inventory.sim.yaml").read_text())
+    raw["ports"]["metrics"] = 0
+    raw["vocab"] = str(FIXTURES / raw["vocab"])  # relative to the inventory's directory
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(raw))
+    off = _plan(tmp_path / "inv.yaml")
+    assert off.release_id == base.release_id  # the exporter is not part of a release
+    assert not [k for k in render.render(off) if "/monitoring/" in k]

@@ -1,5 +1,5 @@
-"""`down`: the engine stopped on every node of the inventory (head first), its unit and the watchdog timer
-disabled unless --keep-enabled."""
+"""`down`: the engine stopped on every node of the inventory (head first); its unit, the watchdog timer and
+the exporter disabled (the exporter also stopped) unless --keep-enabled."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def down(cx: Context, keep_enabled: bool = False) -> list[Outcome]:
             cx.conn(n).run(["systemctl", "disable", layout.UNIT_NAME], check=False)
             if n == cx.head:
                 cx.conn(n).run(["systemctl", "disable", supervise.TIMER], check=False)
+                cx.conn(n).run(["systemctl", "disable", "--now", layout.EXPORTER_UNIT], check=False)
             acts.append("disabled")
         out.append(Outcome("down", n, CHANGED, "", acts))
     return out

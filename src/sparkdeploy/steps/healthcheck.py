@@ -35,7 +35,8 @@ def expect(cx: Context) -> health.ServiceExpect:
         exp_nodes.append(health.NodeExpect(
             node.name, node.role, node.unit_name, node.container_name, m.get("image_id"), reserve, cur,
             (cx.plan.api_port, cx.plan.master_port),
-            (supervise.TIMER,) if node.role == "head" else ()))
+            ((supervise.TIMER, *((layout.EXPORTER_UNIT,) if cx.plan.metrics_port else ()))
+             if node.role == "head" else ())))
     return health.ServiceExpect(cx.plan.api_url, served(cx.plan), exp_nodes, rec.get("probe") if rec else None,
                                 api_key=cx.inv.auth.api_key())
 
@@ -57,7 +58,7 @@ def check(cx: Context) -> health.Report:
     if not exp.nodes[0].release:
         rep.add("release", False, "nothing deployed: run `sparkdeploy up` (no release is current on the head)")
         return rep
-    ours = [layout.UNIT_NAME, supervise.SERVICE]
+    ours = [layout.UNIT_NAME, supervise.SERVICE, layout.EXPORTER_UNIT]
     ports = [cx.plan.api_port, cx.plan.master_port]
 
     def node_check(c: Conn):

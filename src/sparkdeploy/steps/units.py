@@ -13,7 +13,7 @@ from sparkdeploy.steps.context import Context
 
 
 def step_stale(cx: Context, out: list[Outcome]) -> None:
-    ours = [layout.UNIT_NAME, supervise.SERVICE]
+    ours = [layout.UNIT_NAME, supervise.SERVICE, layout.EXPORTER_UNIT]
     ports = [cx.plan.api_port, cx.plan.master_port]
     out += run_step("stale units", cx.names, lambda n: stale.diff(cx.conn(n), ours, ports),
                     dry_run=cx.opts.dry_run, log=cx.log)

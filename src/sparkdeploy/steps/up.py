@@ -1,7 +1,7 @@
 """`up`: converge the nodes on the plan; its automatic rollback; the result it reports (UpResult, `up --json`).
 
     connect -> facts -> plan + render -> stale units -> image -> vocab -> secrets -> release files -> units
-    -> supervision wiring -> retire -> [switch + restart] -> wait for readiness -> health gate -> prune
+    -> supervision wiring -> exporter -> retire -> [switch + restart] -> wait for readiness -> health gate -> prune
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from sparkdeploy.steps import engine
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD, Outcome, StepFailed
 from sparkdeploy.steps.context import Context
+from sparkdeploy.steps.monitoring import step_monitoring
 from sparkdeploy.steps.release import prune, step_release
 from sparkdeploy.steps.secrets import step_secrets
 from sparkdeploy.steps.units import retire_others, step_stale, step_supervision, step_units
@@ -80,6 +81,7 @@ def _up(cx: Context) -> UpResult:
         num = step_release(cx, out)
         step_units(cx, out)
         step_supervision(cx, out)
+        step_monitoring(cx, out)
         retire_others(cx, out)
         res.release = num
         cur = {cx.rel[n].current for n in cx.names}

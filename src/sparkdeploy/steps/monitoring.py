@@ -1,0 +1,78 @@
+"""The head's Prometheus exporter (docs/monitoring.md) as a supervised unit, installed by `up`.
+
+The nodes have no Python packages of the kit's, and need none: the exporter is the kit's own code, copied to
+`layout.EXPORTER_CODE_DIR` on the head and run by the serving image's Python (vLLM depends on everything the
+exporter imports), in a container that `sparkdeploy-exporter.service` supervises. The unit names the serving
+image of the release `up` put live; a rollback leaves it on that newer image, which is still on the head.
+`ports.metrics: 0` removes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+
+import sparkdeploy
+from sparkdeploy.connection import Conn
+from sparkdeploy.layout import EXPORTER_CODE_DIR, EXPORTER_CONTAINER, EXPORTER_UNIT
+from sparkdeploy.steps.base import Action, Outcome, run_step
+from sparkdeploy.steps.context import Context
+
+UNIT_PATH = f"/etc/systemd/system/{EXPORTER_UNIT}"
+DIGEST_FILE = f"{EXPORTER_CODE_DIR}/DIGEST"
+
+
+def code_archive() -> tuple[bytes, str, int]:
+    """The kit's Python modules as a tar (stable bytes: sorted, no times or owners), its digest, file count."""
+    root = Path(sparkdeploy.__file__).parent
+    files = sorted(p for p in root.rglob("*.py") if "_data" not in p.relative_to(root).parts)
+    buf = io.BytesIO()
+    digest = hashlib.sha256()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in files:
+            data = path.read_bytes()
+            name = f"sparkdeploy/{path.relative_to(root).as_posix()}"
+            digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue(), digest.hexdigest(), len(files)
+
+
+def actions(head: Conn, unit: bytes | None) -> list[Action]:
+    """What makes the head's exporter match `unit` (None: no exporter wanted)."""
+    have_unit = head.get(UNIT_PATH)
+    if unit is None:
+        if have_unit is None:
+            return []
+        return [Action(f"stop, disable and remove {EXPORTER_UNIT} (ports.metrics is 0)", lambda: head.sh(
+            f"systemctl disable --now {EXPORTER_UNIT}; docker rm -f {EXPORTER_CONTAINER} >/dev/null 2>&1; "
+            f"rm -rf {UNIT_PATH} {EXPORTER_CODE_DIR}; systemctl daemon-reload", timeout=120, check=False))]
+    acts = []
+    archive, digest, count = code_archive()
+    have_digest = (head.get(DIGEST_FILE) or b"").decode().strip()
+    if have_digest != digest:
+        def install_code() -> None:
+            new = f"{EXPORTER_CODE_DIR}.new"
+            head.run(["sh", "-c", f'rm -rf "$1" && mkdir -p "$1" && tar -xf - -C "$1" && echo {digest} > "$1/DIGEST" '
+                                  f'&& rm -rf "$2" && mv "$1" "$2"', "install", new, EXPORTER_CODE_DIR],
+                     input=archive, timeout=120)
+        acts.append(Action(f"install the exporter's code ({count} modules, {len(archive) // 1024} KiB) in "
+                           f"{EXPORTER_CODE_DIR}", install_code))
+    if have_unit != unit:
+        acts.append(Action(f"install {EXPORTER_UNIT} + daemon-reload",
+                           lambda: (head.put(UNIT_PATH, unit), head.run(["systemctl", "daemon-reload"]))))
+    if head.query(["systemctl", "is-enabled", EXPORTER_UNIT], check=False).stdout.strip() != "enabled":
+        acts.append(Action(f"enable {EXPORTER_UNIT}", lambda: head.run(["systemctl", "enable", EXPORTER_UNIT])))
+    if acts or not head.query(["systemctl", "is-active", "--quiet", EXPORTER_UNIT], check=False).ok:
+        acts.append(Action(f"(re)start {EXPORTER_UNIT}",
+                           lambda: head.run(["systemctl", "restart", EXPORTER_UNIT], timeout=120)))
+    return acts
+
+
+def step_monitoring(cx: Context, out: list[Outcome]) -> None:
+    unit = cx.files.get(f"{cx.head}/monitoring/{EXPORTER_UNIT}")
+    out += run_step("monitoring", [cx.head], lambda n: actions(cx.conn(n), unit), dry_run=cx.opts.dry_run,
+                    log=cx.log)
