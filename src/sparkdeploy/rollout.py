@@ -291,9 +291,11 @@ class Rollout:
 
     def _switch_and_start(self, res: RolloutResult) -> None:
         t0 = time.monotonic()
+        # from here on (before the line that says so, which a Ctrl-C may follow at once) a failure puts the
+        # previous release back, not a discard: the first stop may have begun
+        self.switched = True
         self.log(f"switching to release {self.new_num} (list {self.cand.version}): stop head, workers; start "
                  "workers, head")
-        self.switched = True  # from the first stop on, a failure puts the previous release back (not a discard)
         engine.switch_and_restart(self.c, self.new_num, list_sha=self.cand.sha256, what="switching")
         self.started_at = time.monotonic()
         self._timed(res, "switch", t0)

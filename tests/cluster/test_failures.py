@@ -160,6 +160,26 @@ def test_rollback_failing_after_its_switch_serves_the_release_that_was_serving(s
         assert sim_cluster.ssh(node, ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() == "active"
 
 
+def test_rollback_failing_after_its_gate_keeps_the_older_release_and_turns_the_watchdog_back_on(serving,
+                                                                                                sim_cluster):
+    """Seam `after-gate` in `rollback`: the older release passed its gate and serves, then the command fails
+    before the watchdog is back: it stays, the watchdog is turned back on, exit 1 says so."""
+    rc, before = up(serving["inv"])
+    assert rc == 0 and before["healthy"], before["message"]
+    env = dict(os.environ, SPARKDEPLOY_FAULT="after-gate")
+    p = subprocess.run([sys.executable, "-m", "sparkdeploy", "rollback", "-i", str(serving["inv"]), "--no-sentinel"],
+                       capture_output=True, text=True, timeout=1500, env=env)
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    message = " ".join(p.stderr.split())
+    assert p.returncode == 1 and "injected fault at after-gate" in message, message
+    assert "passed its gate and serves" in message and "the watchdog is on again" in message, message
+    older = current(sim_cluster, "node1")
+    assert older == current(sim_cluster, "node2") != f"releases/{before['release']:04d}"
+    assert timer_state(sim_cluster) == "active"
+    for node in ("node1", "node2"):
+        assert sim_cluster.ssh(node, ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() == "active"
+
+
 def test_no_earlier_healthy_release_stops_and_disables_the_service(serving, sim_cluster):
     """With no release that passed its gate to go back to (their HEALTHY marks set aside), a failure after the
     switch (seam: after-switch) leaves the service stopped and disabled, so a reboot cannot start the unproven

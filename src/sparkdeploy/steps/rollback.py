@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from sparkdeploy import releases
+from sparkdeploy import faults, releases
 from sparkdeploy.errors import HealthError, SparkdeployError
 from sparkdeploy.steps import engine
 from sparkdeploy.steps.context import Context
@@ -46,7 +46,13 @@ def rollback(cx: Context, to: int | None) -> UpResult:
             res.release = res.rolled_back_to = None
             back_to_last_good(cx, f"rollback to release {to} failed ({err})", back, res, watchdog_was)
             return res
-        engine.watchdog(cx, True)
+        try:
+            faults.hit("after-gate")
+            engine.watchdog(cx, True)
+        except SparkdeployError as err:  # release `to` passed its gate and serves: only its supervision is left
+            res.message = (f"release {to} passed its gate and serves, but `rollback` stopped before it finished "
+                           f"({err}); {engine.watchdog_again(cx)}")
+            return res
         res.healthy = True
         res.message = f"rolled back from release {cur} to {to} ({meta.get('image')}); healthy"
     except SparkdeployError as err:

@@ -101,7 +101,7 @@ def _aa_false_alarms(pairs: int, figures: int, alpha_per_figure: float) -> float
 
 
 def test_an_aa_comparison_of_many_figures_false_alarms_at_most_one_percent():
-    """Twenty noisy figures judged at 1% each alarm in several percent of A/A comparisons (CI saw one); the
+    """Twenty noisy figures judged at 1% each alarm in several percent of A/A comparisons (a full run saw one); the
     comparison's correction divides the 1% among them. Fails if compare() stops passing the corrected alpha."""
     metrics = {f"c{i}/decode_tok_s": {"values": [1.0, 2.0, 3.0]} for i in range(20)}
     metrics |= {f"c{i}/acceptance_length": {"values": [2.5, 2.5, 2.5]} for i in range(20)}  # exact: no alarm
