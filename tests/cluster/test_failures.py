@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from tests.cluster.test_deploy import UP_FLAGS, current, variant
+from tests.support.interrupt import signal_mid_switch
 
 pytestmark = pytest.mark.cluster
 
@@ -88,19 +89,8 @@ def test_sigint_mid_switch_serves_the_last_good_release(serving, sim_cluster):
     good = f"releases/{before['release']:04d}"
     watchdog_before = timer_state(sim_cluster)
     changed = variant(serving["inv"], serving["tmp"], "sigint", 3.5)
-    env = {k: v for k, v in os.environ.items() if k != "SPARKDEPLOY_FAULT"}
-    p = subprocess.Popen([sys.executable, "-m", "sparkdeploy", "up", "-i", str(changed), "--json", *UP_FLAGS],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    seen = []
-    for line in p.stderr:  # the CLI logs each phase on stderr
-        seen.append(line)
-        if "switching to release" in line:
-            break
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=1500)
-    assert "Traceback" not in err, err[-3000:]
-    res = json.loads(out)
-    assert p.returncode == 1 and not res["healthy"], res["message"]
+    rc, res = signal_mid_switch(["up", "-i", str(changed), *UP_FLAGS], signal.SIGINT)
+    assert rc == 1 and not res["healthy"], res["message"]
     assert "interrupted by SIGINT" in res["message"] and "ROLLED BACK" in res["message"], res["message"]
     assert res["rolled_back_to"] == before["release"]
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == good

@@ -415,28 +415,18 @@ def test_sigterm_mid_switch_puts_the_previous_list_back(deployed):
     """A real fault: SIGTERM (what `systemctl stop` or a CI runner sends) to `sparkdeploy vocab rollout` once it has
     begun switching releases. The previous list and release serve again, every node agrees, and the command says
     why, without a traceback."""
-    import os
     import signal
-    import subprocess
-    import sys
+
+    from tests.support.interrupt import signal_mid_switch
 
     before = _state(deployed)
     live = {s for _, s, _ in before.values()}
     assert len(live) == 1
     which = next(w for w, p in deployed["lists"].items()
                  if rollout.check_candidate(str(p), deployed["tok"]).sha256 not in live)
-    env = {k: v for k, v in os.environ.items() if k != "SPARKDEPLOY_FAULT"}
-    p = subprocess.Popen([sys.executable, "-m", "sparkdeploy", "vocab", "rollout", str(deployed["lists"][which]),
-                          "-i", str(deployed["inv_path"]), "--json", "--no-sentinel"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    for line in p.stderr:  # the CLI logs each phase on stderr
-        if "switching to release" in line:
-            break
-    p.send_signal(signal.SIGTERM)
-    out, err = p.communicate(timeout=1200)
-    assert "Traceback" not in err, err[-3000:]
-    res = json.loads(out)
-    assert p.returncode == 1 and res["status"] == "rolled-back", res["message"]
+    rc, res = signal_mid_switch(["vocab", "rollout", str(deployed["lists"][which]), "-i", str(deployed["inv_path"]),
+                                 "--no-sentinel"], signal.SIGTERM, timeout=1200)
+    assert rc == 1 and res["status"] == "rolled-back", res["message"]
     assert "interrupted by SIGTERM" in res["reason"], res["reason"]
     after = _state(deployed)
     assert {n: v[:2] for n, v in after.items()} == {n: v[:2] for n, v in before.items()}
