@@ -50,6 +50,7 @@ def _alive(pid):
         return False
 
 
+@pytest.mark.slow  # several seconds: out of the fast unit run, still in `make test`
 def test_start_health_and_stop_kills_the_process_group(fake_python, tmp_path):
     pids = tmp_path / "pids"
     srv = vs.VllmServer("/m", env={"FAKE_PIDS": str(pids)}, python=fake_python, log_path=tmp_path / "log", timeout=30)
@@ -77,6 +78,7 @@ def test_died_before_healthy_reports_log_and_reaps_orphans(fake_python, tmp_path
     assert not _alive(child)  # the leader died first; its child must not be left behind
 
 
+@pytest.mark.slow  # several seconds: out of the fast unit run, still in `make test`
 def test_timeout_names_last_state_and_cleans_up(fake_python, tmp_path):
     pids = tmp_path / "p"
     srv = vs.VllmServer("/m", env={"FAKE_PIDS": str(pids), "FAKE_MODE": "slow"}, python=fake_python,

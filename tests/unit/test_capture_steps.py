@@ -42,6 +42,7 @@ def test_on_is_refused_where_the_release_is_not_wired_and_changes_nothing(node):
     assert not node.cap.exists()
 
 
+@pytest.mark.slow  # several seconds: out of the fast unit run, still in `make test`
 def test_on_off_clear_flip_files_once_and_a_dry_run_touches_nothing(node):
     (node.cur / "node-plan.json").write_text(capture.CAPTURE_SCHEDULER)
     dry = capture.switch(node.cx, "on", dry_run=True)

@@ -61,6 +61,7 @@ def test_run_reports_exit_and_stderr(conn):
         conn.run(["sh", "-c", "echo oops >&2; exit 3"])
 
 
+@pytest.mark.slow  # several seconds: out of the fast unit run, still in `make test`
 def test_run_returns_all_output_of_a_command_that_exits_at_once(ssh):
     # sshd sends the exit status when the child exits; output still in its pipe may follow it. Reading that
     # stopped at the exit status lost the tail in 7 of these 40 runs on a busy host (in CI: a release scan
@@ -172,6 +173,7 @@ def test_pool_reconnects_a_dropped_session(sshd, known_hosts):
         assert pool.conns["n1"].alive()
 
 
+@pytest.mark.slow  # several seconds: out of the fast unit run, still in `make test`
 def test_registry_tunnel_survives_many_connections_the_server_closes_first(ssh):
     """docker push opens many short connections through the tunnel; some clients hang up first, some servers
     answer and close first. Every answer arrives whole, every hang-up ends, and the SSH session lives on. (The

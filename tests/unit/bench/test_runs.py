@@ -108,6 +108,7 @@ def test_unreachable_service_is_a_bench_error():
         client.discover("http://127.0.0.1:9", timeout=1)
 
 
+@pytest.mark.slow  # several seconds: out of the fast unit run, still in `make test`
 def test_request_still_running_after_the_run_discards_it(fake, code):
     # the judge re-reads /metrics every 0.05 s for at most 3 s (60 reads): 80 outlast it, then the next
     # run's idle wait sees the engine idle again

@@ -173,6 +173,7 @@ def test_command_exits_2_on_a_missing_file_and_on_records_not_alike(tmp_path, ca
 
 
 # --------------------------------------------------------------------------------------------- measuring
+@pytest.mark.slow  # several seconds: out of the fast unit run, still in `make test`
 def test_measure_records_every_category_with_its_repeats_from_the_counters(tmp_path):
     with FakeVllm() as fake:
         svc = client.discover(fake.url)
@@ -226,6 +227,7 @@ def test_command_wants_both_files_or_neither(tmp_path, capsys):
     assert "give both --baseline and --candidate, or neither" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # several seconds: out of the fast unit run, still in `make test`
 def test_check_release_keeps_the_record_with_its_verdict_against_the_last_healthy_release(monkeypatch):
     """`up`'s probe after the gate, against the fake vLLM; the head's release files in memory."""
     from types import SimpleNamespace

