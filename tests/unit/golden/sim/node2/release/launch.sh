@@ -1,6 +1,6 @@
 #!/bin/bash
 # Rendered by sparkdeploy 0.1.0; do not edit (sparkdeploy render).
-# Engine of node node2: rank 1 of 2 (worker), release 345b03551697.
+# Engine of node node2: rank 1 of 2 (worker), release 86640155c745.
 # Run by sparkdeploy-engine.service as /etc/sparkdeploy/current/launch.sh, in the foreground: systemd supervises
 # `docker run` (no -d, no --rm, no docker restart policy), docker supervises vLLM (--init).
 set -euo pipefail
@@ -17,11 +17,15 @@ exec docker run \
   --ulimit stack=67108864 \
   --shm-size 1g \
   --env-file /etc/sparkdeploy/current/engine.env \
-  --label io.sparkdeploy.release=345b03551697 \
+  --label io.sparkdeploy.release=86640155c745 \
   --label io.sparkdeploy.node=node2 \
   --label io.sparkdeploy.role=worker \
   -v /var/lib/sparkdeploy/vocab:/opt/sparkdeploy/vocab:ro \
   -v /var/lib/sparkdeploy/capture:/var/lib/sparkdeploy/capture \
+  -v /var/lib/sparkdeploy/cache/huggingface:/root/.cache/huggingface \
+  -v /var/lib/sparkdeploy/cache/vllm:/root/.cache/vllm \
+  -v /var/lib/sparkdeploy/cache/flashinfer:/root/.cache/flashinfer \
+  -v /var/lib/sparkdeploy/cache/triton:/root/.triton \
   sparkdeploy/serving-sim:0.32.0-e082055cf270 \
   vllm serve /models/tiny-qwen3 \
   --served-model-name tiny \
