@@ -262,3 +262,33 @@ def test_promtool_parses_every_dashboard_query(tmp_path):
     path.write_text(json.dumps(rules))
     r = subprocess.run([PROMTOOL or "promtool", "check", "rules", str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+
+def test_a_node_that_is_no_longer_the_head_loses_its_exporter_and_the_head_gets_its_own(tmp_path, monkeypatch):
+    """steps/monitoring: every node of the plan is diffed; the head against its rendered unit, the others against
+    none (the head role moved: the old head's unit goes, naming why). The removal is checked against this
+    machine's shell (LocalConn) without running it: systemctl is the sim's to exercise."""
+    from types import SimpleNamespace
+
+    from sparkdeploy import connection, remote
+    unit = tmp_path / "sparkdeploy-exporter.service"
+    unit.write_text("[Service]\n")
+    monkeypatch.setattr(monitoring, "UNIT_PATH", str(unit))
+    local = remote.LocalConn(connection.Target("n2", "localhost", local=True))
+    [removal] = monitoring.actions(local, None, "n2 is not the head")
+    assert "remove sparkdeploy-exporter.service (n2 is not the head)" in removal.what
+    unit.unlink()
+    assert monitoring.actions(local, None, "n2 is not the head") == []  # nothing there: nothing to do
+
+    calls = {}
+    monkeypatch.setattr(monitoring, "actions",
+                        lambda conn, want, *why: calls.setdefault(conn, (want, *why)) and [])
+    cx = SimpleNamespace(names=["n1", "n2", "n3"], head="n1", conn=lambda n: n, log=None,
+                         files={"n1/monitoring/sparkdeploy-exporter.service": b"unit"},
+                         opts=SimpleNamespace(dry_run=False))
+    out = []
+    monitoring.step_monitoring(cx, out)
+    assert calls == {"n1": (b"unit",), "n2": (None, "n2 is not the head"),
+                     "n3": (None, "n3 is not the head")}
+    assert [o.node for o in out] == ["n1", "n2", "n3"]

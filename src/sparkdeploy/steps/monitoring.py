@@ -4,7 +4,7 @@ The nodes have no Python packages of the kit's, and need none: the exporter is t
 `layout.EXPORTER_CODE_DIR` on the head and run by the serving image's Python (vLLM depends on everything the
 exporter imports), in a container that `sparkdeploy-exporter.service` supervises. The unit names the serving
 image of the release `up` put live; a rollback leaves it on that newer image, which is still on the head.
-`ports.metrics: 0` removes it.
+`ports.metrics: 0` removes it, and so does a node that is no longer the head (the head role moved).
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ def code_archive() -> tuple[bytes, str, int]:
     return buf.getvalue(), digest.hexdigest(), len(files)
 
 
-def actions(head: Conn, unit: bytes | None) -> list[Action]:
-    """What makes the head's exporter match `unit` (None: no exporter wanted)."""
+def actions(head: Conn, unit: bytes | None, unwanted_because: str = "ports.metrics is 0") -> list[Action]:
+    """What makes this node's exporter match `unit` (None: no exporter wanted here, `unwanted_because`)."""
     have_unit = head.get(UNIT_PATH)
     if unit is None:
         if have_unit is None:
             return []
-        return [Action(f"stop, disable and remove {EXPORTER_UNIT} (ports.metrics is 0)", lambda: head.sh(
+        return [Action(f"stop, disable and remove {EXPORTER_UNIT} ({unwanted_because})", lambda: head.sh(
             f"systemctl disable --now {EXPORTER_UNIT}; docker rm -f {EXPORTER_CONTAINER} >/dev/null 2>&1; "
             f"rm -rf {UNIT_PATH} {EXPORTER_CODE_DIR}; systemctl daemon-reload", timeout=120, check=False))]
     acts = []
@@ -73,6 +73,9 @@ def actions(head: Conn, unit: bytes | None) -> list[Action]:
 
 
 def step_monitoring(cx: Context, out: list[Outcome]) -> None:
-    unit = cx.files.get(f"{cx.head}/monitoring/{EXPORTER_UNIT}")
-    out += run_step("monitoring", [cx.head], lambda n: actions(cx.conn(n), unit), dry_run=cx.opts.dry_run,
-                    log=cx.log)
+    """The head gets the exporter; every other node of the plan loses one it kept from a time it was the head."""
+    def diff(n: str) -> list[Action]:
+        if n == cx.head:
+            return actions(cx.conn(n), cx.files.get(f"{n}/monitoring/{EXPORTER_UNIT}"))
+        return actions(cx.conn(n), None, f"{n} is not the head")
+    out += run_step("monitoring", cx.names, diff, dry_run=cx.opts.dry_run, log=cx.log)
