@@ -16,4 +16,4 @@ test: setup
 	$(VENV_BIN)/python -m pytest
 
 unit:
-	$(VENV_BIN)/python -m pytest -m "not cluster and not engine and not slow"
+	$(VENV_BIN)/python -m pytest -n 2 -m "not cluster and not engine and not slow"
