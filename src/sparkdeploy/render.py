@@ -142,9 +142,11 @@ def render(plan: Plan) -> dict[str, bytes]:
 
 def exporter_argv(plan: Plan) -> list[str]:
     """`docker run` of the exporter in the serving image: host network (it reads the engine on loopback and
-    serves Prometheus), the kit's code and the state it reads mounted read-only, as nobody, no capabilities."""
+    serves Prometheus), the kit's code and the state it reads mounted read-only, as nobody, no capabilities.
+    --init: python as the container's PID 1 ignores SIGTERM, so every stop (each new image tag restarts it)
+    waited out `docker stop --time 5` and killed it."""
     python = shlex.split(plan.image.python)
-    return ["/usr/bin/docker", "run", "--rm", "--name", EXPORTER_CONTAINER, "--network", "host",
+    return ["/usr/bin/docker", "run", "--rm", "--init", "--name", EXPORTER_CONTAINER, "--network", "host",
             "--user", "65534:65534", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
             "--read-only", "--memory", "512m", "--env", "PYTHONPATH=/opt/sparkdeploy-kit",
             "--env", "PYTHONDONTWRITEBYTECODE=1",
