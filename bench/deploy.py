@@ -39,6 +39,7 @@ from sparkdeploy import health  # noqa: E402
 from sparkdeploy import inventory as I  # noqa: E402
 from sparkdeploy import registry  # noqa: E402
 from sparkdeploy.steps import image as img  # noqa: E402
+from sparkdeploy.steps import supervise  # noqa: E402
 from sparkdeploy.steps.deploy import Cluster, Options  # noqa: E402
 
 
@@ -89,11 +90,13 @@ def frozen_root(tmp: Path) -> Path:
 
 
 def wipe_images(inv) -> None:
-    """Every node as before its first deploy: no engine container, no serving image, an empty registry."""
+    """Every node as before its first deploy: no engine container, no serving image, an empty registry. The
+    watchdog goes first: it would start the ranks again mid-deploy (`up` turns it back on after its gate)."""
     c = Cluster(inv, Options())
     try:
         c.connect([], [n.name for n in inv.nodes])
-        script = (f"systemctl stop {layout.UNIT_NAME} 2>/dev/null; docker rm -f {layout.CONTAINER_NAME} 2>/dev/null; "
+        script = (f"systemctl stop {supervise.TIMER} {supervise.SERVICE} 2>/dev/null; "
+                  f"systemctl stop {layout.UNIT_NAME} 2>/dev/null; docker rm -f {layout.CONTAINER_NAME} 2>/dev/null; "
                   f"docker image ls -q {inv.image.repository} | xargs -r docker image rm -f; docker image prune -f; "
                   f"systemctl stop {registry.UNIT_NAME} 2>/dev/null; rm -rf {registry.STORAGE_DIR}; "
                   f"systemctl start {registry.UNIT_NAME} 2>/dev/null; true")
