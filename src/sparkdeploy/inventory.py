@@ -124,6 +124,7 @@ class Inventory:
     ports: Ports
     memory: MemoryConfig
     auth: Auth = Auth()
+    service: str | None = None  # its name in `services:`; None: the inventory is one service (no `services:`)
 
     @property
     def head(self) -> Node:
@@ -144,15 +145,22 @@ _SSH_KEYS = ("host", "user", "port", "key", "known_hosts")
 _BROADCAST = ipaddress.IPv4Address("255.255.255.255")
 # `render --out` writes these next to the per-node directories (render.py's layout): no node may be named so
 _RENDER_TOP_LEVEL = ("plan.json", "image")
-def _node(raw: Any, index: int, file: str) -> Node:
+def _node(raw: Any, index: int, file: str, *, in_services: bool) -> Node:
+    """One entry of `nodes:`. With `services:` a node has no role of its own: each service's first node is
+    its head (role is given to the service's view of the node)."""
     f = Fields(raw, f"nodes[{index}]", file, allowed=_NODE_KEYS)
     name = f.text("name", NAME_RE, what="a node name (letters, digits, '.', '_', '-'; up to 63)")
     if name in _RENDER_TOP_LEVEL:
         f.fail("name", f"{name!r} is reserved (render writes {' and '.join(_RENDER_TOP_LEVEL)} beside the node "
                        "directories); choose another node name")
-    role = f.text("role", None, what="head or worker")
-    if role not in ROLES:
-        f.fail("role", f"{role!r} is not head or worker")
+    if in_services:
+        if f.has("role"):
+            f.fail("role", "with services:, each service's first node is its head; remove role")
+        role = "worker"
+    else:
+        role = f.text("role", None, what="head or worker")
+        if role not in ROLES:
+            f.fail("role", f"{role!r} is not head or worker")
     s = f.sub("ssh", _SSH_KEYS)
     # As on the ssh command line: the inventory's values win, then ~/.ssh/config's for the host (a Host alias
     # resolves to its HostName, which the head's watchdog needs too), then root on port 22. Key paths stay as
@@ -197,7 +205,9 @@ def _node(raw: Any, index: int, file: str) -> Node:
 
 # ------------------------------------------------------------------------------------------------ load
 _TOP_KEYS = ("cluster", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
-             "auth")
+             "auth", "services")
+# One service: at the top level of an inventory without `services:`, else in each entry of `services:`
+_SERVICE_KEYS = ("name", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens")
 
 
 def _auth(f: Fields, inventory_file: Path) -> Auth:
@@ -241,24 +251,90 @@ def _vocab(f: Fields, inventory_file: Path, required: bool, vocab_size: int | No
     return Vocab(path=path.resolve(), sha256=hashlib.sha256(data).hexdigest(), size=int(ids.size))
 
 
-def load(path: str | Path) -> Inventory:
-    """Read, validate and type an inventory and its profile; raise InventoryError naming file and field."""
+def load(path: str | Path, service: str | None = None) -> Inventory:
+    """Read, validate and type an inventory and its profile(s); raise InventoryError naming file and field.
+    Returns one service: `service` by name, or the only one (an inventory without `services:` is one)."""
+    views = load_services(path)
+    names = [v.service for v in views]
+    if service is None:
+        if len(views) == 1:
+            return views[0]
+        raise InventoryError(f"{len(views)} services ({', '.join(map(str, names))}): choose one with --service NAME",
+                             file=str(path), field="services")
+    for view in views:
+        if view.service == service or (view.service is None and service == view.cluster):
+            return view
+    raise InventoryError(f"no service {service!r}; the inventory has " +
+                         (f"services {', '.join(map(str, names))}" if views[0].service else
+                          f"one service, named after its cluster ({views[0].cluster!r})"),
+                         file=str(path), field="services")
+
+
+def load_services(path: str | Path) -> tuple[Inventory, ...]:
+    """Every service of the inventory as its own `Inventory` (its nodes, the first its head; its profile, ports,
+    list, memory), placement checked across them: each service's nodes exist and serve no other service."""
     inventory_file = Path(path)
     file = str(inventory_file)
     raw = yamlfile.load(inventory_file, "inventory")
     f = Fields(raw, "", file, allowed=_TOP_KEYS)
     cluster = f.text("cluster", NAME_RE, "sparkdeploy", what="a cluster name (letters, digits, '.', '_', '-')")
+    in_services = f.has("services")
 
     nodes_raw = f.get("nodes", list, what="a list of nodes")
     if not nodes_raw:
         f.fail("nodes", "must list at least one node")
-    nodes = tuple(_node(raw_node, i, file) for i, raw_node in enumerate(nodes_raw))
+    nodes = tuple(_node(raw_node, i, file, in_services=in_services) for i, raw_node in enumerate(nodes_raw))
     _check_unique(nodes, file)
-    heads = [i for i, n in enumerate(nodes) if n.role == "head"]
-    if len(heads) != 1:
-        where = "nodes" if not heads else f"nodes[{heads[1]}].role"
-        raise InventoryError(f"exactly one node must have role: head, found {len(heads)}", file=file, field=where)
+    auth = _auth(f, inventory_file)
+    if not in_services:
+        heads = [i for i, n in enumerate(nodes) if n.role == "head"]
+        if len(heads) != 1:
+            where = "nodes" if not heads else f"nodes[{heads[1]}].role"
+            raise InventoryError(f"exactly one node must have role: head, found {len(heads)}", file=file, field=where)
+        return (_service(f, cluster, nodes, inventory_file, auth, raw.get("image"), {n.name: i for i, n in
+                                                                                   enumerate(nodes)}),)
 
+    for key in _SERVICE_KEYS:
+        if key not in ("name", "nodes", "image") and key in raw:
+            f.fail(key, f"with services:, {key} belongs to each service (services[N].{key})")
+    services_raw = f.get("services", list, what="a list of services")
+    if not services_raw:
+        f.fail("services", "must list at least one service")
+    index = {n.name: i for i, n in enumerate(nodes)}
+    serves: dict[str, tuple[int, str]] = {}  # node name -> (service index, service name)
+    views: list[Inventory] = []
+    for si, service_raw in enumerate(services_raw):
+        s = Fields(service_raw, f"services[{si}]", file, allowed=_SERVICE_KEYS)
+        name = s.text("name", NAME_RE, what="a service name (letters, digits, '.', '_', '-'; up to 63)")
+        if any(v.service == name for v in views):
+            s.fail("name", f"{name!r} names two services")
+        listed = s.get("nodes", list, what="a list of node names, its head first")
+        if not listed:
+            s.fail("nodes", "must list at least one node, its head first")
+        members: list[Node] = []
+        for ni, node_name in enumerate(listed):
+            if not isinstance(node_name, str) or node_name not in index:
+                s.fail(f"nodes[{ni}]", f"no node named {short(node_name)} in nodes: ({', '.join(index)})")
+            if node_name in serves:
+                other_i, other = serves[node_name]
+                where = "twice in this service" if other_i == si else f"already in services[{other_i}] ({other})"
+                s.fail(f"nodes[{ni}]", f"node {node_name!r} is {where}: a node serves one service (one GPU, "
+                                       "one engine unit)")
+            serves[node_name] = (si, name)
+            members.append(_replace(nodes[index[node_name]], role="head" if ni == 0 else "worker"))
+        shared, own = raw.get("image"), service_raw.get("image")  # the service's keys win, key by key
+        image_raw = {**shared, **own} if isinstance(shared, dict) and isinstance(own, dict) else \
+            (shared if own is None else own)
+        views.append(_service(s, f"{cluster}.{name}", tuple(members), inventory_file, auth, image_raw, index,
+                              service=name))
+    return tuple(views)
+
+
+def _service(f: Fields, cluster: str, nodes: tuple[Node, ...], inventory_file: Path, auth: Auth, image_raw: Any,
+             index: dict[str, int], service: str | None = None) -> Inventory:
+    """What one service is: profile, patches, MTP depth, image, ports, memory and draft list read from `f` (the
+    top level, or one entry of `services:`), checked against the nodes it runs on."""
+    file = str(inventory_file)
     profile_ref = f.text("profile", re.compile(r"^[A-Za-z0-9_./-]+$"), what="a profile name or path")
     if len(profile_ref) > 1024 or any(len(part) > 250 for part in profile_ref.split("/")):
         f.fail("profile", "too long; expected a profile name or path (at most 250 characters per path component)")
@@ -276,7 +352,7 @@ def load(path: str | Path) -> Inventory:
         spec = profile.speculative
         profile = _replace(profile, speculative=Speculative(spec.method, depth, spec.extra))
 
-    image = image_config(profile_image, image_part(raw.get("image"), "image", file), file)
+    image = image_config(profile_image, image_part(image_raw, f.at("image"), file), file, f.at("image"))
     profile = _replace(profile, engine_args=engine_args.to_argv(raw_engine_args, _series(image, file),
                                                                 file=profile.file))
 
@@ -300,20 +376,20 @@ def load(path: str | Path) -> Inventory:
     if len(nodes) > 1 and profile.world_size != len(nodes):  # one node listed: the single-box layout
         raise InventoryError(
             f"profile {profile.name!r} needs tp x pp x dp = {profile.tp} x {profile.pp} x {profile.dp} = "
-            f"{profile.world_size} node(s) (one GPU each) but the inventory lists {len(nodes)} (1 = single box)",
-            file=file, field="nodes")
+            f"{profile.world_size} node(s) (one GPU each) but {'the service' if service else 'the inventory'} "
+            f"lists {len(nodes)} (1 = single box)", file=file, field=f.at("nodes"))
     if any(n.has_gpu for n in nodes) != all(n.has_gpu for n in nodes):
-        raise InventoryError("mixing gpu: none and GPU nodes is not supported", file=file, field="nodes")
+        raise InventoryError("mixing gpu: none and GPU nodes is not supported", file=file, field=f.at("nodes"))
     if nodes[0].has_gpu != profile.gpus:
         kind = "GPU" if profile.gpus else "CPU (gpu: none)"
-        raise InventoryError(f"profile {profile.name!r} is for {kind} nodes but nodes[0].gpu is {nodes[0].gpu}",
-                             file=file, field="nodes[0].gpu")
+        raise InventoryError(f"profile {profile.name!r} is for {kind} nodes but node {nodes[0].name} has gpu: "
+                             f"{nodes[0].gpu}", file=file, field=f"nodes[{index[nodes[0].name]}].gpu")
 
     from sparkdeploy.served_tokenizer import known_vocab_size
 
     vocab = _vocab(f, inventory_file, required=patches.shortlist, vocab_size=known_vocab_size(profile.model_id))
     return Inventory(file=file, cluster=cluster, nodes=nodes, profile=profile, image=image, patches=patches,
-                     vocab=vocab, ports=ports, memory=memory, auth=_auth(f, inventory_file))
+                     vocab=vocab, ports=ports, memory=memory, auth=auth, service=service)
 
 
 def _series(image: ImageConfig, file: str) -> str:

@@ -137,6 +137,7 @@ class Plan:
     capture: bool = False  # traffic capture wired in (counts only while `vocab capture on`: no restart to switch)
     metrics_port: int = 0  # the head's Prometheus exporter (steps/monitoring.py); 0 = none. Not the engine's:
     # outside the release identity
+    service: str | None = None  # its name in the inventory's `services:` (None: the inventory is one service)
 
     def feature_enabled(self, name: str) -> bool:
         return any(f.name == name and f.enabled for f in self.features)
@@ -516,11 +517,13 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
                  nnodes=nnodes, tp=tp, pp=pp, api_port=inv.ports.api, master_port=inv.ports.master, image=image,
                  nodes=tuple(node_plans), features=features, additional_config=additional, capture=capture,
                  speculative_config=spec, model_host_dir=p.host_dir, notes=tuple(notes), checkpoint=ckpt,
-                 secrets=secrets, weights_transfers=_weights_transfers(inv, chosen), metrics_port=inv.ports.metrics)
+                 secrets=secrets, weights_transfers=_weights_transfers(inv, chosen), metrics_port=inv.ports.metrics,
+                 service=inv.service)
     identity = draft.to_dict()  # what reaches the nodes; not provenance, host paths or how we log in
     identity["image"] = {k: v for k, v in identity["image"].items() if k not in ("labels", "vocab_source", "transfers")}
     identity.pop("notes")
     identity.pop("metrics_port")
+    identity.pop("service")  # a name; the cluster name the units show already carries it
     identity.pop("weights_transfers")
     for raw in identity["nodes"]:
         raw.pop("ssh")

@@ -132,12 +132,12 @@ def image_part(raw: Any, path: str, file: str) -> dict[str, Any]:
     return out
 
 
-def image_config(profile_part: dict[str, Any], inv_part: dict[str, Any], file: str) -> ImageConfig:
+def image_config(profile_part: dict[str, Any], inv_part: dict[str, Any], file: str, path: str = "image") -> ImageConfig:
     merged = {**profile_part, **inv_part}
     for key in ("base", "vllm_version"):
         if key not in merged:
             raise InventoryError(f"missing; the inventory (or its profile) must set image.{key}", file=file,
-                                 field=f"image.{key}")
+                                 field=f"{path}.{key}")
     base, base_file, base_field = merged["base"]
     local = merged.get("local", False)
     if not (DIGEST_REF_RE.fullmatch(base) or IMAGE_ID_RE.fullmatch(base)):

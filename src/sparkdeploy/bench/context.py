@@ -49,12 +49,12 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def load_inventory(path: str | Path) -> Any:
+def load_inventory(path: str | Path, service: str | None = None) -> Any:
     try:
         from sparkdeploy import inventory as inv_mod
     except ImportError as err:
         raise BenchError(f"{path}: --inventory needs sparkdeploy.inventory, which is not available: {err}") from err
-    return inv_mod.load(path)
+    return inv_mod.load(path, service)
 
 
 def head_node(inventory: Any) -> Any:

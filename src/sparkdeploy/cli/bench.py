@@ -15,7 +15,7 @@ from rich.table import Table
 from sparkdeploy import credentials, layout
 from sparkdeploy.bench import client, context, prompts, results, sentinel
 from sparkdeploy.bench.sentinel import CATEGORIES
-from sparkdeploy.cli.options import inventory_option
+from sparkdeploy.cli.options import chosen_service, inventory_option
 from sparkdeploy.errors import BenchError, InputError
 
 _err = Console(stderr=True, highlight=False)
@@ -45,7 +45,7 @@ def _service(url: str | None, inventory: str | None, model: str | None,
     path = inventory or "inventory.yaml"
     if not Path(path).exists():
         raise InputError(f"{path}: no inventory; pass --url http://host:port or --inventory FILE")
-    inv = context.load_inventory(path)
+    inv = context.load_inventory(path, chosen_service())
     auth = getattr(inv, "auth", None)  # a bench context may be any inventory-shaped object
     key = key or (auth.api_key() if auth else None)
     errors = []
@@ -266,7 +266,7 @@ def _cluster_records(inventory: str) -> tuple[dict, dict, str]:
     from sparkdeploy import releases
     from sparkdeploy.steps.deploy import Options, load_cluster
 
-    with load_cluster(inventory, Options()) as cl:
+    with load_cluster(inventory, Options(), chosen_service()) as cl:
         cl.connect([], [cl.head])
         nrs = cl.scan([cl.head])
         cur = nrs[cl.head].current

@@ -14,7 +14,7 @@ from sparkdeploy import layout, paths, releases
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.verdict import Status
 from sparkdeploy.cli.interrupts import interrupt_as_failure
-from sparkdeploy.cli.options import inventory_option, print_speed, sentinel_option, speed_after_gate
+from sparkdeploy.cli.options import chosen_service, inventory_option, print_speed, sentinel_option, speed_after_gate
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD
 from sparkdeploy.steps.deploy import Options, load_cluster
 
@@ -73,7 +73,7 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
                    watchdog_grace=watchdog_grace, watchdog_backoff_s=watchdog_backoff, watchdog_cap=watchdog_cap,
                    log=_log)
     speed = None
-    with load_cluster(_inv(inventory), opts) as cluster, interrupt_as_failure("up", _log):
+    with load_cluster(_inv(inventory), opts, chosen_service()) as cluster, interrupt_as_failure("up", _log):
         res = cluster.up()
         if sentinel and res.healthy and (res.restarted or not releases.read_sentinel(cluster.conn(cluster.head),
                                                                                      res.release)):
@@ -94,13 +94,14 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
 @_trust_option
 def down(inventory, keep_enabled, trust_new_hosts):
     """Stop the service (watchdog, head, then workers); units are disabled unless --keep-enabled."""
-    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, log=_log)) as cluster:
+    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, log=_log), chosen_service()) as cluster:
         out = cluster.down(keep_enabled=keep_enabled)
     _print_outcomes(out)
 
 
 def _health(inventory, trust_new_hosts, probe_timeout=60.0):
-    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, probe_timeout=probe_timeout)) as cluster:
+    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, probe_timeout=probe_timeout),
+                      chosen_service()) as cluster:
         return cluster.health()
 
 
@@ -155,7 +156,8 @@ def rollback(inventory, number, ready_timeout, trust_new_hosts, sentinel):
 
     The sentinel compares the release with its own earlier speed record (how fast it was when it served)."""
     speed = None
-    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log)) as cluster, \
+    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log),
+                      chosen_service()) as cluster, \
             interrupt_as_failure("rollback", _log):
         res = cluster.rollback(number)
         if sentinel and res.healthy and res.restarted:
@@ -177,7 +179,7 @@ def logs(inventory, node, follow, lines, journal, trust_new_hosts):
     """The engine's log on NODE (default: the head): docker logs, or the unit's journal with --journal."""
     from sparkdeploy.remote import LocalConn
 
-    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts)) as cluster:
+    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts), chosen_service()) as cluster:
         name = node or cluster.inv.head.name
         try:
             cluster.inv.node(name)

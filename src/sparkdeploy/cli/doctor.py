@@ -11,7 +11,7 @@ from sparkdeploy import doctor as doctor_mod
 from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import paths
 from sparkdeploy.verdict import Status
-from sparkdeploy.cli.options import inventory_option
+from sparkdeploy.cli.options import chosen_service, inventory_option
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAILED: "red bold", Status.SKIPPED: "dim"}
@@ -30,7 +30,7 @@ def doctor(inventory_file, as_json, facts_file, checkpoint_dir, trust_new_hosts)
     """Check every node before a deployment: SSH, GPU/driver, kernel modules, RoCE twins, MTU 9000, GID index,
     earlyoom, sshd OOM protection, disk, Docker + NVIDIA runtime, other GPU processes, stale units, memory,
     data-plane reachability and clock skew. Exit 0 when nothing fails (warnings allowed), 1 otherwise."""
-    inv = inventory_mod.load(inventory_file or paths.default_inventory())
+    inv = inventory_mod.load(inventory_file or paths.default_inventory(), chosen_service())
     exam = doctor_mod.examine(inv, facts_file=facts_file, checkpoint_dir=checkpoint_dir,
                               trust_new_hosts=trust_new_hosts)
     if as_json:

@@ -7,10 +7,25 @@ import click
 INVENTORY_HELP = "inventory file (default: inventory.yaml of the checkout)"
 
 
+SERVICE_HELP = "the service of the inventory's `services:` to act on (default: the only one)"
+_SERVICE_KEY = "sparkdeploy.service"
+
+
 def inventory_option(dest: str = "inventory_file", help: str = INVENTORY_HELP):
     """`--inventory/-i FILE` (default None: the command falls back to `paths.default_inventory()`), passed to the
-    command as `dest`."""
-    return click.option("--inventory", "-i", dest, default=None, metavar="FILE", help=help)
+    command as `dest`; and `--service NAME`, which every command that reads the inventory takes: it is kept
+    for `chosen_service()` rather than passed, so no command's signature carries it."""
+    def decorate(f):
+        f = click.option("--service", metavar="NAME", default=None, expose_value=False, help=SERVICE_HELP,
+                         callback=lambda ctx, _param, value: ctx.meta.__setitem__(_SERVICE_KEY, value))(f)
+        return click.option("--inventory", "-i", dest, default=None, metavar="FILE", help=help)(f)
+    return decorate
+
+
+def chosen_service() -> str | None:
+    """The `--service` of the running command (None: not given, or no command is running)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(_SERVICE_KEY) if ctx is not None else None
 
 
 def sentinel_option(f):
@@ -49,6 +64,7 @@ def connected(inventory: str | None, trust_new_hosts: bool):
     from sparkdeploy import paths
     from sparkdeploy.steps.deploy import Options, load_cluster
 
-    cluster = load_cluster(inventory or str(paths.default_inventory()), Options(trust_new_hosts=trust_new_hosts))
+    cluster = load_cluster(inventory or str(paths.default_inventory()), Options(trust_new_hosts=trust_new_hosts),
+                           chosen_service())
     cluster.connect([])
     return cluster

@@ -16,7 +16,7 @@ from rich.console import Console
 from sparkdeploy import inventory as I
 from sparkdeploy import paths
 from sparkdeploy.cli.interrupts import interrupt_as_failure
-from sparkdeploy.cli.options import inventory_option, print_speed, sentinel_option, speed_after_gate
+from sparkdeploy.cli.options import chosen_service, inventory_option, print_speed, sentinel_option, speed_after_gate
 from sparkdeploy.cli.vocab import vocab
 
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
@@ -45,7 +45,7 @@ def _gate_options(f):
 
 
 def _load(inventory):
-    return I.load(inventory or str(paths.default_inventory()))
+    return I.load(inventory or str(paths.default_inventory()), chosen_service())
 
 
 def _acc(fig) -> str:

@@ -70,7 +70,8 @@ class Cluster(Context):
         return release.step_release(self, out)
 
 
-def load_cluster(inventory_path: str, opts: Options) -> Cluster:
+def load_cluster(inventory_path: str, opts: Options, service: str | None = None) -> Cluster:
+    """The cluster of one service of the inventory (`service`, or its only one)."""
     from sparkdeploy import inventory as I
 
-    return Cluster(I.load(inventory_path), opts)
+    return Cluster(I.load(inventory_path, service), opts)

@@ -79,7 +79,7 @@ def test_cli_probe_through_an_inventory_records_its_context(tmp_path, monkeypatc
     with FakeVllm() as fake:
         port = int(fake.url.rsplit(":", 1)[1])
         inv = Inv((Node("n1", "head", "127.0.0.1", Ssh("127.0.0.1")),), Ports(port))
-        monkeypatch.setattr(context, "load_inventory", lambda path: inv)
+        monkeypatch.setattr(context, "load_inventory", lambda path, service=None: inv)
         (tmp_path / "inv.yaml").write_text("stub: true\n")
         out = tmp_path / "r.json"
         assert main(["bench", "probe", "--inventory", str(tmp_path / "inv.yaml"), "--tokens", "8", "--runs", "1",
