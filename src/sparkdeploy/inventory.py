@@ -24,6 +24,11 @@ Inventory shape (see the top-level `inventory.yaml` and `tests/unit/fixtures/inv
     memory:     {reserve_gib: 28, gpu_memory_utilization: null}   # see memory.py
     speculative_tokens: 2               # optional override of the profile's MTP depth (0 = off)
 
+Several services (`examples/inventory.4node.yaml`): the nodes once, without `role`, then `services:`, each entry
+with `name`, `nodes` (names, its head first) and the per-service keys above (profile, image, patches, vocab, ports,
+memory, speculative_tokens; `image` merges over the top-level one). Each service loads as its own `Inventory`;
+a node serves one service.
+
 The profile's `image:` block gives defaults (python, pip, and for the simulated profiles the base too) that
 the inventory's `image:` overrides key by key.
 """
