@@ -97,6 +97,22 @@ def test_written_inventory_loads_with_the_real_loader(tmp_path):
     assert len(inventory.load(tmp_path / "one.yaml").nodes) == 1
 
 
+def test_four_nodes_of_a_tp2_profile_get_two_services(tmp_path):
+    from sparkdeploy import inventory
+    from sparkdeploy.sim.inventory_file import write_inventory
+
+    state = SimState(name="q", subnet="172.30.153.0/24", network="n", image="i", key=str(tmp_path / "id_ed25519"),
+                     known_hosts=str(tmp_path / "known_hosts"), inventory=None, profile="sim-tiny",
+                     nodes=[SimNode(f"node{i}", f"172.30.153.1{i}", f"c{i}", f"v{i}", "head" if i == 1 else "worker")
+                            for i in range(1, 5)])
+    path = tmp_path / "inventory.sim.yaml"
+    assert write_inventory(state, path) is None
+    s1, s2 = inventory.load_services(path)
+    assert (s1.service, [n.name for n in s1.nodes]) == ("s1", ["node1", "node2"])
+    assert (s2.service, s2.head.name, s2.head.role) == ("s2", "node3", "head")
+    assert s2.vocab is not None and s2.auth.api_key_file == s1.auth.api_key_file
+
+
 def test_default_inventory_path(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert SimCluster("demo", state_dir=tmp_path / "s").default_inventory() == Path(tmp_path) / "inventory.sim.yaml"

@@ -42,35 +42,55 @@ def write_api_key(path: Path) -> Path:
     return path
 
 
+def _world_size(profile: str) -> int:
+    """The profile's nodes per replica (0 when it cannot be read: the loader then says why, in _validate)."""
+    from sparkdeploy.errors import InventoryError
+    from sparkdeploy.profile import find_profile, load_profile
+
+    path = find_profile(profile, Path.cwd() / "inventory.sim.yaml")
+    try:
+        return load_profile(path, name=path.stem)[0].world_size
+    except (InventoryError, OSError):
+        return 0
+
+
 def inventory_dict(state, vocab: Path | None = None, base_image_id: str | None = None,
                    api_key: Path | None = None) -> dict:
-    """The inventory mapping for a sim cluster's state (nodes, SSH login and key, known_hosts, the sim profile)."""
+    """The inventory mapping for a sim cluster's state (nodes, SSH login and key, known_hosts, the sim profile).
+    More nodes than the profile's tp x pp x dp (e.g. four for a TP=2 profile): one service per group of that
+    many nodes, `s1` on node1 + node2, `s2` on node3 + node4 and so on, each behind its own API on its head."""
+    per = _world_size(state.profile)
+    several = per > 0 and len(state.nodes) > per and len(state.nodes) % per == 0
     nodes = []
     for node in state.nodes:
         nodes.append({
             "name": node.name,
-            "role": node.role,
+            **({} if several else {"role": node.role}),
             "ssh": ssh_block(state, node),
             "data_ip": node.ip,
             "netdev": "eth0",
             "hca": [],
             "gpu": "none",
         })
-    data = {
-        "cluster": f"sim-{state.name}",
+    service = {
         "profile": state.profile,
-        "nodes": nodes,
-        "image": {"repository": "sparkdeploy/serving-sim"},  # base, vLLM version, python, pip: from the profile
         # fp8_gdn stays off: the CPU build has no FP8 GEMM for it
         "patches": {"shortlist": vocab is not None, "skinny_gemm": True, "fp8_gdn": False, "prefix_align": True},
+        **({"vocab": str(vocab)} if vocab is not None else {}),
         "ports": {"api": 8000, "master": 29500},
         "memory": {"reserve_gib": 4},  # a sim node shares the host's RAM; the CPU engine needs ~3 GB per rank
     }
+    image = {"repository": "sparkdeploy/serving-sim"}  # base, vLLM version, python, pip: from the profile
     if base_image_id:
         # Pinned by content: a rebuilt engine base gives a new serving-image tag instead of a stale image.
-        data["image"]["base"] = base_image_id
-    if vocab is not None:
-        data["vocab"] = str(vocab)
+        image["base"] = base_image_id
+    data: dict = {"cluster": f"sim-{state.name}", "nodes": nodes, "image": image}
+    if several:
+        data["services"] = [{"name": f"s{i // per + 1}", "nodes": [n.name for n in state.nodes[i:i + per]], **service}
+                            for i in range(0, len(state.nodes), per)]
+    else:
+        data = {"cluster": data["cluster"], "profile": service.pop("profile"), "nodes": nodes, "image": image,
+                **service}
     if api_key is not None:
         data["auth"] = {"api_key_file": home_relative(str(api_key))}
     return data
@@ -106,7 +126,7 @@ def _validate(path: Path, nodes: int) -> str | None:
     from sparkdeploy.errors import InventoryError
 
     try:
-        inventory.load(path)
+        inventory.load_services(path)
     except InventoryError as err:
         return (f"the inventory does not validate for deployment ({err}); with {nodes} node(s) pick a profile whose "
                 "tp x pp x dp matches (--profile)")
