@@ -99,10 +99,18 @@ def down(inventory, keep_enabled, trust_new_hosts):
     _print_outcomes(out)
 
 
-def _health(inventory, trust_new_hosts, probe_timeout=60.0):
-    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, probe_timeout=probe_timeout),
-                      chosen_service()) as cluster:
-        return cluster.health()
+def _health(inventory, trust_new_hosts, probe_timeout=60.0) -> dict[str | None, object]:
+    """The health report of --service's service, else of every service of the inventory (key None: the only
+    one of an inventory without `services:`)."""
+    from sparkdeploy import inventory as inventory_mod
+
+    names = [chosen_service()] if chosen_service() else [v.service for v in inventory_mod.load_services(_inv(inventory))]
+    reports = {}
+    for name in names:
+        with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, probe_timeout=probe_timeout),
+                          name) as cluster:
+            reports[name] = cluster.health()
+    return reports
 
 
 @click.command()
@@ -111,18 +119,24 @@ def _health(inventory, trust_new_hosts, probe_timeout=60.0):
 @click.option("--probe-timeout", type=float, default=60, show_default=True, help="seconds for the generation probe")
 @_trust_option
 def health(inventory, as_json, probe_timeout, trust_new_hosts):
-    """Every check with its verdict and reason, per node and overall; exit 0 healthy, 1 unhealthy."""
-    rep = _health(inventory, trust_new_hosts, probe_timeout)
+    """Every check with its verdict and reason, per node and overall; exit 0 healthy, 1 unhealthy. With
+    `services:` and no --service, every service (healthy only if each is)."""
+    reports = _health(inventory, trust_new_hosts, probe_timeout)
+    healthy = all(rep.healthy for rep in reports.values())
     if as_json:
-        click.echo(rep.to_json())
+        click.echo(next(iter(reports.values())).to_json() if len(reports) == 1 else json.dumps(
+            {"healthy": healthy, "services": {n: json.loads(rep.to_json()) for n, rep in reports.items()}}, indent=2))
     else:
-        for c in rep.checks:
-            mark = ("[yellow]warn[/yellow]" if c.status is Status.WARN else "[green]ok  [/green]") if c.ok \
-                else "[red bold]FAIL[/red bold]"
-            err.print(f"  {mark} {c.node or 'service':<10} {c.name:<17} {c.reason}")
-        err.print("[green]healthy[/green]" if rep.healthy else
-                  "[red bold]UNHEALTHY[/red bold]: " + "; ".join(f"{c.node or 'service'} {c.name}" for c in rep.failed()))
-    raise click.exceptions.Exit(0 if rep.healthy else 1)
+        for name, rep in reports.items():
+            if len(reports) > 1:
+                err.print(f"[bold]service {name}[/bold]")
+            for c in rep.checks:
+                mark = ("[yellow]warn[/yellow]" if c.status is Status.WARN else "[green]ok  [/green]") if c.ok \
+                    else "[red bold]FAIL[/red bold]"
+                err.print(f"  {mark} {c.node or 'service':<10} {c.name:<17} {c.reason}")
+            err.print("[green]healthy[/green]" if rep.healthy else "[red bold]UNHEALTHY[/red bold]: "
+                      + "; ".join(f"{c.node or 'service'} {c.name}" for c in rep.failed()))
+    raise click.exceptions.Exit(0 if healthy else 1)
 
 
 @click.command()
@@ -130,19 +144,21 @@ def health(inventory, as_json, probe_timeout, trust_new_hosts):
 @click.option("--json", "as_json", is_flag=True)
 @_trust_option
 def status(inventory, as_json, trust_new_hosts):
-    """The short form of health: one line per node and one overall."""
-    rep = _health(inventory, trust_new_hosts, 30.0)
+    """The short form of health: one line per node and one overall (with several services, per service)."""
+    reports = _health(inventory, trust_new_hosts, 30.0)
+    healthy = all(rep.healthy for rep in reports.values())
     nodes: dict[str, list] = {}
-    for c in rep.checks:
-        nodes.setdefault(c.node or "service", []).append(c)
+    for name, rep in reports.items():
+        for c in rep.checks:
+            nodes.setdefault(c.node or ("service" if len(reports) == 1 else f"service {name}"), []).append(c)
     if as_json:
-        click.echo(json.dumps({"healthy": rep.healthy, "nodes": {n: all(c.ok for c in cs) for n, cs in nodes.items()}}))
+        click.echo(json.dumps({"healthy": healthy, "nodes": {n: all(c.ok for c in cs) for n, cs in nodes.items()}}))
     else:
         for n, cs in nodes.items():
             bad = [f"{c.name} ({c.reason})" if c.name == "release" else c.name for c in cs if not c.ok]
             click.echo(f"{n:<10} {'ok' if not bad else 'FAIL: ' + ', '.join(bad)}")
-        click.echo("healthy" if rep.healthy else "unhealthy")
-    raise click.exceptions.Exit(0 if rep.healthy else 1)
+        click.echo("healthy" if healthy else "unhealthy")
+    raise click.exceptions.Exit(0 if healthy else 1)
 
 
 @click.command()
