@@ -114,9 +114,10 @@ def test_bad_placement_exits_2_naming_the_service_and_field(tmp_path, capsys, na
     assert field in err and words in err, err
 
 
-def test_up_with_several_services_and_none_chosen_exits_2_before_connecting(tmp_path, capsys):
+@pytest.mark.parametrize("command", [["down"], ["rollback"], ["logs"], ["vocab", "rollout", "--dry-run", str(FIXTURES / "vocab-1k.txt")]])
+def test_a_command_on_one_service_with_several_and_none_chosen_exits_2_before_connecting(tmp_path, capsys, command):
     path = _write(tmp_path, _sim_services())  # its nodes do not exist: any connection attempt would fail with 1
-    assert main(["up", "--inventory", str(path)]) == 2
+    assert main([*command, "--inventory", str(path)]) == 2
     assert "choose one with --service NAME" in capsys.readouterr().err
 
 

@@ -68,24 +68,45 @@ def _print_outcomes(outcomes) -> None:
 @sentinel_option
 def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watchdog_grace, watchdog_backoff,
        watchdog_cap, sentinel):
-    """Converge the nodes on the plan: image, files, units, then start workers-first and gate on health."""
+    """Converge the nodes on the plan: image, files, units, then start workers-first and gate on health. With
+    `services:` and no --service, every service in turn (a signal stops the turn at the service it hit)."""
     opts = Options(nodes=nodes, dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout,
                    watchdog_grace=watchdog_grace, watchdog_backoff_s=watchdog_backoff, watchdog_cap=watchdog_cap,
                    log=_log)
-    speed = None
-    with load_cluster(_inv(inventory), opts, chosen_service()) as cluster, interrupt_as_failure("up", _log):
-        res = cluster.up()
-        if sentinel and res.healthy and (res.restarted or not releases.read_sentinel(cluster.conn(cluster.head),
-                                                                                     res.release)):
-            speed = speed_after_gate(cluster, res.release, _log)
-    _print_outcomes(res.outcomes)
-    style = "green" if res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes)) else "red bold"
-    err.print(f"[{style}]{res.message}[/{style}]  ({res.changes} change(s), {res.seconds:.1f} s)")
-    print_speed(err, speed)
+    results: dict[str | None, dict] = {}
+    ok = True
+    for name in _services(inventory):
+        if name is not None:
+            err.print(f"[bold]service {name}[/bold]")
+        speed = None
+        with load_cluster(_inv(inventory), opts, name) as cluster, interrupt_as_failure("up", _log) as signalled:
+            res = cluster.up()
+            if sentinel and res.healthy and (res.restarted or not releases.read_sentinel(cluster.conn(cluster.head),
+                                                                                         res.release)):
+                speed = speed_after_gate(cluster, res.release, _log)
+        _print_outcomes(res.outcomes)
+        done = res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes))
+        style = "green" if done else "red bold"
+        err.print(f"[{style}]{res.message}[/{style}]  ({res.changes} change(s), {res.seconds:.1f} s)")
+        print_speed(err, speed)
+        results[name] = dict(res.to_dict(), sentinel=speed)
+        ok = ok and done
+        if signalled.fired:
+            break
     if as_json:
-        click.echo(json.dumps(dict(res.to_dict(), sentinel=speed), indent=2))
-    ok = res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes))
+        click.echo(json.dumps(next(iter(results.values())) if len(results) == 1 else {"ok": ok, "services": results},
+                              indent=2))
     raise click.exceptions.Exit(0 if ok else 1)
+
+
+def _services(inventory) -> list[str | None]:
+    """The services a command acts on: --service's, else every service of the inventory (None: the only one
+    of an inventory without `services:`)."""
+    from sparkdeploy import inventory as inventory_mod
+
+    if chosen_service():
+        return [chosen_service()]
+    return [v.service for v in inventory_mod.load_services(_inv(inventory))]
 
 
 @click.command()
@@ -102,11 +123,8 @@ def down(inventory, keep_enabled, trust_new_hosts):
 def _health(inventory, trust_new_hosts, probe_timeout=60.0) -> dict[str | None, object]:
     """The health report of --service's service, else of every service of the inventory (key None: the only
     one of an inventory without `services:`)."""
-    from sparkdeploy import inventory as inventory_mod
-
-    names = [chosen_service()] if chosen_service() else [v.service for v in inventory_mod.load_services(_inv(inventory))]
     reports = {}
-    for name in names:
+    for name in _services(inventory):
         with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, probe_timeout=probe_timeout),
                           name) as cluster:
             reports[name] = cluster.health()

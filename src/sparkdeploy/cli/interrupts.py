@@ -17,24 +17,30 @@ from sparkdeploy.errors import Interrupted
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-@contextmanager
-def interrupt_as_failure(what: str, note: Callable[[str], None]) -> Iterator[None]:
+class Signalled:
+    """What the guarded block can ask afterwards: did a signal end it (a command over several services then
+    stops instead of going on to the next)."""
+
     fired = False
 
+
+@contextmanager
+def interrupt_as_failure(what: str, note: Callable[[str], None]) -> Iterator[Signalled]:
+    state = Signalled()
+
     def handler(signum, _frame):
-        nonlocal fired
         name = signal.Signals(signum).name
-        if fired:
+        if state.fired:
             note(f"{name} again: still putting the last good release back; wait (Ctrl-\\ quits at once, "
                  "leaving the cluster as it is at that moment)")
             return
-        fired = True
+        state.fired = True
         note(f"{name}: stopping {what} and putting the last good release back")
         raise Interrupted(f"{what} interrupted by {name}")
 
     before = {s: signal.signal(s, handler) for s in SIGNALS}
     try:
-        yield
+        yield state
     finally:
         for s, h in before.items():
             signal.signal(s, h)
