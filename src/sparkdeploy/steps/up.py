@@ -13,7 +13,7 @@ import requests
 
 from sparkdeploy import faults, layout, releases
 from sparkdeploy.connection import dry_session, recording
-from sparkdeploy.errors import InputError, SparkdeployError
+from sparkdeploy.errors import InputError, NodeLost, SparkdeployError
 from sparkdeploy.steps import engine
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD, Outcome, StepFailed
@@ -155,29 +155,45 @@ def _up(cx: Context) -> UpResult:
         res.seconds = time.monotonic() - t0
 
 
+# How long a rollback waits for a node that does not answer (it may be rebooting: the sim's take ~30 s).
+REBOOT_WAIT_S = 180
+
+
 def auto_rollback(cx: Context, failed: int, reason: str, res: UpResult, watchdog_was: bool) -> None:
     """After a failure past the first stop: the newest release older than `failed` that passed its gate on
     every node serves again under its own plan, with the watchdog as it was; with none, the service is
-    stopped and disabled (a reboot must not start a release that never passed its gate)."""
+    stopped and disabled (a reboot must not start a release that never passed its gate). A node lost on the
+    way (a reboot that began as the rollback did) is waited for, up to REBOOT_WAIT_S, and the rollback made
+    once more: switch_and_restart is whole each time."""
     what = f"release {failed} failed ({reason})"
-    try:
-        cx.scan()
-    except SparkdeployError as err:
-        res.message = f"{what}; the releases on the nodes could not be read to roll back: {err}"
-        return
-    back_to_last_good(cx, what, releases.last_healthy({n: cx.rel[n] for n in cx.names}, before=failed), res,
-                      watchdog_was)
+    for last_try in (False, True):
+        try:
+            cx.scan()
+        except SparkdeployError as err:
+            res.message = f"{what}; the releases on the nodes could not be read to roll back: {err}"
+            return
+        good = releases.last_healthy({n: cx.rel[n] for n in cx.names}, before=failed)
+        err = back_to_last_good(cx, what, good, res, watchdog_was)
+        if not isinstance(err, NodeLost) or last_try:
+            return
+        cx.log(f"{err}: waiting up to {REBOOT_WAIT_S} s for {err.node} to answer, then rolling back again")
+        lost = cx.reconnect([err.node], wait=REBOOT_WAIT_S)
+        if lost:
+            res.message += f"; {err.node} did not answer within {REBOOT_WAIT_S} s: re-run up once it does"
+            return
 
 
-def back_to_last_good(cx: Context, what: str, good: int | None, res: UpResult, watchdog_was: bool) -> None:
+def back_to_last_good(cx: Context, what: str, good: int | None, res: UpResult,
+                      watchdog_was: bool) -> Exception | None:
     """Put release `good` (passed its gate on every node) back with engine.serve_again (its plan, watchdog as
-    it was, waited for); with no good release, stop and disable the service. The message says which."""
+    it was, waited for); with no good release, stop and disable the service. The message says which; returns
+    the error that stopped it (None: done)."""
     try:
         if good is None:
             engine.stop_and_disable(cx)
             res.message = (f"{what}; no healthy release to go back to: the service is STOPPED and disabled; "
                            "fix and re-run `up`")
-            return
+            return None
         cx.log(f"{what}: rolling back to release {good}")
         rec: dict = {}
 
@@ -190,7 +206,9 @@ def back_to_last_good(cx: Context, what: str, good: int | None, res: UpResult, w
         ok = text == rec.get("probe", text)
         res.message = (f"{what}; ROLLED BACK to release {good}"
                        + (" which is healthy again" if ok else f" but its probe now differs: {text!r}"))
+        return None
     except ENGINE_ERRORS as err:
         res.message = (f"{what}; rolling back to release {good} did not complete either: {err}"
                        if good is not None else f"{what}; and stopping the service failed: {err}")
+        return err
 
