@@ -43,10 +43,6 @@ class RemoteError(SparkdeployError):
         super().__init__(f"{node}: {message}" if node else message)
 
 
-class NodeLost(RemoteError):
-    """The node stopped answering: its SSH session or connection dropped (a reboot, a cut link)."""
-
-
 class HealthError(SparkdeployError):
     """The service did not become or stay healthy."""
 

@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Sequence, TypeVar
 import paramiko
 
 from sparkdeploy.connection import CHUNK, Conn, Proc, Result, Target
-from sparkdeploy.errors import NodeLost, RemoteError
+from sparkdeploy.errors import RemoteError
 from sparkdeploy.sshconfig import local_path, ssh_config
 
 T = TypeVar("T")
@@ -258,8 +258,8 @@ class SSHConn(Conn):
             ) from None
         except (OSError, paramiko.SSHException, EOFError) as err:
             via = f" via {target.proxy_jump}" if self.jump else ""
-            raise NodeLost(f"ssh {user}@{target.host}:{target.port}{via}: {err or type(err).__name__}",
-                           node=target.name) from None
+            raise RemoteError(f"ssh {user}@{target.host}:{target.port}{via}: {err or type(err).__name__}",
+                              node=target.name) from None
         self.client.get_transport().set_keepalive(15)
 
     def _chan(self, argv) -> paramiko.Channel:
@@ -267,7 +267,7 @@ class SSHConn(Conn):
             chan = self.client.get_transport().open_session(timeout=CONNECT_TIMEOUT)
             chan.exec_command(shlex.join([*self.target.sudo, *(str(a) for a in argv)]))
         except (OSError, paramiko.SSHException, AttributeError, EOFError) as err:
-            raise NodeLost(f"ssh session lost: {err or type(err).__name__}", node=self.name) from None
+            raise RemoteError(f"ssh session lost: {err or type(err).__name__}", node=self.name) from None
         return chan
 
     def _run(self, argv, *, timeout, check, input) -> Result:
@@ -288,18 +288,18 @@ class SSHConn(Conn):
                 if chan.exit_status_ready() and (chan.eof_received or chan.closed):
                     break  # not on the exit status alone: sshd sends it when the child exits, output may follow
                 if chan.closed or self.client.get_transport() is None or not self.client.get_transport().is_active():
-                    raise NodeLost(f"ssh connection dropped while running `{shlex.join(argv)}`", node=self.name)
+                    raise RemoteError(f"ssh connection dropped while running `{shlex.join(argv)}`", node=self.name)
                 if time.monotonic() > deadline:
                     chan.close()
                     raise RemoteError(f"`{shlex.join(argv)}` did not finish within {timeout:.0f} s", node=self.name)
                 select.select([chan], [], [], 0.2)
             rc = chan.recv_exit_status()
         except (OSError, paramiko.SSHException, EOFError) as err_:
-            raise NodeLost(f"ssh connection dropped while running `{shlex.join(argv)}`: {err_}", node=self.name) from None
+            raise RemoteError(f"ssh connection dropped while running `{shlex.join(argv)}`: {err_}", node=self.name) from None
         finally:
             chan.close()
         if rc == -1:
-            raise NodeLost(f"ssh connection dropped while running `{shlex.join(argv)}`", node=self.name)
+            raise RemoteError(f"ssh connection dropped while running `{shlex.join(argv)}`", node=self.name)
         res = Result(argv, rc, out.decode(errors="replace"), err.decode(errors="replace"), self.name)
         return res.check() if check else res
 

@@ -13,7 +13,7 @@ from sparkdeploy import facts as F
 from sparkdeploy import probes
 from sparkdeploy import gather, layout, paths, releases, render
 from sparkdeploy import plan as P
-from sparkdeploy.errors import InventoryError, NodeLost, RemoteError
+from sparkdeploy.errors import InventoryError, RemoteError
 from sparkdeploy.connection import Conn
 from sparkdeploy.remote import Pool, target_of
 from sparkdeploy.steps import image as img
@@ -95,12 +95,11 @@ class Context:
         return self.pool.map(fn, self.names if names is None else names)
 
     def each(self, fn, what: str, names: list[str] | None = None) -> dict:
-        """fn(conn) on the nodes in parallel; the first node that failed raises RemoteError("{what}: ...")
-        (NodeLost when that node stopped answering)."""
+        """fn(conn) on the nodes in parallel; the first node that failed raises RemoteError("{what}: ...")."""
         res = self.map(fn, names)
         for n, r in res.items():
             if isinstance(r, Exception):
-                raise (NodeLost if isinstance(r, NodeLost) else RemoteError)(f"{what}: {r}", node=n)
+                raise RemoteError(f"{what}: {r}", node=n)
         return res
 
     # ------------------------------------------------------------------------------------ connect + plan

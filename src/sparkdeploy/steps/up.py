@@ -13,7 +13,7 @@ import requests
 
 from sparkdeploy import faults, layout, releases
 from sparkdeploy.connection import dry_session, recording
-from sparkdeploy.errors import InputError, NodeLost, SparkdeployError
+from sparkdeploy.errors import InputError, RemoteError, SparkdeployError
 from sparkdeploy.steps import engine
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD, Outcome, StepFailed
@@ -162,24 +162,27 @@ REBOOT_WAIT_S = 180
 def auto_rollback(cx: Context, failed: int, reason: str, res: UpResult, watchdog_was: bool) -> None:
     """After a failure past the first stop: the newest release older than `failed` that passed its gate on
     every node serves again under its own plan, with the watchdog as it was; with none, the service is
-    stopped and disabled (a reboot must not start a release that never passed its gate). A node lost on the
-    way (a reboot that began as the rollback did) is waited for, up to REBOOT_WAIT_S, and the rollback made
-    once more: switch_and_restart is whole each time."""
+    stopped and disabled (a reboot must not start a release that never passed its gate). A node that fails
+    the rollback (most often one rebooting: the reboot that failed the gate) is waited for, up to
+    REBOOT_WAIT_S, and the rollback made once more from the start: switch_and_restart is whole each time."""
     what = f"release {failed} failed ({reason})"
     for last_try in (False, True):
         try:
             cx.scan()
+            good = releases.last_healthy({n: cx.rel[n] for n in cx.names}, before=failed)
         except SparkdeployError as err:
             res.message = f"{what}; the releases on the nodes could not be read to roll back: {err}"
+            err_node = getattr(err, "node", None)
+        else:
+            err = back_to_last_good(cx, what, good, res, watchdog_was)
+            err_node = getattr(err, "node", None)
+            if not isinstance(err, RemoteError):
+                return
+        if last_try or err_node not in cx.names:
             return
-        good = releases.last_healthy({n: cx.rel[n] for n in cx.names}, before=failed)
-        err = back_to_last_good(cx, what, good, res, watchdog_was)
-        if not isinstance(err, NodeLost) or last_try:
-            return
-        cx.log(f"{err}: waiting up to {REBOOT_WAIT_S} s for {err.node} to answer, then rolling back again")
-        lost = cx.reconnect([err.node], wait=REBOOT_WAIT_S)
-        if lost:
-            res.message += f"; {err.node} did not answer within {REBOOT_WAIT_S} s: re-run up once it does"
+        cx.log(f"{err}: waiting up to {REBOOT_WAIT_S} s for {err_node} to answer, then rolling back again")
+        if cx.reconnect([err_node], wait=REBOOT_WAIT_S):
+            res.message += f"; {err_node} did not answer within {REBOOT_WAIT_S} s: re-run up once it does"
             return
 
 
