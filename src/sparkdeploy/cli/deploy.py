@@ -14,7 +14,8 @@ from sparkdeploy import layout, paths, releases
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.verdict import Status
 from sparkdeploy.cli.interrupts import interrupt_as_failure
-from sparkdeploy.cli.options import chosen_service, inventory_option, print_speed, sentinel_option, speed_after_gate
+from sparkdeploy.cli.options import (chosen_service, inventory_option, print_speed, selected_services, sentinel_option,
+                                     speed_after_gate)
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD
 from sparkdeploy.steps.deploy import Options, load_cluster
 
@@ -100,13 +101,7 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
 
 
 def _services(inventory) -> list[str | None]:
-    """The services a command acts on: --service's, else every service of the inventory (None: the only one
-    of an inventory without `services:`)."""
-    from sparkdeploy import inventory as inventory_mod
-
-    if chosen_service():
-        return [chosen_service()]
-    return [v.service for v in inventory_mod.load_services(_inv(inventory))]
+    return [inv.service for inv in selected_services(inventory)]
 
 
 @click.command()

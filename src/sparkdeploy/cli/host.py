@@ -8,9 +8,7 @@ import click
 from rich.console import Console
 
 from sparkdeploy import hostsetup as hs
-from sparkdeploy import inventory as inventory_mod
-from sparkdeploy import paths
-from sparkdeploy.cli.options import chosen_service, inventory_option
+from sparkdeploy.cli.options import inventory_option, selected_services
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.remote import Pool
 from sparkdeploy.remote import target_of
@@ -35,9 +33,7 @@ def setup(inventory_file, dry_run, apply_network, as_json, trust_new_hosts):
     """Install and configure earlyoom (prefer vllm/python/ray, avoid sshd/dockerd/containerd/systemd), pin sshd's
     OOMScoreAdjust=-1000, and with --apply-network the CX-7 netplan. Shows the diff first; idempotent."""
     # every node of the inventory, whichever service it serves (--service: that service's nodes)
-    path = inventory_file or paths.default_inventory()
-    services = [inventory_mod.load(path, chosen_service())] if chosen_service() else inventory_mod.load_services(path)
-    nodes = {n.name: n for inv in services for n in inv.nodes}
+    nodes = {n.name: n for inv in selected_services(inventory_file) for n in inv.nodes}
     with Pool([target_of(n.name, n.ssh) for n in nodes.values()], trust_new_hosts=trust_new_hosts) as pool:
         errors = pool.open()
         for name, e in errors.items():

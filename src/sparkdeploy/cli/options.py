@@ -28,6 +28,16 @@ def chosen_service() -> str | None:
     return ctx.meta.get(_SERVICE_KEY) if ctx is not None else None
 
 
+def selected_services(inventory: str | None) -> tuple:
+    """The services a command that covers several acts on: --service's, else every service of the inventory
+    (one `Inventory` each; `.service` None for an inventory without `services:`)."""
+    from sparkdeploy import inventory as inventory_mod
+    from sparkdeploy import paths
+
+    path = inventory or paths.default_inventory()
+    return (inventory_mod.load(path, chosen_service()),) if chosen_service() else inventory_mod.load_services(path)
+
+
 def sentinel_option(f):
     """`--sentinel/--no-sentinel` for the commands that put a release live (`up`, `rollback`, `vocab rollout`)."""
     return click.option("--sentinel/--no-sentinel", default=True, show_default=True,

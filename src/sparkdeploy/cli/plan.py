@@ -15,7 +15,7 @@ from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import paths
 from sparkdeploy import plan as plan_mod
 from sparkdeploy import render as render_mod
-from sparkdeploy.cli.options import chosen_service, inventory_option
+from sparkdeploy.cli.options import inventory_option, selected_services
 
 _inventory_option = inventory_option()
 _facts_option = click.option("--facts", "facts_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -24,20 +24,19 @@ _nodes_option = click.option("--nodes", type=click.IntRange(min=1), default=None
                              help="plan this many nodes: 1 = single box, or the profile's tp x pp x dp")
 
 
-def build_plans(inventory_file: str | Path | None, facts_file: Path | None, nodes: int | None,
-                service: str | None = None) -> list[plan_mod.Plan]:
-    """Load inventory (+ facts file) and plan `service`, or every service of the inventory; shared by commands
-    that need plans without touching nodes."""
-    path = inventory_file or paths.default_inventory()
-    services = [inventory_mod.load(path, service)] if service else list(inventory_mod.load_services(path))
-    given = facts_mod.load_facts_file(facts_file) if facts_file else None
-    if given:
-        unknown = sorted(set(given) - {n.name for inv in inventory_mod.load_services(path) for n in inv.nodes})
-        if unknown:
-            raise inventory_mod.InventoryError(f"node(s) {', '.join(unknown)} are not in the inventory",
-                                               file=str(facts_file), field="nodes")
-    return [plan_mod.plan(inv, {k: v for k, v in given.items() if k in {n.name for n in inv.nodes}} if given
-                          else None, nodes, git_commit=paths.git_commit(), overlays_digest=render_mod.overlays_digest())
+def build_plans(inventory_file: str | Path | None, facts_file: Path | None, nodes: int | None) -> list[plan_mod.Plan]:
+    """Load inventory (+ facts file) and plan each selected service (--service's, else every one); shared by
+    commands that need plans without touching nodes."""
+    services = selected_services(inventory_file)
+    given = facts_mod.load_facts_file(facts_file) if facts_file else {}
+    unknown = sorted(set(given) - {n.name for inv in inventory_mod.load_services(inventory_file or
+                                                                                 paths.default_inventory())
+                                   for n in inv.nodes})
+    if unknown:
+        raise inventory_mod.InventoryError(f"node(s) {', '.join(unknown)} are not in the inventory",
+                                           file=str(facts_file), field="nodes")
+    return [plan_mod.plan(inv, {n.name: given[n.name] for n in inv.nodes if n.name in given} or None, nodes,
+                          git_commit=paths.git_commit(), overlays_digest=render_mod.overlays_digest())
             for inv in services]
 
 
@@ -90,7 +89,7 @@ def format_plan(p: plan_mod.Plan) -> str:
 def plan_command(nodes: int | None, inventory_file: str | None, facts_file: Path | None, as_json: bool) -> None:
     """Show what each node will run: role, rank, commands, env, files, memory budget. Touches nothing.
     With `services:`, every service (or the one --service names)."""
-    plans = build_plans(inventory_file, facts_file, nodes, chosen_service())
+    plans = build_plans(inventory_file, facts_file, nodes)
     if as_json:
         data = plans[0].to_dict() if len(plans) == 1 else {"services": {p.service: p.to_dict() for p in plans}}
         click.echo(json.dumps(data, indent=2, sort_keys=True))
@@ -107,7 +106,7 @@ def plan_command(nodes: int | None, inventory_file: str | None, facts_file: Path
 @_facts_option
 def render_command(out_dir: Path, nodes: int | None, inventory_file: str | None, facts_file: Path | None) -> None:
     """Write every artifact (Dockerfile, env files, launch scripts, units, plan.json) under DIR."""
-    plans = build_plans(inventory_file, facts_file, nodes, chosen_service())
+    plans = build_plans(inventory_file, facts_file, nodes)
     for p in plans:
         where = out_dir / p.service if len(plans) > 1 else out_dir
         for path in render_mod.write(p, where):
