@@ -51,7 +51,7 @@ from sparkdeploy.errors import InputError
 from sparkdeploy.layout import (CURRENT_LINK, ENV_FILE, ETC_DIR, EXPORTER_CODE_DIR, EXPORTER_CONTAINER, EXPORTER_UNIT,
                                 LAUNCH_FILE, SENTINEL_RECORD, STATE_DIR, UNIT_NAME, VOCAB_CONTAINER_DIR, VOCAB_HOST_DIR,
                                 WATCHDOG_STATE)
-from sparkdeploy.plan import STOP_TIMEOUT_S, Plan
+from sparkdeploy.plan import Plan
 
 DOCKERFILE_TEMPLATE = "images/serving.Dockerfile.j2"
 ENV_TEMPLATE = "deploy/templates/engine.env.j2"
@@ -115,7 +115,7 @@ def render(plan: Plan) -> dict[str, bytes]:
     """Every artifact of `plan` as {relative path: content}; deterministic."""
     env = environment()
     common = dict(plan=plan, kit_version=plan.kit_version, current_link=CURRENT_LINK, unit_name=UNIT_NAME,
-                  stop_timeout=STOP_TIMEOUT_S, vocab_host_dir=VOCAB_HOST_DIR, vocab_container_dir=VOCAB_CONTAINER_DIR,
+                  vocab_host_dir=VOCAB_HOST_DIR, vocab_container_dir=VOCAB_CONTAINER_DIR,
                   vocab_host_file=f"{VOCAB_HOST_DIR}/current.txt")
     shortlist = plan.feature_enabled("shortlist")
     host_dir = plan.model_host_dir

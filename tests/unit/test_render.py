@@ -94,6 +94,16 @@ def test_unit_is_supervised_foreground_with_backoff_and_start_limit():
     assert "--init" in run and "--stop-timeout 30" in run
 
 
+def test_headless_rank_is_killed_after_a_short_grace_and_that_counts_as_a_stop():
+    files = render.render(GOLDEN_CASES["pair"]())
+    head = files["spark1/unit/sparkdeploy-engine.service"].decode().splitlines()
+    worker = files["spark2/unit/sparkdeploy-engine.service"].decode().splitlines()
+    assert "ExecStop=/usr/bin/docker stop --time 30 sparkdeploy-engine" in head and "SuccessExitStatus=137" not in head
+    assert "ExecStop=/usr/bin/docker stop --time 2 sparkdeploy-engine" in worker and "SuccessExitStatus=137" in worker
+    launch = files["spark2/release/launch.sh"].decode()
+    assert "--stop-timeout 2" in launch[launch.index("exec docker run"):]
+
+
 # ----------------------------------------------------------------------------------- per-node isolation
 def _env_file(data: bytes) -> dict[str, str]:
     """As docker's --env-file reads it: lines end at "\n" only (str.splitlines would also split a value at
