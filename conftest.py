@@ -1,4 +1,13 @@
-"""Fixtures shared by every test tree (tests/ and overlays/tests/)."""
+"""Fixtures, markers and groups shared by every test tree (tests/ and overlays/tests/).
+
+Every test under tests/cluster needs the simulated cluster (marker `cluster`) except test_sim_units.py, which
+is pure code and runs with the unit tests.
+
+`make test` runs two xdist workers with `--dist loadscope`. The cluster tests share one cluster and run in file
+order, so they form one scope (one worker). Every other module is a scope of its own, so a module-scoped vLLM
+server starts once. The other worker runs those beside the cluster tests, which spend much of their time
+waiting on nodes and engines.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent
 TINY_MODEL_SCRIPT = REPO / "images" / "sim-engine" / "make_tiny_models.py"
+CLUSTER_DIR = REPO / "tests" / "cluster"
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +38,30 @@ def tiny_models(tmp_path_factory):
     subprocess.run([str(python), str(TINY_MODEL_SCRIPT), "--out", str(out)], check=True, capture_output=True,
                    timeout=900)
     return out
+
+
+def _needs_cluster(path: Path) -> bool:
+    return CLUSTER_DIR in path.parents and path.name != "test_sim_units.py"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _needs_cluster(Path(str(item.fspath))):
+            item.add_marker(pytest.mark.cluster)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With --dist loadscope: one scope per module, except that the cluster modules are one scope together.
+
+    (xdist's own loadgroup cannot do this under pytest 9.2: it renames items through `_nodeid`, which pytest no
+    longer reads.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClusterModulesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "cluster" if _needs_cluster(REPO / module) else module
+
+    return ClusterModulesTogether(config, log)

