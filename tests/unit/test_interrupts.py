@@ -24,3 +24,18 @@ def test_first_signal_fails_the_command_later_ones_wait_for_its_cleanup(sig):
     assert cleaned == [True] and err.value.exit_code == 130
     assert notes[0].startswith(f"{sig.name}: stopping up") and "still putting the last good release back" in notes[1]
     assert signal.getsignal(sig) == before
+
+
+def test_a_signal_a_library_swallowed_is_still_named_in_the_outcome():
+    """paramiko, interrupted while it waits on a channel, raises its own error; the command then reports that
+    error ("ssh session lost") as the failure, and the outcome must still say a signal ended it."""
+    with interrupt_as_failure("up", lambda _: None) as signalled:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except Interrupted:
+            message = "release 9 failed (start: node1: ssh session lost: ); ROLLED BACK to release 8"
+    assert signalled.tell(message) == "up interrupted by SIGINT: " + message
+    assert signalled.tell("up interrupted by SIGINT; ROLLED BACK") == "up interrupted by SIGINT; ROLLED BACK"
+    with interrupt_as_failure("up", lambda _: None) as calm:
+        pass
+    assert calm.tell("release 9 is healthy") == "release 9 is healthy"

@@ -85,6 +85,7 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
             if sentinel and res.healthy and (res.restarted or not releases.read_sentinel(cluster.conn(cluster.head),
                                                                                          res.release)):
                 speed = speed_after_gate(cluster, res.release, _log)
+        res.message = signalled.tell(res.message)
         _print_outcomes(res.outcomes)
         done = res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes))
         style = "green" if done else "red bold"
@@ -187,11 +188,12 @@ def rollback(inventory, number, ready_timeout, trust_new_hosts, sentinel):
     speed = None
     with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log),
                       chosen_service()) as cluster, \
-            interrupt_as_failure("rollback", _log):
+            interrupt_as_failure("rollback", _log) as signalled:
         res = cluster.rollback(number)
         if sentinel and res.healthy and res.restarted:
             own = releases.read_sentinel(cluster.conn(cluster.head), res.release)
             speed = speed_after_gate(cluster, res.release, _log, against=res.release if own else None)
+    res.message = signalled.tell(res.message)
     err.print(("[green]" if res.healthy else "[red bold]") + res.message)
     print_speed(err, speed)
     raise click.exceptions.Exit(0 if res.healthy else 1)

@@ -22,6 +22,12 @@ class Signalled:
     stops instead of going on to the next)."""
 
     fired = False
+    reason = ""
+
+    def tell(self, message: str) -> str:
+        """The outcome's message, naming the signal even where a library it interrupted (paramiko waiting on
+        a channel) reported it as an error of its own ("ssh session lost")."""
+        return f"{self.reason}: {message}" if self.fired and self.reason not in message else message
 
 
 @contextmanager
@@ -34,9 +40,9 @@ def interrupt_as_failure(what: str, note: Callable[[str], None]) -> Iterator[Sig
             note(f"{name} again: still putting the last good release back; wait (Ctrl-\\ quits at once, "
                  "leaving the cluster as it is at that moment)")
             return
-        state.fired = True
+        state.fired, state.reason = True, f"{what} interrupted by {name}"
         note(f"{name}: stopping {what} and putting the last good release back")
-        raise Interrupted(f"{what} interrupted by {name}")
+        raise Interrupted(state.reason)
 
     before = {s: signal.signal(s, handler) for s in SIGNALS}
     try:

@@ -117,12 +117,13 @@ def _roll(cluster, candidate, opts, tok, what: str, sentinel: bool, as_json: boo
 
     speed = None
     try:
-        with interrupt_as_failure(what, _log):
+        with interrupt_as_failure(what, _log) as signalled:
             res = R.Rollout(cluster, candidate(cluster), opts, tok).run()
             if sentinel and res.status == "changed":
                 speed = speed_after_gate(cluster, res.release, _log)
     finally:
         cluster.close()
+    res.message = signalled.tell(res.message)
     res.sentinel = speed
     _report(res, as_json)
     print_speed(err, speed)
