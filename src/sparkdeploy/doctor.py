@@ -1,7 +1,8 @@
 """`sparkdeploy doctor`: read each node once, then judge it with the pure checks of `preflight`.
 
 The I/O is here: `examine()` connects, runs `probes.probe_argv(...)` (one fixed shell script, one SSH round
-trip per node) and the clock samples (`clock_offset`), asks the planner for each node's memory budget on the
+trip per node), the clock samples (`clock_offset`) and one TCP stream per pair of nodes over the data plane
+(`measure_bandwidth`), asks the planner for each node's memory budget on the
 measured /proc/meminfo, and hands everything to `preflight.run_checks`.
 """
 
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.memguard import memory_margin, serving_margin
 from sparkdeploy.preflight import GIB, NodeSpec, check_api_key, run_checks
-from sparkdeploy.probes import HostFacts, parse_meminfo, probe_argv
+from sparkdeploy.probes import (BANDWIDTH_PORT, HostFacts, bandwidth_receive_argv, bandwidth_send_argv, parse_bandwidth,
+                                parse_meminfo, probe_argv)
 from sparkdeploy.verdict import Result, Status, worst
 
 
@@ -46,6 +48,30 @@ def clock_offset(conn, samples: int = 3) -> tuple[float, float]:
     if best is None:
         raise ValueError("date printed no number")
     return best
+
+
+def measure_bandwidth(pool, nodes, up: list[str]) -> dict[tuple[str, str], float | str]:
+    """{(sender, receiver): Gbit/s or why not} for every pair of answering nodes, one pair at a time (pairs
+    measured together would share links and halve each other)."""
+    import itertools
+
+    by_name = {n.name: n for n in nodes}
+    wait = 20.0
+    out: dict[tuple[str, str], float | str] = {}
+    for a, b in itertools.combinations([n.name for n in nodes if n.name in up], 2):
+        src, dst = by_name[a].data_ip, by_name[b].data_ip
+        argv = {b: bandwidth_receive_argv(dst, wait), a: bandwidth_send_argv(src, dst, wait)}
+        done = pool.map(lambda c: c.run(argv[c.name], check=False, timeout=wait + 30), [a, b])
+        recv, send = done[b], done[a]
+        if isinstance(recv, Exception) or isinstance(send, Exception):
+            out[(a, b)] = str(recv if isinstance(recv, Exception) else send)
+            continue
+        try:
+            out[(a, b)] = parse_bandwidth(recv.stdout)
+        except ValueError as err:
+            tail = (recv.stderr.strip().splitlines() or send.stderr.strip().splitlines() or [str(err)])[-1]
+            out[(a, b)] = f"{dst}:{BANDWIDTH_PORT}: {tail}"
+    return out
 
 
 def planner_facts(node, hf: HostFacts):
@@ -96,6 +122,7 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
         peers = {n.name: [m.data_ip for m in inv.nodes if m.name != n.name] for n in inv.nodes}
         outs = pool.map(lambda c: c.run(probe_argv(ckpt, peers[c.name]), check=False, timeout=180), up)
         clocks = pool.map(clock_offset, up)
+        bandwidth = measure_bandwidth(pool, inv.nodes, up)
     finally:
         if own:
             pool.close()
@@ -129,7 +156,8 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
     ports = (inv.ports.api, inv.ports.master)
     results: list[Result] = []
     per_node = run_checks(specs, facts, checkpoint_bytes=checkpoint_bytes, ports=ports,
-                          clock={k: v for k, v in clocks.items() if not isinstance(v, Exception)})
+                          clock={k: v for k, v in clocks.items() if not isinstance(v, Exception)},
+                          bandwidth=bandwidth)
     for r in per_node:
         if r.check == "memory" and not facts[r.node].error:
             mem = parse_meminfo(facts[r.node].text("meminfo"))

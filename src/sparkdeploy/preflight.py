@@ -27,6 +27,11 @@ GIB = 1 << 30
 #: clock skew between nodes: above WARN is a warning, above FAIL a failure (seconds)
 CLOCK_SKEW_WARN_S = 0.5
 CLOCK_SKEW_FAIL_S = 5.0
+#: Gbit/s below which a pair's data-plane stream is judged slow. GB10 pairs: a CX-7 path carries tens of Gbit/s
+#: even in one Python stream, while the management network or a 10GbE port cannot pass 10. CPU-only (sim)
+#: nodes share a bridge, not a NIC: there only a path that barely works is judged.
+BANDWIDTH_FLOOR_GBIT_GPU = 10.0
+BANDWIDTH_FLOOR_GBIT_CPU = 1.0
 #: free space wanted under the docker root for the serving image (GB10 image ~15-20 GB; sim image ~3 GB)
 DOCKER_FREE_GPU = 25 * GIB
 DOCKER_FREE_SIM = 3 * GIB
@@ -406,6 +411,33 @@ def check_reach(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts]) -> Re
     return _r("data-plane-reach", "cluster", Status.OK, f"{good} node-to-node data-plane paths reach TCP 22")
 
 
+def check_bandwidth(specs: Sequence[NodeSpec], measured: Mapping[tuple[str, str], float | str]) -> Result:
+    """`measured`: {(sender, receiver): Gbit/s, or why the pair could not be measured}."""
+    if len(specs) < 2:
+        return _r("data-plane-bandwidth", "cluster", Status.SKIPPED, "one node: no pair to measure")
+    if not measured:
+        return _r("data-plane-bandwidth", "cluster", Status.FAILED, "no pair could be measured",
+                  "check SSH to the nodes first")
+    gpu = {s.name: s.has_gpu for s in specs}
+    seen, failed, slow = [], [], []
+    for (a, b), got in sorted(measured.items()):
+        if isinstance(got, str):
+            failed.append(f"{a} -> {b}: {got}")
+            continue
+        floor = BANDWIDTH_FLOOR_GBIT_GPU if gpu.get(a) and gpu.get(b) else BANDWIDTH_FLOOR_GBIT_CPU
+        seen.append(f"{a} -> {b} {got:.1f} Gbit/s")
+        if got < floor:
+            slow.append(f"{a} -> {b} {got:.2f} Gbit/s, below {floor:g}")
+    fix = ("the pair's traffic takes a slow or broken path: on each end check that data_ip sits on the CX-7 netdev "
+           "(`ip route get <peer data_ip>` names it), its link speed (`ethtool <netdev>`), the MTU, and that no "
+           "firewall drops TCP between the data_ips")
+    if failed:
+        return _r("data-plane-bandwidth", "cluster", Status.FAILED, "; ".join(failed + seen), fix)
+    if slow:
+        return _r("data-plane-bandwidth", "cluster", Status.WARN, "; ".join(slow), fix)
+    return _r("data-plane-bandwidth", "cluster", Status.OK, "; ".join(seen) + " (one TCP stream per pair)")
+
+
 def check_clock_skew(offsets: Mapping[str, tuple[float, float]], *, shared_kernel: bool = False) -> Result:
     """`offsets`: {node: (offset_s vs this machine, uncertainty_s = half the round trip)}."""
     if len(offsets) < 2:
@@ -427,8 +459,8 @@ def check_clock_skew(offsets: Mapping[str, tuple[float, float]], *, shared_kerne
 
 def run_checks(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts], *,
                checkpoint_bytes: int = 0, need_bytes: int = 0, reserve_bytes: int = 0,
-               ports: Iterable[int] = (), clock: Mapping[str, tuple[float, float]] | None = None
-               ) -> list[Result]:
+               ports: Iterable[int] = (), clock: Mapping[str, tuple[float, float]] | None = None,
+               bandwidth: Mapping[tuple[str, str], float | str] | None = None) -> list[Result]:
     """Every check on every node, then the checks across nodes. A node whose probe failed gets its SSH
     failure as the one result per check ("cannot judge: no SSH"), never a made-up verdict."""
     ports = tuple(ports)
@@ -450,6 +482,8 @@ def run_checks(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts], *,
                 results.append(chk(s, f))
     results.append(check_driver_match(specs, facts))
     results.append(check_reach(specs, facts))
+    if bandwidth is not None:
+        results.append(check_bandwidth(specs, bandwidth))
     if clock is not None:
         shared = all((facts.get(s.name) and facts[s.name].in_container) for s in specs)
         results.append(check_clock_skew(clock, shared_kernel=shared))

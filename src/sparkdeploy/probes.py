@@ -4,7 +4,9 @@ Nothing here touches a node. The callers run the scripts and hand the text back:
   - `probe_argv()` (doctor's full probe: sections `@@@ name` ... `@@@ rc=N`, split by `split_sections`),
     run by `doctor.examine()`;
   - `gather_argv()` (the planner's facts: `@@name` sections, split by `split_gather`), run by `gather.gather()`;
-  - `HOST_STATE_SCRIPT` (what host setup reads, in the `@@@` format), run by `hostsetup.read_state()`.
+  - `HOST_STATE_SCRIPT` (what host setup reads, in the `@@@` format), run by `hostsetup.read_state()`;
+  - `bandwidth_receive_argv()` / `bandwidth_send_argv()` (one pair's TCP stream over the data plane, read by
+    `parse_bandwidth`), run by `doctor.measure_bandwidth()`.
 
 One parser per fact, shared by all three: `parse_meminfo` (/proc/meminfo), `parse_ip_link` / `parse_ip_addr`
 (`ip -o link` / `ip -o -4 addr`), `parse_ip_addr_json` (`ip -j addr`), `parse_rdma` (the probe's port/GID
@@ -107,6 +109,73 @@ SECTIONS: dict[str, str] = {
         "PY"
     ),
 }
+
+
+# ------------------------------------------------------------------------------------ pairwise bandwidth
+#: TCP port of doctor's bandwidth measurement, on the receiving node's data_ip, only while doctor runs.
+BANDWIDTH_PORT = 29481
+#: How long each sender streams. One second tells a CX-7 path (tens of Gbit/s even from one Python stream)
+#: from a pair whose traffic takes the management network or a 10GbE port.
+BANDWIDTH_SECONDS = 1.0
+_BANDWIDTH_RECEIVE = """
+import socket, sys, time
+ip, port, wait = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((ip, port))
+srv.listen(1)
+srv.settimeout(wait)
+conn, peer = srv.accept()
+buf, n, t0 = bytearray(1 << 20), 0, None
+while True:
+    k = conn.recv_into(buf)
+    if not k:
+        break
+    t0 = t0 or time.monotonic()
+    n += k
+print("received", n, time.monotonic() - t0 if t0 else 0.0, peer[0])
+"""
+_BANDWIDTH_SEND = """
+import socket, sys, time
+src, dst, port, seconds, wait = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+give_up = time.monotonic() + wait
+while True:
+    try:
+        s = socket.create_connection((dst, port), timeout=5, source_address=(src, 0))
+        break
+    except ConnectionRefusedError:
+        if time.monotonic() > give_up:
+            raise
+        time.sleep(0.05)
+buf, n, end = bytes(4 << 20), 0, time.monotonic() + seconds
+while time.monotonic() < end:
+    s.sendall(buf)
+    n += len(buf)
+s.shutdown(socket.SHUT_WR)
+s.recv(1)
+print("sent", n)
+"""
+
+
+def bandwidth_receive_argv(data_ip: str, wait_s: float) -> list[str]:
+    return ["python3", "-c", _BANDWIDTH_RECEIVE, data_ip, str(BANDWIDTH_PORT), str(wait_s)]
+
+
+def bandwidth_send_argv(src_ip: str, dst_ip: str, wait_s: float) -> list[str]:
+    return ["python3", "-c", _BANDWIDTH_SEND, src_ip, dst_ip, str(BANDWIDTH_PORT), str(BANDWIDTH_SECONDS),
+            str(wait_s)]
+
+
+def parse_bandwidth(received: str) -> float:
+    """Gbit/s from the receiver's `received BYTES SECONDS PEER` line; ValueError if there is none."""
+    for line in received.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == "received":
+            n, seconds = int(parts[1]), float(parts[2])
+            if n == 0 or seconds <= 0:
+                raise ValueError("no bytes arrived")
+            return n * 8 / seconds / 1e9
+    raise ValueError("the receiver printed no result")
 
 
 def probe_script(sections: Mapping[str, str] = SECTIONS) -> str:

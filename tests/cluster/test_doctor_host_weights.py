@@ -108,7 +108,7 @@ def test_doctor_baseline_is_honest(nodes, host_setup_runs, capsys):
     checks = {c for _, c in res}
     assert checks == {"ssh", "gpu", "kernel-modules", "roce-twins", "mtu", "roce-gid", "earlyoom", "sshd-oom", "disk",
                       "docker", "gpu-processes", "stale-units", "memory", "timesync", "driver-match",
-                      "data-plane-reach", "clock-skew", "api-key"}
+                      "data-plane-reach", "data-plane-bandwidth", "clock-skew", "api-key"}
     assert res[("cluster", "api-key")]["status"] == "ok"  # the sim inventory names a 0600 key, as users should
     for node in ("node1", "node2"):
         for check in ("gpu", "gpu-processes", "roce-twins", "roce-gid"):
@@ -119,6 +119,7 @@ def test_doctor_baseline_is_honest(nodes, host_setup_runs, capsys):
         assert res[(node, "mtu")]["status"] == "ok" and "mtu 9000" in res[(node, "mtu")]["reason"]
         assert res[(node, "earlyoom")]["status"] == "ok"
     assert res[("cluster", "data-plane-reach")]["status"] == "ok"
+    assert "node1 -> node2" in res[("cluster", "data-plane-bandwidth")]["reason"]
     assert "by construction" in res[("cluster", "clock-skew")]["reason"]
 
 
@@ -149,6 +150,20 @@ def test_doctor_planted_problem_turns_exactly_that_check_red(nodes, host_setup_r
     assert rc == 1, {k: (r["status"], r["reason"]) for k, r in res.items() if k[0] == node}
     assert red(res) == {(node, check)}, {k: res[k]["reason"] for k in red(res)}
     assert res[(node, check)]["status"] == "failed" and fix in res[(node, check)]["fix"]
+
+
+def test_doctor_names_a_slow_data_plane_pair(nodes, host_setup_runs, capsys):
+    """node1's data-plane port held to 100 Mbit/s (tc tbf on its egress, the direction node1 -> node2 streams):
+    only the pair's bandwidth turns red, with the figure."""
+    nodes.sh("node1", "tc qdisc add dev eth0 root tbf rate 100mbit burst 64kb latency 50ms")
+    try:
+        rc, res = doctor_run(capsys, nodes)
+    finally:
+        nodes.sh("node1", "tc qdisc del dev eth0 root", check=False)
+    assert red(res) == {("cluster", "data-plane-bandwidth")}, {k: res[k]["reason"] for k in red(res)}
+    slow = res[("cluster", "data-plane-bandwidth")]
+    assert slow["status"] == "warn" and "node1 -> node2 0." in slow["reason"] and "below 1" in slow["reason"]
+    assert "ip route get" in slow["fix"] and rc == 0
 
 
 def test_doctor_driver_mismatch_from_facts_file(nodes, host_setup_runs, capsys, tmp_path):

@@ -190,6 +190,43 @@ def test_reach_and_clock():
     assert "by construction" in pf.check_clock_skew({"a": (0, 0), "b": (0, 0)}, shared_kernel=True).reason
 
 
+
+def test_bandwidth_is_measured_per_pair_on_the_data_ips():
+    """The real scripts, run through local connections: one TCP stream per pair, from the sender's data_ip to
+    a receiver bound on the other's (127.0.0.x are all this machine's)."""
+    from types import SimpleNamespace
+
+    from sparkdeploy.connection import Target
+    from sparkdeploy.remote import Pool
+
+    nodes = [SimpleNamespace(name=f"n{i}", data_ip=f"127.0.0.{i}") for i in (1, 2, 3)]
+    pool = Pool([Target(n.name, "localhost", local=True) for n in nodes])
+    pool.open()
+    got = d.measure_bandwidth(pool, nodes, ["n1", "n2", "n3"])
+    assert set(got) == {("n1", "n2"), ("n1", "n3"), ("n2", "n3")}, got
+    assert all(isinstance(v, float) and v > 0 for v in got.values()), got
+    # a node that does not answer is left out of every pair, not measured as zero
+    assert set(d.measure_bandwidth(pool, nodes, ["n1", "n3"])) == {("n1", "n3")}
+
+
+def test_bandwidth_verdicts():
+    gpu = [SPEC, NodeSpec("spark2", "192.168.177.12", "enp1s0f1np1")]
+    sim = [NodeSpec(n, ip, "eth0", (), False) for n, ip in (("node1", "172.30.0.11"), ("node2", "172.30.0.12"))]
+    ok = pf.check_bandwidth(gpu, {("spark1", "spark2"): 38.5})
+    assert ok.status is Status.OK and "spark1 -> spark2 38.5 Gbit/s" in ok.reason
+    slow = pf.check_bandwidth(gpu, {("spark1", "spark2"): 9.4})  # a 10GbE port, not the CX-7
+    assert slow.status is Status.WARN and "below 10" in slow.reason and "ip route get" in slow.fix
+    assert pf.check_bandwidth(sim, {("node1", "node2"): 3.0}).status is Status.OK  # a bridge, judged only if broken
+    assert pf.check_bandwidth(sim, {("node1", "node2"): 0.05}).status is Status.WARN
+    broken = pf.check_bandwidth(sim, {("node1", "node2"): "172.30.0.12:29481: ConnectionRefusedError"})
+    assert broken.status is Status.FAILED and "node1 -> node2: 172.30.0.12:29481" in broken.reason
+    assert pf.check_bandwidth(sim[:1], {}).status is Status.SKIPPED
+    assert pf.check_bandwidth(sim, {}).status is Status.FAILED
+    assert probes.parse_bandwidth("received 1250000000 1.0 172.30.0.11\n") == pytest.approx(10.0)
+    with pytest.raises(ValueError):
+        probes.parse_bandwidth("Traceback ...\nOSError: [Errno 99] Cannot assign requested address")
+
+
 def test_units_ignore_pids_that_look_like_ports():
     text = ("Id=web.service\nExecStart={ path=/usr/bin/nginx ; argv[]=/usr/bin/nginx -g daemon off; ; "
             "ignore_errors=no ; start_time=[n/a] ; pid=8000 ; code=(null) ; status=0/0 }\n")
@@ -245,7 +282,8 @@ def test_examine_end_to_end_on_local_connections():
     by = {(r.node, r.check): r for r in exam.results}
     names = [c.__name__[6:].replace("_", "-") for c in pf.NODE_CHECKS]
     assert all((n.name, c) in by for n in inv.nodes for c in names)
-    assert {("cluster", "driver-match"), ("cluster", "data-plane-reach"), ("cluster", "clock-skew")} <= set(by)
+    assert {("cluster", "driver-match"), ("cluster", "data-plane-reach"), ("cluster", "clock-skew"),
+            ("cluster", "data-plane-bandwidth")} <= set(by)
     mem = by[("node1", "memory")]
     assert "reserve 4.0" in mem.reason or "reserve_gib" in mem.reason  # the plan's budget, not a local guess
     assert json.loads(json.dumps(exam.to_dict()))["status"] in ("ok", "warn", "failed")
