@@ -39,3 +39,23 @@ def test_a_signal_a_library_swallowed_is_still_named_in_the_outcome():
     with interrupt_as_failure("up", lambda _: None) as calm:
         pass
     assert calm.tell("release 9 is healthy") == "release 9 is healthy"
+
+
+def test_a_signal_inside_library_code_is_raised_once_the_main_thread_is_back_in_ours():
+    """Raised inside a library the failure can leave a lock held (logging's module lock: every later log line
+    of every thread then deadlocks, as `up` once did after a SIGINT). The signal lands while the main thread is
+    deep in pure-Python stdlib code (textwrap); the failure must surface in our own frame, never in textwrap's."""
+    import textwrap
+    import threading
+    import traceback
+
+    from sparkdeploy.cli.interrupts import _LIBRARIES
+
+    text = "word " * 60_000
+    with pytest.raises(Interrupted) as err:
+        with interrupt_as_failure("up", lambda _: None):
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+            for _ in range(100):
+                textwrap.fill(text, width=7)  # ~0.1 s a call, nearly all of it inside textwrap
+    raised_in = traceback.extract_tb(err.value.__traceback__)[-1].filename
+    assert not os.path.abspath(raised_in).startswith(_LIBRARIES), raised_in
