@@ -2,12 +2,13 @@
 
 The I/O is here: `examine()` connects, runs `probes.probe_argv(...)` (one fixed shell script, one SSH round
 trip per node), the clock samples (`clock_offset`) and one TCP stream per pair of nodes over the data plane
-(`measure_bandwidth`), asks the planner for each node's memory budget on the
-measured /proc/meminfo, and hands everything to `preflight.run_checks`.
+(`measure_bandwidth`), asks the planner for each node's memory budget on the measured /proc/meminfo, and
+hands everything to `preflight.run_checks`.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -53,10 +54,8 @@ def clock_offset(conn, samples: int = 3) -> tuple[float, float]:
 def measure_bandwidth(pool, nodes, up: list[str]) -> dict[tuple[str, str], float | str]:
     """{(sender, receiver): Gbit/s or why not} for every pair of answering nodes, one pair at a time (pairs
     measured together would share links and halve each other)."""
-    import itertools
-
     by_name = {n.name: n for n in nodes}
-    wait = 20.0
+    wait = 20.0  # for the receiver to be listening, and for the sender to connect
     out: dict[tuple[str, str], float | str] = {}
     for a, b in itertools.combinations([n.name for n in nodes if n.name in up], 2):
         src, dst = by_name[a].data_ip, by_name[b].data_ip

@@ -49,6 +49,8 @@ HEADLESS_STOP_TIMEOUT_S = 2
 def stop_timeout_s(role: str) -> int:
     """The grace `docker stop` gives a rank before it kills it: the head's API server drains; a worker's none."""
     return STOP_TIMEOUT_S if role == "head" else HEADLESS_STOP_TIMEOUT_S
+
+
 _RELEASE_PLACEHOLDER = "@RELEASE@"
 
 CACHE_MOUNTS = (("huggingface", "/root/.cache/huggingface"), ("vllm", "/root/.cache/vllm"),

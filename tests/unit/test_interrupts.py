@@ -2,10 +2,14 @@
 
 import os
 import signal
+import textwrap
+import threading
 import time
+import traceback
 
 import pytest
 
+from sparkdeploy.cli import interrupts
 from sparkdeploy.cli.interrupts import interrupt_as_failure
 from sparkdeploy.errors import Interrupted
 
@@ -46,13 +50,6 @@ def test_a_signal_inside_library_code_is_raised_once_the_main_thread_is_back_in_
     """Raised inside a library the failure can leave a lock held (logging's module lock: every later log line
     of every thread then deadlocks, as `up` once did after a SIGINT). The signal lands while the main thread is
     deep in pure-Python stdlib code (textwrap); the failure must surface in our own frame, never in textwrap's."""
-    import textwrap
-    import threading
-    import traceback
-
-    from sparkdeploy.cli import interrupts
-    from sparkdeploy.cli.interrupts import _LIBRARIES
-
     text = "word " * 60_000
     with pytest.raises(Interrupted) as err:
         with interrupt_as_failure("up", lambda _: None):
@@ -62,4 +59,4 @@ def test_a_signal_inside_library_code_is_raised_once_the_main_thread_is_back_in_
                 time.sleep(0.01)  # then our own code, where the put-off signal may be raised
     raised_in = [f.filename for f in traceback.extract_tb(err.value.__traceback__)
                  if os.path.abspath(f.filename) != os.path.abspath(interrupts.__file__)][-1]  # the frame the handler ran on top of
-    assert not os.path.abspath(raised_in).startswith(_LIBRARIES), raised_in
+    assert not os.path.abspath(raised_in).startswith(interrupts._LIBRARIES), raised_in

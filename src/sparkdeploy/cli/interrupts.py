@@ -6,8 +6,8 @@ again). It is raised only where the main thread runs our own code, or waits on a
 called. Raised inside a library (the stdlib or site-packages: logging between taking and releasing its module
 lock, paramiko mid-channel) it can leave a lock held, and every thread that logs afterwards deadlocks (seen:
 `up` hung after a SIGINT). There it is put off, and asked again every 20 ms (SIGALRM) until the main thread
-is back in our code or in a wait. Later signals are refused with a note until the command has put things back; SIGQUIT
-(Ctrl-\\) and SIGKILL still end it at once, at the user's choice.
+is back in our code or in a wait. Later signals are refused with a note until the command has put things
+back; SIGQUIT (Ctrl-\\) and SIGKILL still end it at once, at the user's choice.
 """
 
 from __future__ import annotations
@@ -29,17 +29,13 @@ _THREADING = os.path.abspath(threading.__file__)
 _FUTURES = os.path.dirname(os.path.abspath(concurrent.futures.__file__))
 
 
-def _in_library(frame) -> bool:
-    return os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARIES)
-
-
 def safe_to_raise(frame) -> bool:
     """Our own code is running, or only thread-primitive waits (threading, concurrent.futures) that our code
     called: raised there, the exception unwinds through `with` and `finally` only."""
     while frame is not None:
-        if not _in_library(frame):
-            return True
         path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_LIBRARIES):
+            return True
         if not (path == _THREADING or path.startswith(_FUTURES + os.sep)):
             return False
         frame = frame.f_back
@@ -54,8 +50,8 @@ class Signalled:
     reason = ""
 
     def tell(self, message: str) -> str:
-        """The outcome's message, naming the signal even where a library it interrupted (paramiko waiting on
-        a channel) reported it as an error of its own ("ssh session lost")."""
+        """The outcome's message, naming the signal even where the failure it raised reached the report
+        reworded as another error (CI once read "start: node1: ssh session lost" after a SIGINT)."""
         return f"{self.reason}: {message}" if self.fired and self.reason not in message else message
 
 
