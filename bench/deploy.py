@@ -6,9 +6,11 @@
                (1.0 = perfectly parallel, 2.0 = serial)
   layers       (--layers [--first-deploy]; the latter wipes the nodes' serving images and the head's registry)
                `up` side by side: (a) first deploy, (b) overlays-only change, (c) draft-list-only change, (d) nothing
-               changed: wall time, bytes each node received during the whole `up` and during the image step
-               (interface counters), the compressed bytes of the layers that changed (head registry's
-               manifests) and image-step bytes / changed-layer bytes per node. Overlays are a frozen copy
+               changed: wall time, bytes each node received during the whole `up` (interface counters: all
+               traffic, serving ranks and SSH too), the image bytes each node was sent in the image step
+               (the head registry's access log, and the SSH tunnel for a push from this machine), the
+               compressed bytes of the layers that changed (head registry's manifests) and image bytes /
+               changed-layer bytes per node. Overlays are a frozen copy
                (SPARKDEPLOY_ROOT), so edits in the checkout do not leak into the figures.
   reboot       (sim only, --sim-name) time to healthy after a double reboot (from `docker restart` of both
                nodes to the first answered completion) vs the engine's own start time after that reboot (from
@@ -38,7 +40,6 @@ from sparkdeploy import layout
 from sparkdeploy import health  # noqa: E402
 from sparkdeploy import inventory as I  # noqa: E402
 from sparkdeploy import registry  # noqa: E402
-from sparkdeploy.steps import image as img  # noqa: E402
 from sparkdeploy.steps import supervise  # noqa: E402
 from sparkdeploy.steps.deploy import Cluster, Options  # noqa: E402
 
@@ -105,6 +106,13 @@ def wipe_images(inv) -> None:
         c.close()
 
 
+def rx_bytes(conn) -> int:
+    """Bytes received so far on the node's network interfaces (loopback and container bridges excluded)."""
+    res = conn.query(["sh", "-c", "for d in /sys/class/net/*; do n=${d##*/}; case $n in lo|docker*|veth*|br-*) ;; "
+                                "*) cat $d/statistics/rx_bytes;; esac; done"], check=False)
+    return sum(int(x) for x in res.stdout.split() if x.isdigit())
+
+
 def measured_up(inv) -> dict:
     """One `up`: wall, bytes each node received (whole up / image step), and the layers new to the registry."""
     c = Cluster(inv, Options(ready_timeout=900))
@@ -115,11 +123,11 @@ def measured_up(inv) -> dict:
         for tag in head.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", inv.image.repository],
                             check=False).stdout.split():
             old_layers |= set(registry.layer_sizes(head, tag))
-        rx0 = {n.name: img.rx_bytes(c.conn(n.name)) for n in inv.nodes}
+        rx0 = {n.name: rx_bytes(c.conn(n.name)) for n in inv.nodes}
         t0 = time.monotonic()
         res = c.up()
         wall = time.monotonic() - t0
-        rx1 = {n.name: img.rx_bytes(c.conn(n.name)) for n in inv.nodes}
+        rx1 = {n.name: rx_bytes(c.conn(n.name)) for n in inv.nodes}
         new = registry.layer_sizes(head, c.plan.image.tag)
         changed = sum(size for digest, size in new.items() if digest not in old_layers)
         image_rx, image_s = dict(getattr(c, "image_received", {})), getattr(c, "image_seconds", 0.0)
@@ -169,8 +177,9 @@ def print_layers(rows: dict) -> None:
         ratio = "/".join(str(v) for v in r["ratio"].values()) if r["ratio"] else "-"
         print(f"{name:<15}{r['wall_s']:>8}{r['image_step_s']:>9}{up:>22}{im:>22}"
               f"{r['changed_layer_bytes'] / mb:>12.2f}{ratio:>16}", file=sys.stderr)
-    print("(per node: head/worker; recv = bytes received on the node's interfaces; changed = compressed bytes of "
-          "the layers new to the head's registry)", file=sys.stderr)
+    print("(per node: head/worker; recv (up) = bytes received on the node's interfaces during the whole up; "
+          "recv (image) = image bytes sent to the node, by the registry's log and the SSH tunnel; changed = "
+          "compressed bytes of the layers new to the head's registry)", file=sys.stderr)
 
 
 def _started(conn, name: str) -> float | None:

@@ -20,9 +20,11 @@ import contextlib
 import datetime
 import ipaddress
 import json
+import re
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Iterator
 
 from sparkdeploy.errors import RemoteError
@@ -193,6 +195,34 @@ def holds(head: Conn, image_tag: str, image_id: str) -> bool:
     return bool(man) and man.get("config", {}).get("digest") == image_id
 
 
+# The registry's access log (combined log format): `IP - - [time] "METHOD URI PROTO" STATUS BYTES ...`
+ACCESS_LINE = re.compile(r'^(\S+) \S+ \S+ \[[^\]]*\] "[A-Z]+ [^"]*" \d{3} (\d+)')
+
+
+def log_cursor(head: Conn) -> str | None:
+    """Where the registry's journal ends now (None: it has no entries yet), for `bytes_sent` to read on from."""
+    res = head.query(["journalctl", "-u", UNIT_NAME, "-n", "0", "--show-cursor", "-o", "cat"], check=False)
+    return next((line.split(":", 1)[1].strip() for line in res.stdout.splitlines()
+                 if line.startswith("-- cursor:")), None)
+
+
+def bytes_sent(head: Conn, cursor: str | None) -> dict[str, int]:
+    """{client address: response bytes} the registry logged after `cursor`: the layers and manifests it sent
+    each node, whatever else crossed the node's links meanwhile (serving ranks, SSH, API traffic)."""
+    head.query(["journalctl", "--sync"], check=False)  # entries the registry has written are readable
+    argv = ["journalctl", "-u", UNIT_NAME, "-o", "cat", "--no-pager"] + ([f"--after-cursor={cursor}"] if cursor else [])
+    return sent_by_client(head.query(argv, check=False, timeout=60).stdout)
+
+
+def sent_by_client(log: str) -> dict[str, int]:
+    """{client address: response bytes} summed over the access-log lines of `log` (other lines are skipped)."""
+    sent: dict[str, int] = {}
+    for line in log.splitlines():
+        if m := ACCESS_LINE.match(line):
+            sent[m[1]] = sent.get(m[1], 0) + int(m[2])
+    return sent
+
+
 def layer_sizes(head: Conn, image_tag: str) -> dict[str, int]:
     """{layer digest: compressed bytes} of `image_tag` in the registry (what a pull moves per missing layer)."""
     repository, tag = image_tag.rsplit(":", 1)
@@ -218,8 +248,14 @@ def collect(head: Conn, repository: str, keep_tags: set[str]) -> list[str]:
     return drop
 
 
+@dataclass
+class Tunnel:
+    port: int  # on 127.0.0.1 here
+    sent: int = 0  # bytes sent through it to the far end (what the SSH server's node received, less SSH framing)
+
+
 @contextlib.contextmanager
-def tunnel(conn: Conn, host: str, port: int) -> Iterator[int]:
+def tunnel(conn: Conn, host: str, port: int) -> Iterator[Tunnel]:
     """A loopback port on this machine forwarded through `conn`'s SSH session to host:port (as `ssh -L`).
 
     Used to push an image built on this machine into the head's registry: the registry listens on the data
@@ -230,6 +266,7 @@ def tunnel(conn: Conn, host: str, port: int) -> Iterator[int]:
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
     stop = threading.Event()
+    opened, counting = Tunnel(listener.getsockname()[1]), threading.Lock()
 
     def pump(src, dst):
         """Copy one direction; when it ends, close both ends (never a half-close: paramiko can send the EOF
@@ -237,6 +274,9 @@ def tunnel(conn: Conn, host: str, port: int) -> Iterator[int]:
         try:
             while chunk := src.recv(1 << 16):
                 dst.sendall(chunk)
+                if not isinstance(dst, socket.socket):  # into the SSH channel
+                    with counting:
+                        opened.sent += len(chunk)
         except OSError:
             pass
         for end in (src, dst):
@@ -261,7 +301,7 @@ def tunnel(conn: Conn, host: str, port: int) -> Iterator[int]:
 
     threading.Thread(target=serve, daemon=True).start()
     try:
-        yield listener.getsockname()[1]
+        yield opened
     finally:
         stop.set()
         listener.close()

@@ -80,3 +80,23 @@ def test_registry_collect_untags_what_no_kept_release_names_then_frees_the_blobs
         assert registry.collect(head, "sparkdeploy/serving", keep | {"sparkdeploy/serving:0.33.0-bbb"}) == []
     assert made == []  # nothing to drop: the registry is not stopped
     assert (tags / "0.33.0-bbb").is_dir()  # the dry run removed nothing
+
+
+# Lines as the sim head's registry (Debian docker-registry 2.8.2) wrote them to its journal during a pull; the
+# logfmt line is its error log, which counts nothing.
+REGISTRY_LOG = '''\
+172.30.174.11 - - [03/Dec/2026:22:43:08 +0000] "HEAD /v2/sparkdeploy/serving-sim/blobs/sha256:4e34 HTTP/1.1" 200 0 "" "docker/20.10.24+dfsg1"
+time="2026-12-03T22:43:08.786845422Z" level=error msg="response completed with error" err.code="blob unknown" http.request.method=HEAD http.request.remoteaddr="172.30.174.11:44078" http.response.status=404 http.response.written=157
+172.30.174.11 - - [03/Dec/2026:22:43:08 +0000] "HEAD /v2/sparkdeploy/serving-sim/blobs/sha256:e796 HTTP/1.1" 404 157 "" "docker/20.10.24+dfsg1"
+172.30.174.12 - - [03/Dec/2026:22:43:09 +0000] "GET /v2/ HTTP/1.1" 200 2 "" "docker/20.10.24+dfsg1"
+172.30.174.12 - - [03/Dec/2026:22:43:09 +0000] "GET /v2/sparkdeploy/serving-sim/manifests/sha256:18e1 HTTP/1.1" 200 2201 "" "docker/20.10.24+dfsg1"
+172.30.174.12 - - [03/Dec/2026:22:43:09 +0000] "GET /v2/sparkdeploy/serving-sim/blobs/sha256:a39c HTTP/1.1" 200 123164 "" "docker/20.10.24+dfsg1"
+172.30.174.12 - - [03/Dec/2026:22:43:09 +0000] "GET /v2/sparkdeploy/serving-sim/blobs/sha256:4e34 HTTP/1.1" 200 29707 "" "docker/20.10.24+dfsg1"
+'''
+
+
+def test_registry_log_gives_the_bytes_sent_to_each_client():
+    from sparkdeploy import registry
+
+    assert registry.sent_by_client(REGISTRY_LOG) == {"172.30.174.11": 157, "172.30.174.12": 2 + 2201 + 123164 + 29707}
+    assert registry.sent_by_client("-- No entries --\n") == {}

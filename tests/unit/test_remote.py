@@ -218,10 +218,11 @@ def test_registry_tunnel_survives_many_connections_the_server_closes_first(ssh):
             return got
 
     try:
-        with registry.tunnel(ssh, "127.0.0.1", server.getsockname()[1]) as port:
+        with registry.tunnel(ssh, "127.0.0.1", server.getsockname()[1]) as opened:
             with ThreadPoolExecutor(8) as pool:
-                answers = list(pool.map(one, [(i, port) for i in range(120)]))
+                answers = list(pool.map(one, [(i, opened.port) for i in range(120)]))
         assert answers == [b"hello\n"] * 120
+        assert opened.sent == 60 * len(b"hi\n")  # what the far end received: the 60 talkers' greetings
         assert ssh.run(["echo", "still connected"]).stdout.strip() == "still connected"
     finally:
         server.close()

@@ -75,19 +75,24 @@ def push(conn: Conn, tag: str, registry_addr: str) -> None:
                           node=conn.name)
 
 
-def push_through_tunnel(cl, local: Conn, tag: str, data_ip: str, attempts: int = 3) -> None:
+def push_through_tunnel(cl, local: Conn, tag: str, data_ip: str, attempts: int = 3) -> int:
     """Push from this machine into the head's registry through an SSH tunnel, over a fresh connection on a retry.
+    Returns the bytes sent through the tunnel (all tries).
 
     A dropped SSH session (seen on a loaded host: OpenSSH ends the whole session on a packet for a channel it
     has freed) ends the push with EOF; the registry keeps the layers that arrived, so a retry sends the rest."""
     if dry():  # the tunnel's local port is chosen when it opens
         push(local, tag, f"127.0.0.1:<tunnel to {data_ip}:{registry.PORT}>")
-        return
+        return 0
+    sent = 0
     for attempt in range(1, attempts + 1):
         try:
-            with registry.tunnel(cl.conn(cl.head), data_ip, registry.PORT) as port:
-                push(local, tag, f"127.0.0.1:{port}")
-            return
+            with registry.tunnel(cl.conn(cl.head), data_ip, registry.PORT) as opened:
+                try:
+                    push(local, tag, f"127.0.0.1:{opened.port}")
+                finally:
+                    sent += opened.sent
+            return sent
         except RemoteError as err:
             if attempt == attempts:
                 raise
@@ -116,20 +121,12 @@ def pull(conn: Conn, tag: str, registry_addr: str, want_id: str) -> None:
                           node=conn.name)
 
 
-def rx_bytes(conn: Conn) -> int:
-    """Bytes received so far on the node's network interfaces (loopback and container bridges excluded):
-    what any delivery, of any protocol, cost the node."""
-    res = conn.query(["sh", "-c", "for d in /sys/class/net/*; do n=${d##*/}; case $n in lo|docker*|veth*|br-*) ;; "
-                                "*) cat $d/statistics/rx_bytes;; esac; done"], check=False)
-    return sum(int(x) for x in res.stdout.split() if x.isdigit())
-
-
 def converge(cl, out: list) -> str | None:
     """The image step of `up` for a `Cluster` `cl`: every node of the plan holds plan.image.tag, and so does the
     head's registry (the source of the next delivery's missing layers). Returns the image ID (None: dry run
     with nothing built yet). A dry run goes the same way under `connection.recording(dry=True)`, so each node's
     outcome lists the exact docker commands and registry files the real step makes. Sets cl.image_received:
-    bytes each node received while the image was delivered, and cl.image_seconds: the step's wall time."""
+    the image bytes each node was sent (`_deliver`), and cl.image_seconds: the step's wall time."""
     from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD, Outcome, StepFailed
 
     tag, head, names = cl.plan.image.tag, cl.head, cl.names
@@ -197,8 +194,8 @@ def _deliver(cl, want: str | None, source: str | None, local: Conn | None,
     ca, _ = registry.ensure(hc, data_ip, cl.log)
     trusted = cl.pool.map(lambda c: registry.trust(c, addr, ca), names)
     done.update({n: r for n, r in trusted.items() if isinstance(r, Exception)})
-    before = cl.pool.map(rx_bytes, names)
-    t1 = time.monotonic()
+    cursor = None if dry() else registry.log_cursor(hc)
+    tunneled, t1 = 0, time.monotonic()
     if want is None or not registry.holds(hc, tag, want):
         how = ("from its engine into its registry (no wire)" if source == head else
                f"from {source} into the registry at {addr} (data plane)" if source else
@@ -209,17 +206,15 @@ def _deliver(cl, want: str | None, source: str | None, local: Conn | None,
         if source:
             push(cl.conn(source), tag, addr)
         else:
-            push_through_tunnel(cl, local, tag, data_ip)
+            tunneled = push_through_tunnel(cl, local, tag, data_ip)
         done.setdefault(head, [f"pushed {how}"])
         done[head] = done[head] + [f"push {tag} into {addr}"]
     if lacking and not dry():
         cl.log(f"{', '.join(lacking)}: pulling {tag} from {addr} (only the layers each lacks)")
     pulled = cl.pool.map(lambda c: pull(c, tag, addr, want), lacking)
     dt = time.monotonic() - t1
-    after = cl.pool.map(rx_bytes, names)
-    for n in names:
-        if isinstance(before.get(n), int) and isinstance(after.get(n), int):
-            cl.image_received[n] = after[n] - before[n]
+    if not dry():
+        cl.image_received = image_bytes_sent(cl, registry.bytes_sent(hc, cursor), tunneled, source)
     for n, r in pulled.items():
         if isinstance(r, Exception):
             done[n] = r
@@ -229,6 +224,20 @@ def _deliver(cl, want: str | None, source: str | None, local: Conn | None,
             done[n] = (done[n] + pull_line if isinstance(done.get(n), list) else
                        [f"pulled from {addr}: {got / 1e6:.1f} MB received in {dt:.1f} s"] + pull_line)
     return want, done
+
+
+def image_bytes_sent(cl, by_address: dict[str, int], tunneled: int, source: str | None) -> dict[str, int]:
+    """{node: image bytes it was sent}: what the head's registry logged sending to the node's addresses (the
+    head's own pulls and pushes stay on the host), and for the head what came through the SSH tunnel. Counted
+    at the registry and the tunnel, not on the node's links, where serving traffic and SSH share the count;
+    TLS, SSH and TCP framing add a few percent on the wire."""
+    head = cl.head
+    sent = {}
+    for n in cl.names:
+        node = cl.plan.node(n)
+        mine = {node.data_ip, node.ssh.host} if n != head else set()
+        sent[n] = sum(b for addr, b in by_address.items() if addr in mine) + (tunneled if n == head else 0)
+    return sent
 
 
 def choose_builder(conns: dict[str, Conn], head: str, base: str, local_factory: Callable[[], Conn]) -> Conn:
