@@ -12,6 +12,8 @@
                compressed bytes of the layers that changed (head registry's manifests) and image bytes /
                changed-layer bytes per node. Overlays are a frozen copy
                (SPARKDEPLOY_ROOT), so edits in the checkout do not leak into the figures.
+  services     (an inventory with several services: the only figure) the read-and-diff steps of every service
+               side by side (`up --dry-run`) vs one service on 1 node: wall(all)/wall(1), e.g. 4 nodes vs 1
   reboot       (sim only, --sim-name) time to healthy after a double reboot (from `docker restart` of both
                nodes to the first answered completion) vs the engine's own start time after that reboot (from
                the later rank container's start to the first completion): both and the ratio
@@ -41,7 +43,7 @@ from sparkdeploy import health  # noqa: E402
 from sparkdeploy import inventory as I  # noqa: E402
 from sparkdeploy import registry  # noqa: E402
 from sparkdeploy.steps import supervise  # noqa: E402
-from sparkdeploy.steps.deploy import Cluster, Options  # noqa: E402
+from sparkdeploy.steps.deploy import Cluster, Options, dry_run_services  # noqa: E402
 
 
 def timed_up(inv, **kw) -> tuple[float, object]:
@@ -74,6 +76,23 @@ def parallel(inv, repeats: int) -> dict:
     two = statistics.median(steps_time(2) for _ in range(repeats))
     one = statistics.median(steps_time(1) for _ in range(repeats))
     return {"wall_2_nodes_s": round(two, 2), "wall_1_node_s": round(one, 2), "ratio": round(two / one, 2)}
+
+
+def services_side_by_side(inv_path: str, repeats: int) -> dict:
+    """The read+diff steps (`up --dry-run`) of every service at once vs one service on one node, timed alike."""
+    names = [v.service for v in I.load_services(inv_path)]
+    nodes = sum(len(v.nodes) for v in I.load_services(inv_path))
+
+    def wall(opts: Options, which: list) -> float:
+        t0 = time.monotonic()
+        dry_run_services(inv_path, opts, which)
+        return time.monotonic() - t0
+
+    wall(Options(), names)
+    every = statistics.median(wall(Options(), names) for _ in range(repeats))
+    one = statistics.median(wall(Options(nodes=1), names[:1]) for _ in range(repeats))
+    return {"services": len(names), "nodes": nodes, "wall_all_s": round(every, 2), "wall_1_node_s": round(one, 2),
+            "ratio": round(every / one, 2)}
 
 
 def frozen_root(tmp: Path) -> Path:
@@ -239,8 +258,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
-    inv = I.load(a.inventory)
     out: dict = {}
+    if len(I.load_services(a.inventory)) > 1:
+        out["services"] = p = services_side_by_side(a.inventory, a.repeats)
+        print(f"read+diff steps: {p['services']} services on {p['nodes']} nodes side by side {p['wall_all_s']} s, "
+              f"one service on 1 node {p['wall_1_node_s']} s, ratio {p['ratio']}", file=sys.stderr)
+        if a.json:
+            print(json.dumps(out, indent=2))
+        return 0
+    inv = I.load(a.inventory)
     if "rerun" not in skip:
         out["rerun"] = rerun(inv, a.repeats)
         print(f"re-run (nothing changed): {out['rerun']['seconds_median']:.2f} s median of {a.repeats}, "

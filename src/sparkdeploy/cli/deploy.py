@@ -17,7 +17,7 @@ from sparkdeploy.cli.interrupts import interrupt_as_failure
 from sparkdeploy.cli.options import (chosen_service, inventory_option, print_speed, selected_services, sentinel_option,
                                      speed_after_gate)
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD
-from sparkdeploy.steps.deploy import Options, load_cluster
+from sparkdeploy.steps.deploy import Options, dry_run_services, load_cluster
 
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
@@ -70,22 +70,28 @@ def _print_outcomes(outcomes) -> None:
 def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watchdog_grace, watchdog_backoff,
        watchdog_cap, sentinel):
     """Converge the nodes on the plan: image, files, units, then start workers-first and gate on health. With
-    `services:` and no --service, every service in turn (a signal stops the turn at the service it hit)."""
+    `services:` and no --service, every service in turn (a signal stops the turn at the service it hit); a dry
+    run reads them side by side."""
     opts = Options(nodes=nodes, dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout,
                    watchdog_grace=watchdog_grace, watchdog_backoff_s=watchdog_backoff, watchdog_cap=watchdog_cap,
                    log=_log)
     results: dict[str | None, dict] = {}
     ok = True
-    for name in _services(inventory):
+    names = _services(inventory)
+    dry = dry_run_services(_inv(inventory), opts, names) if dry_run and len(names) > 1 else {}
+    for name in names:
         if name is not None:
             err.print(f"[bold]service {name}[/bold]")
-        speed = None
-        with load_cluster(_inv(inventory), opts, name) as cluster, interrupt_as_failure("up", _log) as signalled:
-            res = cluster.up()
-            if sentinel and res.healthy and (res.restarted or not releases.read_sentinel(cluster.conn(cluster.head),
-                                                                                         res.release)):
-                speed = speed_after_gate(cluster, res.release, _log)
-        res.message = signalled.tell(res.message)
+        speed, interrupted = None, False
+        if name in dry:  # read side by side above; shown in inventory order
+            res = dry[name]
+        else:
+            with load_cluster(_inv(inventory), opts, name) as cluster, interrupt_as_failure("up", _log) as signalled:
+                res = cluster.up()
+                if sentinel and res.healthy and (res.restarted or
+                                                 not releases.read_sentinel(cluster.conn(cluster.head), res.release)):
+                    speed = speed_after_gate(cluster, res.release, _log)
+            res.message, interrupted = signalled.tell(res.message), signalled.fired
         _print_outcomes(res.outcomes)
         done = res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes))
         style = "green" if done else "red bold"
@@ -93,7 +99,7 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
         print_speed(err, speed)
         results[name] = dict(res.to_dict(), sentinel=speed)
         ok = ok and done
-        if signalled.fired:
+        if interrupted:
             break
     if as_json:
         click.echo(json.dumps(next(iter(results.values())) if len(results) == 1 else {"ok": ok, "services": results},

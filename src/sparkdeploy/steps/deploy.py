@@ -27,6 +27,9 @@ One small module per procedure, this one puts the verbs on the cluster context:
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import dataclasses
+
 from sparkdeploy import health as H
 from sparkdeploy.steps import down as _down
 from sparkdeploy.steps import healthcheck, release
@@ -36,7 +39,7 @@ from sparkdeploy.steps.base import Outcome
 from sparkdeploy.steps.context import Context, Log, Options, facts_from_dict, served
 from sparkdeploy.steps.up import UpResult
 
-__all__ = ["Cluster", "Log", "Options", "UpResult", "facts_from_dict", "load_cluster", "served"]
+__all__ = ["Cluster", "Log", "Options", "UpResult", "dry_run_services", "facts_from_dict", "load_cluster", "served"]
 
 
 class Cluster(Context):
@@ -75,3 +78,17 @@ def load_cluster(inventory_path: str, opts: Options, service: str | None = None)
     from sparkdeploy import inventory as I
 
     return Cluster(I.load(inventory_path, service), opts)
+
+
+def dry_run_services(inventory_path: str, opts: Options, services: list[str | None]) -> dict[str | None, UpResult]:
+    """`up --dry-run` of each service, side by side: a dry run only reads its own nodes and records, so the
+    read-and-diff of N services costs about one (each thread has its own recording context)."""
+    dry = dataclasses.replace(opts, dry_run=True)
+
+    def one(service: str | None) -> UpResult:
+        with load_cluster(inventory_path, dry, service) as cluster:
+            return cluster.up()
+
+    with cf.ThreadPoolExecutor(max_workers=max(1, len(services))) as pool:
+        futures = {name: pool.submit(one, name) for name in services}
+    return {name: f.result() for name, f in futures.items()}
