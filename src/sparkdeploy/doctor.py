@@ -2,8 +2,8 @@
 
 The I/O is here: `examine()` connects, runs `probes.probe_argv(...)` (one fixed shell script, one SSH round
 trip per node), the clock samples (`clock_offset`) and one TCP stream per pair of nodes over the data plane
-(`measure_bandwidth`), asks the planner for each node's memory budget on the measured /proc/meminfo, and
-hands everything to `preflight.run_checks`.
+(`measure_bandwidth`), the NCCL libraries of the host and of the serving image (`probes.nccl_argv`), asks the
+planner for each node's memory budget on the measured /proc/meminfo, and hands everything to `preflight`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.memguard import memory_margin, serving_margin
-from sparkdeploy.preflight import GIB, NodeSpec, check_api_key, run_checks
-from sparkdeploy.probes import (BANDWIDTH_PORT, HostFacts, bandwidth_receive_argv, bandwidth_send_argv, parse_bandwidth,
-                                parse_meminfo, probe_argv)
+from sparkdeploy.preflight import GIB, NodeSpec, check_api_key, check_nccl, run_checks
+from sparkdeploy.probes import (BANDWIDTH_PORT, HostFacts, bandwidth_receive_argv, bandwidth_send_argv, nccl_argv,
+                                parse_bandwidth, parse_meminfo, parse_nccl, probe_argv)
 from sparkdeploy.verdict import Result, Status, worst
 
 
@@ -122,6 +122,8 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
         outs = pool.map(lambda c: c.run(probe_argv(ckpt, peers[c.name]), check=False, timeout=180), up)
         clocks = pool.map(clock_offset, up)
         bandwidth = measure_bandwidth(pool, inv.nodes, up)
+        tag = serving_image_tag(inv)
+        nccl = pool.map(lambda c: parse_nccl(c.run(nccl_argv(tag), check=False, timeout=180).stdout), up) if tag else {}
     finally:
         if own:
             pool.close()
@@ -177,7 +179,19 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
                 r = memory_margin("memory", r.node, mem["MemAvailable"], int(b.engine_gib * GIB),
                                   int(b.reserve_gib * GIB), total=mem.get("MemTotal"))
         results.append(r)
+    results += [check_nccl(n, got if isinstance(got, dict) else str(got), tag) for n, got in sorted(nccl.items())]
     results.append(check_api_key(inv))
     return Examination(results, facts, time.monotonic() - t0)
+
+
+def serving_image_tag(inv) -> str | None:
+    """The tag `up` gives the serving image (it depends on the inventory and the overlays, not on facts)."""
+    from sparkdeploy import plan as plan_mod
+    from sparkdeploy import render
+
+    try:
+        return plan_mod.plan(inv, overlays_digest=render.overlays_digest()).image.tag
+    except SparkdeployError:
+        return None
 
 

