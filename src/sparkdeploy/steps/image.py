@@ -214,7 +214,8 @@ def _deliver(cl, want: str | None, source: str | None, local: Conn | None,
     pulled = cl.pool.map(lambda c: pull(c, tag, addr, want), lacking)
     dt = time.monotonic() - t1
     if not dry():
-        cl.image_received = image_bytes_sent(cl, registry.bytes_sent(hc, cursor), tunneled, source)
+        # cl.conn, not hc: a tunnel that dropped the head's SSH session leaves hc dead
+        cl.image_received = image_bytes_sent(cl, registry.bytes_sent(cl.conn(head), cursor), tunneled, source)
     for n, r in pulled.items():
         if isinstance(r, Exception):
             done[n] = r
