@@ -80,8 +80,8 @@ def parallel(inv, repeats: int) -> dict:
 
 def services_side_by_side(inv_path: str, repeats: int) -> dict:
     """The read+diff steps (`up --dry-run`) of every service at once vs one service on one node, timed alike."""
-    names = [v.service for v in I.load_services(inv_path)]
-    nodes = sum(len(v.nodes) for v in I.load_services(inv_path))
+    views = I.load_services(inv_path)
+    names, nodes = [v.service for v in views], sum(len(v.nodes) for v in views)
 
     def wall(opts: Options, which: list) -> float:
         t0 = time.monotonic()

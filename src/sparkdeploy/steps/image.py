@@ -215,7 +215,7 @@ def _deliver(cl, want: str | None, source: str | None, local: Conn | None,
     dt = time.monotonic() - t1
     if not dry():
         # cl.conn, not hc: a tunnel that dropped the head's SSH session leaves hc dead
-        cl.image_received = image_bytes_sent(cl, registry.bytes_sent(cl.conn(head), cursor), tunneled, source)
+        cl.image_received = image_bytes_sent(cl, registry.bytes_sent(cl.conn(head), cursor), tunneled)
     for n, r in pulled.items():
         if isinstance(r, Exception):
             done[n] = r
@@ -227,18 +227,16 @@ def _deliver(cl, want: str | None, source: str | None, local: Conn | None,
     return want, done
 
 
-def image_bytes_sent(cl, by_address: dict[str, int], tunneled: int, source: str | None) -> dict[str, int]:
+def image_bytes_sent(cl, by_address: dict[str, int], tunneled: int) -> dict[str, int]:
     """{node: image bytes it was sent}: what the head's registry logged sending to the node's addresses (the
     head's own pulls and pushes stay on the host), and for the head what came through the SSH tunnel. Counted
     at the registry and the tunnel, not on the node's links, where serving traffic and SSH share the count;
     TLS, SSH and TCP framing add a few percent on the wire."""
-    head = cl.head
-    sent = {}
-    for n in cl.names:
+    def to(n: str) -> int:
         node = cl.plan.node(n)
-        mine = {node.data_ip, node.ssh.host} if n != head else set()
-        sent[n] = sum(b for addr, b in by_address.items() if addr in mine) + (tunneled if n == head else 0)
-    return sent
+        return sum(b for addr, b in by_address.items() if addr in (node.data_ip, node.ssh.host))
+
+    return {n: tunneled if n == cl.head else to(n) for n in cl.names}
 
 
 def choose_builder(conns: dict[str, Conn], head: str, base: str, local_factory: Callable[[], Conn]) -> Conn:
