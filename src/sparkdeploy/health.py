@@ -286,3 +286,44 @@ def check_api(report: Report, exp: ServiceExpect, *, probe_timeout: float = 30) 
     except requests.RequestException as err:
         report.add("metrics", False, f"{type(err).__name__}")
     return text
+
+
+# ------------------------------------------------------------------------------------------------ router
+def check_router(rp, api_key: str | None, *, probe_timeout: float = 30) -> Report:
+    """The router end to end (`rp`: sparkdeploy.router.RouterPlan): it refuses a request without the key,
+    lists every service's model, and answers each model with what that service's head answers itself (a
+    temperature-0 completion both ways: the same text and model name, so the request reached that service)."""
+    report = Report()
+    where = rp.node.name
+    try:
+        code = requests.get(f"{rp.url}/v1/models", timeout=5).status_code
+        report.add("router key", code == 401, "a request without the key is refused (HTTP 401)" if code == 401 else
+                   f"a request without the key got HTTP {code}, expected 401", where)
+        r = requests.get(f"{rp.url}/v1/models", timeout=5, headers=bearer(api_key))
+        listed = r.json().get("models", []) if r.status_code == 200 else []
+        missing = [m for m in rp.models if m not in listed]
+        report.add("router models", not missing, f"lists {listed}" + (f"; MISSING {missing}" if missing else ""),
+                   where)
+    except (requests.RequestException, ValueError) as err:
+        report.add("router", False, f"no answer from {rp.url}: {type(err).__name__}", where)
+        return report
+    for w in rp.workers:
+        name = f"via router: {w.model}"
+        t0 = time.monotonic()
+        try:
+            r = requests.post(f"{rp.url}/v1/completions", timeout=probe_timeout, headers=bearer(api_key), json={
+                "model": w.model, "prompt": PROBE_PROMPT, "max_tokens": PROBE_MAX_TOKENS, "temperature": 0, "seed": 0})
+            dt = time.monotonic() - t0
+            if r.status_code != 200:
+                report.add(name, False, f"HTTP {r.status_code} from the router: {r.text[:200]}", where)
+                continue
+            body = r.json()
+            text, model = body["choices"][0]["text"], body.get("model")
+            direct = generate(w.url, w.model, timeout=probe_timeout, api_key=api_key)
+            same = text == direct and model == w.model
+            report.add(name, same, f"answered in {dt:.2f} s, " + (
+                f"the same as service {w.service} answers directly" if same else
+                f"DIFFERS from service {w.service}'s own answer: {model!r} {text!r} vs {direct!r}"), where)
+        except (requests.RequestException, ValueError, KeyError) as err:
+            report.add(name, False, f"{type(err).__name__}: {str(err)[:200]}", where)
+    return report

@@ -23,11 +23,13 @@ Inventory shape (see the top-level `inventory.yaml` and `tests/unit/fixtures/inv
     ports:      {api: 8000, master: 29501, metrics: 9466}   # metrics: the head's exporter, 0 = none
     memory:     {reserve_gib: 28, gpu_memory_utilization: null}   # see memory.py
     speculative_tokens: 2               # optional override of the profile's MTP depth (0 = off)
+    served_name: chat                   # optional: the model name requests ask for (default: the profile's)
 
 Several services (`examples/inventory.4node.yaml`): the nodes once, without `role`, then `services:`, each entry
 with `name`, `nodes` (names, its head first) and the per-service keys above (profile, image, patches, vocab, ports,
-memory, speculative_tokens; `image` merges over the top-level one). Each service loads as its own `Inventory`;
-a node serves one service.
+memory, speculative_tokens, served_name; `image` merges over the top-level one). Each service loads as its own
+`Inventory`; a node serves one service. `router: {node: spark1, port: 8080}` puts vLLM's router on that node:
+one OpenAI endpoint that sends each request to the service serving its `model` (steps/router.py).
 
 The profile's `image:` block gives defaults (python, pip, and for the simulated profiles the base too) that
 the inventory's `image:` overrides key by key.
@@ -47,7 +49,8 @@ from sparkdeploy import credentials, engine_args, layout, paths, sshconfig, yaml
 from sparkdeploy.credentials import Auth
 from sparkdeploy.errors import InventoryError, RemoteError
 from sparkdeploy.fields import Fields, path_text, short
-from sparkdeploy.profile import ImageConfig, Profile, Speculative, find_profile, image_config, image_part, load_profile
+from sparkdeploy.profile import (SERVED_RE, ImageConfig, Profile, Speculative, find_profile, image_config, image_part,
+                                 load_profile)
 
 FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align")
 GPU_KINDS = ("gb10", "none")
@@ -118,6 +121,13 @@ class MemoryConfig:
 
 
 @dataclass(frozen=True)
+class RouterConfig:
+    """`router:` (with `services:`): vLLM's router on `node`, one OpenAI endpoint for every service's model."""
+    node: Node
+    port: int = 8080
+
+
+@dataclass(frozen=True)
 class Inventory:
     file: str
     cluster: str
@@ -130,6 +140,7 @@ class Inventory:
     memory: MemoryConfig
     auth: Auth = Auth()
     service: str | None = None  # its name in `services:`; None: the inventory is one service (no `services:`)
+    router: RouterConfig | None = None  # the same on every service's view
 
     @property
     def head(self) -> Node:
@@ -210,9 +221,10 @@ def _node(raw: Any, index: int, file: str, *, in_services: bool) -> Node:
 
 # ------------------------------------------------------------------------------------------------ load
 _TOP_KEYS = ("cluster", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
-             "auth", "services")
+             "auth", "services", "served_name", "router")
 # One service: at the top level of an inventory without `services:`, else in each entry of `services:`
-_SERVICE_KEYS = ("name", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens")
+_SERVICE_KEYS = ("name", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
+                 "served_name")
 
 
 def _auth(f: Fields, inventory_file: Path) -> Auth:
@@ -292,6 +304,8 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
     _check_unique(nodes, file)
     auth = _auth(f, inventory_file)
     if not in_services:
+        if f.has("router"):
+            f.fail("router", "a router fronts several services; it needs `services:` (one service is its own endpoint)")
         heads = [i for i, n in enumerate(nodes) if n.role == "head"]
         if len(heads) != 1:
             where = "nodes" if not heads else f"nodes[{heads[1]}].role"
@@ -313,6 +327,8 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
         name = s.text("name", NAME_RE, what="a service name (letters, digits, '.', '_', '-'; up to 63)")
         if any(v.service == name for v in views):
             s.fail("name", f"{name!r} names two services")
+        if name == "router":
+            s.fail("name", "'router' names the router in reports (health, up --json); choose another name")
         listed = s.get("nodes", list, what="a list of node names, its head first")
         if not listed:
             s.fail("nodes", "must list at least one node, its head first")
@@ -332,7 +348,35 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
             (shared if own is None else own)
         views.append(_service(s, f"{cluster}.{name}", tuple(members), inventory_file, auth, image_raw, index,
                               service=name))
-    return tuple(views)
+    router = _router(f, nodes, views)
+    return tuple(_replace(v, router=router) for v in views)
+
+
+def _router(f: Fields, nodes: tuple[Node, ...], views: list[Inventory]) -> RouterConfig | None:
+    """`router: {node, port}`: on a listed node, its port free of that node's service ports, and behind the API
+    key (its admin API, which adds and removes workers, is otherwise open to whoever reaches the port)."""
+    if not f.has("router"):
+        return None
+    r = f.sub("router", ("node", "port"))
+    name = r.text("node", NAME_RE, what="the name of the node the router runs on")
+    node = next((n for n in nodes if n.name == name), None)
+    if node is None:
+        r.fail("node", f"no node named {short(name)} in nodes: ({', '.join(n.name for n in nodes)})")
+    port = r.integer("port", 1, 65535, 8080, what="a port 1..65535")
+    by_name: dict[str, Inventory] = {}
+    for si, v in enumerate(views):
+        other = by_name.setdefault(v.profile.served_name, v)
+        if other.profile.name != v.profile.name:
+            f.fail(f"services[{si}].served_name", f"{v.profile.served_name!r} is also service {other.service}'s model "
+                   "name, with another profile: the router sends a model's requests to every service serving that "
+                   "name, so give each model its own (services[].served_name)")
+    for v in views:
+        if any(n.name == name for n in v.nodes) and port in (v.ports.api, v.ports.master, v.ports.metrics):
+            r.fail("port", f"{port} is already service {v.service}'s port on {name} (services[].ports)")
+    if views[0].auth.api_key_file is None:
+        f.fail("router", "the router needs auth.api_key_file: its admin API adds and removes workers, so it only "
+                         "answers requests that carry the services' API key")
+    return RouterConfig(node=node, port=port)
 
 
 def _service(f: Fields, cluster: str, nodes: tuple[Node, ...], inventory_file: Path, auth: Auth, image_raw: Any,
@@ -351,6 +395,10 @@ def _service(f: Fields, cluster: str, nodes: tuple[Node, ...], inventory_file: P
 
     pt = f.sub("patches", FEATURES, required=False)
     patches = Patches(**{feat: pt.flag(feat, True) for feat in FEATURES})
+
+    served_name = f.text("served_name", SERVED_RE, None, what="a served model name (what requests ask for)")
+    if served_name is not None:
+        profile = _replace(profile, served_name=served_name)
 
     depth = f.integer("speculative_tokens", 0, 8, None, what="an integer 0..8 (MTP depth; 0 = off)")
     if depth is not None:

@@ -57,3 +57,11 @@ REGISTRY_PORT = 5443  # on the head's data-plane address
 REGISTRY_CONFIG_DIR = f"{ETC_DIR}/registry"
 REGISTRY_STORAGE_DIR = f"{STATE_DIR}/registry"
 REGISTRY_UNIT = "sparkdeploy-registry.service"
+
+# --------------------------------------------------------------------------------------------- router
+ROUTER_UNIT = "sparkdeploy-router.service"  # on inventory router.node (steps/router.py)
+ROUTER_DIR = f"{LIB_DIR}/router"  # vllm_router_rs.abi3.so from the vllm-router wheel + the launcher
+ROUTER_CONFIG = f"{ETC_DIR}/router/router.json"
+ROUTER_SECRETS = f"{ETC_DIR}/router/secrets.env"  # root-only 0600: the services' API key, which it requires
+ROUTER_METRICS_PORT = 29080  # its Prometheus endpoint, on loopback
+ROUTER_KEY_CHECK_PORT = 29081  # the launcher's key check the router asks, on loopback

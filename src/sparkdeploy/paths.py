@@ -73,6 +73,14 @@ def state_dir() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "sparkdeploy"
 
 
+def cache_dir() -> Path:
+    """Host-side cache (debootstrap packages, wheels, build logs): $SPARKDEPLOY_CACHE or ~/.cache/sparkdeploy."""
+    env = os.environ.get("SPARKDEPLOY_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkdeploy"
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
 def git_commit(root: Path | None = None) -> str:
     """The checkout's HEAD commit read from .git without running git; 'unknown' when it cannot be read."""
     git = (root or repo_root()) / ".git"

@@ -1,6 +1,7 @@
-"""Four simulated Sparks serving two services, as `sim up --nodes 4` writes them: s1 (TP=2) on node1 + node2
-and s2 (TP=2) on node3 + node4, each behind its own API on its head, each with its own releases, watchdog and
-health, deployed by one `up`.
+"""Four simulated Sparks serving two services, as `sim up --nodes 4` writes them: s1 (TP=2, model tiny-s1) on
+node1 + node2 and s2 (TP=2, model tiny-s2) on node3 + node4, each behind its own API on its head, each with its
+own releases, watchdog and health, deployed by one `up`; and vLLM's router on node1:8080, one endpoint for both
+models.
 
 The module has a cluster of its own (`<sim name>-quad`), taken down at the end to give the memory back. The
 serving image is preloaded into its nodes, so each service's head pushes it into its own registry without a
@@ -13,6 +14,7 @@ import json
 import os
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -67,21 +69,63 @@ def health(inv: Path, *service: str) -> tuple[int, dict]:
     return rc, json.loads(out) if out.strip() else {"healthy": False, "error": err[-500:]}
 
 
+def router_url(quad) -> str:
+    return f"http://{quad['ip']['node1']}:8080"
+
+
 def test_each_service_is_healthy_on_its_own_pair_and_a_rerun_changes_nothing(quad):
     first = quad["first"]["services"]
     assert set(first) == {"s1", "s2"} and all(r["healthy"] for r in first.values()), first
+    assert quad["first"]["router"]["ok"], quad["first"]["router"]
     rc, rep = health(quad["inv"])
-    assert rc == 0 and rep["healthy"] and set(rep["services"]) == {"s1", "s2"}, rep
-    nodes = {name: sorted(k for k in r["checks"] if k != "service") for name, r in rep["services"].items()}
+    assert rc == 0 and rep["healthy"] and set(rep["services"]) == {"s1", "s2", "router"}, rep
+    nodes = {name: sorted(k for k in r["checks"] if k != "service") for name, r in rep["services"].items()
+             if name != "router"}
     assert nodes == {"s1": ["node1", "node2"], "s2": ["node3", "node4"]}, nodes
+    router = {c["name"]: c for c in rep["services"]["router"]["checks"]["node1"]}
+    assert set(router) == {"router key", "router models", "via router: tiny-s1", "via router: tiny-s2"}, router
+    assert all(c["ok"] for c in router.values()), router
     rc, res, err = up_json(quad["inv"])
     assert rc == 0 and res["ok"], err[-2000:]
     assert {n: (r["changes"], r["restarted"]) for n, r in res["services"].items()} == \
         {"s1": (0, False), "s2": (0, False)}, res
+    assert res["router"]["changes"] == 0, res["router"]
     rc, dry, err = up_json(quad["inv"], "--dry-run")  # the services are read side by side, each on its own nodes
     assert rc == 0 and dry["ok"], err[-2000:]
     assert {n: (r["changes"], sorted({o["node"] for o in r["outcomes"]})) for n, r in dry["services"].items()} == \
         {"s1": (0, ["node1", "node2"]), "s2": (0, ["node3", "node4"])}, dry
+
+
+def test_the_router_sends_each_request_to_the_service_serving_its_model(quad):
+    """Through the router: both models listed; each request answered by its own service (the engine names the
+    model it served, and refuses one it does not serve); the key is needed."""
+    auth = {"Authorization": f"Bearer {quad['key']}"}
+    assert _get(f"{router_url(quad)}/v1/models", {})[0] == 401
+    code, listed = _get(f"{router_url(quad)}/v1/models", auth)
+    assert code == 200 and sorted(json.loads(listed)["models"]) == ["tiny-s1", "tiny-s2"], listed
+    for _ in range(3):
+        for model in ("tiny-s1", "tiny-s2"):
+            code, body = _complete(router_url(quad), quad["key"], model)
+            assert code == 200 and json.loads(body)["model"] == model, body
+
+
+def _get(url: str, headers: dict) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def _complete(base: str, key: str, model: str, timeout: float = 60) -> tuple[int, str]:
+    body = json.dumps({"model": model, "prompt": "hello there", "max_tokens": 4, "temperature": 0}).encode()
+    req = urllib.request.Request(f"{base}/v1/completions", data=body, headers={
+        "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
 
 
 def test_doctor_reads_the_nccl_of_the_serving_image_on_each_node_of_a_service(quad):
@@ -94,27 +138,37 @@ def test_doctor_reads_the_nccl_of_the_serving_image_on_each_node_of_a_service(qu
 
 
 def test_a_killed_rank_restarts_its_own_service_while_the_other_never_stops_answering(quad):
-    """A bounded request loop on s2 runs through the whole fault on s1: s1's worker rank is killed, its watchdog
-    restarts both of s1's ranks (workers first) and s1 is healthy again; s2 loses no request and its ranks are
-    never restarted."""
+    """Bounded request loops through the router run through the whole fault on s1: s1's worker rank is killed,
+    the router stops sending s1's model to it (refused at once: 503), s1's watchdog restarts both of s1's ranks
+    (workers first), s1 is healthy again and answers through the router again; s2 loses no request and its
+    ranks are never restarted."""
     before = {n: started_at(quad, n) for n in ("node1", "node2", "node3", "node4")}
-    answered, failures, stop = [], [], threading.Event()
+    answered, failures, s1_codes, stop = [], [], [], threading.Event()
 
     def ask_s2():
-        body = json.dumps({"model": "tiny", "prompt": "hello there", "max_tokens": 4, "temperature": 0}).encode()
         while not stop.is_set() and len(answered) + len(failures) < 5000:
-            req = urllib.request.Request(f"http://{quad['ip']['node3']}:8000/v1/completions", data=body,
-                                         headers={"Authorization": f"Bearer {quad['key']}",
-                                                  "Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(req, timeout=60) as r:
-                    answered.append(json.loads(r.read())["choices"][0]["text"])
+                code, body = _complete(router_url(quad), quad["key"], "tiny-s2")
+                if code == 200:
+                    answered.append(json.loads(body)["choices"][0]["text"])
+                else:
+                    failures.append(f"{time.monotonic():.1f}: HTTP {code} {body[:200]}")
             except Exception as err:  # noqa: BLE001 - every lost request is the finding
                 failures.append(f"{time.monotonic():.1f}: {err}")
             time.sleep(0.2)
 
-    loop = threading.Thread(target=ask_s2, daemon=True)
-    loop.start()
+    def ask_s1():
+        while not stop.is_set() and len(s1_codes) < 5000:
+            try:
+                code, body = _complete(router_url(quad), quad["key"], "tiny-s1", timeout=30)
+                s1_codes.append((code, body[:80]))
+            except Exception as err:  # noqa: BLE001 - a timeout here is what the router must spare its clients
+                s1_codes.append((0, str(err)[:80]))
+            time.sleep(0.5)
+
+    loops = [threading.Thread(target=fn, daemon=True) for fn in (ask_s2, ask_s1)]
+    for loop in loops:
+        loop.start()
     try:
         time.sleep(3)
         quad["cluster"].run_on("node2", ["docker", "kill", ENGINE], check=True)
@@ -128,10 +182,18 @@ def test_a_killed_rank_restarts_its_own_service_while_the_other_never_stops_answ
         else:
             raise AssertionError(f"s1 not restarted and healthy 600 s after its worker rank was killed: {rep}")
         print(f"\ns1 healthy again {time.monotonic() - t0:.0f} s after its worker rank was killed; "
-              f"s2 answered {len(answered)} requests meanwhile")
+              f"s2 answered {len(answered)} requests through the router meanwhile")
+        back = time.monotonic()
+        while time.monotonic() - back < 120 and _complete(router_url(quad), quad["key"], "tiny-s1")[0] != 200:
+            time.sleep(2)  # the router tries a worker again 30 s after its circuit opened
+        print(f"s1 answers through the router again {time.monotonic() - back:.0f} s after it was healthy")
     finally:
         stop.set()
-        loop.join(90)
+        for loop in loops:
+            loop.join(90)
+    assert _complete(router_url(quad), quad["key"], "tiny-s1")[0] == 200
+    refused = [c for c, body in s1_codes if c == 503 and "No available workers" in body]
+    assert refused, sorted(set(s1_codes))[:10]  # the router took s1's engine out of its rotation
     assert not failures, failures[:5]
     assert len(answered) >= 20 and len(set(answered)) == 1, (len(answered), set(answered))  # temperature 0
     assert {n: started_at(quad, n) for n in ("node3", "node4")} == {n: before[n] for n in ("node3", "node4")}

@@ -15,6 +15,7 @@ from sparkdeploy import inventory, paths
 from sparkdeploy import plan as plan_mod
 from sparkdeploy.cli import main
 from sparkdeploy.errors import InventoryError
+from sparkdeploy.router import plan_router
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLE = paths.repo_root() / "examples" / "inventory.4node.yaml"
@@ -38,6 +39,9 @@ def _sim_services() -> dict:
 
 
 def _write(tmp_path: Path, data: dict) -> Path:
+    key = tmp_path / "api_key"  # `auth: {api_key_file: api_key}` names it, relative to the inventory
+    key.write_text("sk-test-0123456789\n")
+    key.chmod(0o600)
     path = tmp_path / "inventory.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -99,6 +103,13 @@ CASES = [
      "no profile 'nope'"),
     ("service-image-unpinned", lambda d: d["services"][1].__setitem__("image", {"base": "not a reference"}),
      "services[1].image.base", "is not pinned"),
+    ("router-missing-node", lambda d: d.update(router={"node": "node9"}, auth={"api_key_file": "api_key"}),
+     "router.node", "no node named 'node9'"),
+    ("router-port-clash", lambda d: d.update(router={"node": "node1", "port": 8000}, auth={"api_key_file": "api_key"}),
+     "router.port", "already service a's port on node1"),
+    ("router-without-key", lambda d: d.update(router={"node": "node1"}), "router", "needs auth.api_key_file"),
+    ("service-named-router", lambda d: d["services"][1].__setitem__("name", "router"), "services[1].name",
+     "names the router"),
     ("gpu-service-on-sim-nodes", lambda d: d["services"][1].update(
         profile="nemotron-3-super-120b-nvfp4", image={"base": "nvcr.io/nvidia/vllm@sha256:" + "a" * 64,
                                                       "vllm_version": "0.33.0"}),
@@ -121,7 +132,11 @@ def test_a_command_on_one_service_with_several_and_none_chosen_exits_2_before_co
     assert "choose one with --service NAME" in capsys.readouterr().err
 
 
-def test_example_four_nodes_plans_and_renders_both_services(tmp_path, capsys):
+def test_example_four_nodes_plans_and_renders_both_services(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # the example reads its API key from ~/.config/sparkdeploy/api_key
+    (tmp_path / ".config" / "sparkdeploy").mkdir(parents=True)
+    (tmp_path / ".config" / "sparkdeploy" / "api_key").write_text("sk-example-0123456789\n")
+    (tmp_path / ".config" / "sparkdeploy" / "api_key").chmod(0o600)
     assert main(["plan", "--inventory", str(EXAMPLE), "--json"]) == 0
     plans = json.loads(capsys.readouterr().out)["services"]
     assert sorted(plans) == ["chat", "super"]
@@ -134,3 +149,9 @@ def test_example_four_nodes_plans_and_renders_both_services(tmp_path, capsys):
     for service, head in (("chat", "spark1"), ("super", "spark3")):
         unit = (tmp_path / "out" / service / head / "unit" / "sparkdeploy-engine.service").read_text()
         assert f"spark-quad.{service} node {head}, rank 0 of 2 (head)" in unit
+    assert (tmp_path / "out" / "router" / "sparkdeploy-router.service").is_file()
+    assert main(["plan", "--inventory", str(EXAMPLE)]) == 0
+    assert "model chat                 -> service chat at http://192.168.177.11:8000" in capsys.readouterr().out
+    rp = plan_router(inventory.load_services(EXAMPLE))
+    assert (rp.url, rp.models) == ("http://10.0.0.11:8080", ("chat", "super"))
+    assert [w.url for w in rp.workers] == ["http://192.168.177.11:8000", "http://192.168.177.13:8001"]

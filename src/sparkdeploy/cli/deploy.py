@@ -101,10 +101,36 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
         ok = ok and done
         if interrupted:
             break
+    router = None
+    if ok and not interrupted and names[0] is not None:
+        router, ok = _router_up(_inv(inventory), dry_run, trust_new_hosts)
     if as_json:
-        click.echo(json.dumps(next(iter(results.values())) if len(results) == 1 else {"ok": ok, "services": results},
-                              indent=2))
+        payload = dict(next(iter(results.values()))) if len(results) == 1 else {"ok": ok, "services": results}
+        click.echo(json.dumps({**payload, **({"router": router} if router else {})}, indent=2))
     raise click.exceptions.Exit(0 if ok else 1)
+
+
+def _router_up(inventory: str, dry_run: bool, trust_new_hosts: bool) -> tuple[dict, bool]:
+    """After every service: the router where the inventory names one, gone from the nodes where it does not."""
+    from sparkdeploy import inventory as inventory_mod
+    from sparkdeploy.steps.base import StepFailed
+    from sparkdeploy.steps.router import step_router
+
+    err.print("[bold]router[/bold]")
+    try:
+        out = step_router(inventory_mod.load_services(inventory), dry_run=dry_run, trust_new_hosts=trust_new_hosts,
+                          log=_log)
+    except StepFailed as failed:
+        _print_outcomes(failed.outcomes)
+        err.print(f"[red bold]{failed}[/red bold]")
+        return {"ok": False, "message": str(failed), "outcomes": [o.to_dict() for o in failed.outcomes]}, False
+    except SparkdeployError as failed:
+        err.print(f"[red bold]{failed}[/red bold]")
+        return {"ok": False, "message": str(failed), "outcomes": []}, False
+    _print_outcomes(out)
+    changes = sum(len(o.actions) for o in out if o.status in (CHANGED, WOULD))
+    err.print(f"[green]router: {changes} change(s)[/green]")
+    return {"ok": True, "changes": changes, "outcomes": [o.to_dict() for o in out]}, True
 
 
 def _services(inventory) -> list[str | None]:
@@ -125,11 +151,18 @@ def down(inventory, keep_enabled, trust_new_hosts):
 def _health(inventory, trust_new_hosts, probe_timeout=60.0) -> dict[str | None, object]:
     """The health report of --service's service, else of every service of the inventory (key None: the only
     one of an inventory without `services:`)."""
+    from sparkdeploy import health as H
+    from sparkdeploy.router import plan_router
+
     reports = {}
-    for name in _services(inventory):
+    views = selected_services(inventory)
+    for name in [v.service for v in views]:
         with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, probe_timeout=probe_timeout),
                           name) as cluster:
             reports[name] = cluster.health()
+    router = plan_router(views) if chosen_service() is None else None
+    if router is not None:
+        reports["router"] = H.check_router(router, views[0].auth.api_key(), probe_timeout=probe_timeout)
     return reports
 
 
@@ -149,7 +182,7 @@ def health(inventory, as_json, probe_timeout, trust_new_hosts):
     else:
         for name, rep in reports.items():
             if len(reports) > 1:
-                err.print(f"[bold]service {name}[/bold]")
+                err.print(f"[bold]{'' if name == 'router' else 'service '}{name}[/bold]")
             for c in rep.checks:
                 mark = ("[yellow]warn[/yellow]" if c.status is Status.WARN else "[green]ok  [/green]") if c.ok \
                     else "[red bold]FAIL[/red bold]"

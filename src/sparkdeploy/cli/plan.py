@@ -15,7 +15,8 @@ from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import paths
 from sparkdeploy import plan as plan_mod
 from sparkdeploy import render as render_mod
-from sparkdeploy.cli.options import inventory_option, selected_services
+from sparkdeploy.cli.options import chosen_service, inventory_option, selected_services
+from sparkdeploy.router import ROUTER_VERSION, plan_router, router_files
 
 _inventory_option = inventory_option()
 _facts_option = click.option("--facts", "facts_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -90,11 +91,23 @@ def plan_command(nodes: int | None, inventory_file: str | None, facts_file: Path
     """Show what each node will run: role, rank, commands, env, files, memory budget. Touches nothing.
     With `services:`, every service (or the one --service names)."""
     plans = build_plans(inventory_file, facts_file, nodes)
+    router = _router(inventory_file)
     if as_json:
         data = plans[0].to_dict() if len(plans) == 1 else {"services": {p.service: p.to_dict() for p in plans}}
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        click.echo(json.dumps({**data, **({"router": router.to_dict()} if router else {})}, indent=2, sort_keys=True))
     else:
         click.echo("\n\n".join((f"service {p.service}\n" if len(plans) > 1 else "") + format_plan(p) for p in plans))
+        if router:
+            click.echo(f"\nrouter  {router.url} on {router.node.name} (vllm-router {ROUTER_VERSION}, "
+                       f"{layout.ROUTER_UNIT}; every request needs the API key)")
+            click.echo("\n".join(f"  model {w.model:<20} -> service {w.service} at {w.url}" for w in router.workers))
+
+
+def _router(inventory_file: str | Path | None):
+    """The router's plan when the command covers every service of an inventory that names one."""
+    if chosen_service():
+        return None
+    return plan_router(inventory_mod.load_services(inventory_file or paths.default_inventory()))
 
 
 @click.command("render")
@@ -113,6 +126,13 @@ def render_command(out_dir: Path, nodes: int | None, inventory_file: str | None,
             click.echo(str(path))
         click.echo(f"{'service ' + p.service + ': ' if p.service else ''}release {p.release_id}: {p.nnodes} node(s) "
                    f"rendered to {where}", err=True)
+    router = _router(inventory_file)
+    if router:
+        for name, data in router_files(router).items():
+            path = out_dir / "router" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            click.echo(str(path))
 
 
 COMMANDS = [plan_command, render_command]

@@ -111,10 +111,4 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def cache_dir() -> Path:
-    """Host-side cache (debootstrap packages, wheels, build logs): $SPARKDEPLOY_CACHE or ~/.cache/sparkdeploy."""
-    env = os.environ.get("SPARKDEPLOY_CACHE")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkdeploy"
-    base.mkdir(parents=True, exist_ok=True)
-    return base
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from sparkdeploy import paths
 from sparkdeploy.errors import SimError
-from sparkdeploy.sim._proc import Reporter, cache_dir, file_lock, need_tool, run
+from sparkdeploy.paths import cache_dir
+from sparkdeploy.sim._proc import Reporter, file_lock, need_tool, run
 
 SUITE = "bookworm"
 NODE_PACKAGES = ("systemd", "systemd-sysv", "openssh-server", "python3", "iproute2", "dbus", "ca-certificates",

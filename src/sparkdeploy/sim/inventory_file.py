@@ -10,6 +10,8 @@ from pathlib import Path
 import yaml
 
 
+ROUTER_PORT = 8080
+
 HEADER = ("# written by `sparkdeploy sim up` (cluster {name!r}, {when}); `sparkdeploy sim down` removes it.\n"
           "# Every command accepts it: --inventory {path}\n")
 
@@ -85,9 +87,12 @@ def inventory_dict(state, vocab: Path | None = None, base_image_id: str | None =
         # Pinned by content: a rebuilt engine base gives a new serving-image tag instead of a stale image.
         image["base"] = base_image_id
     data: dict = {"cluster": f"sim-{state.name}", "nodes": nodes, "image": image}
-    if several:
-        data["services"] = [{"name": f"s{i // per + 1}", "nodes": [n.name for n in state.nodes[i:i + per]], **service}
+    if several:  # each service its own model name, behind one router on the first node
+        data["services"] = [{"name": f"s{i // per + 1}", "nodes": [n.name for n in state.nodes[i:i + per]],
+                             "served_name": f"tiny-s{i // per + 1}", **service}
                             for i in range(0, len(state.nodes), per)]
+        if api_key is not None:
+            data["router"] = {"node": state.nodes[0].name, "port": ROUTER_PORT}
     else:
         data = {"cluster": data["cluster"], "profile": service.pop("profile"), "nodes": nodes, "image": image,
                 **service}
@@ -103,13 +108,20 @@ def write_stand_in_vocab(path: Path, size: int = 1024) -> Path:
     return path
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Each service's blocks written out in full (not as &id001 / *id001 anchors), as a person would."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
 def write_inventory(state, path: Path, base_image_id: str | None = None, *, vocab_dir: Path | None = None) -> str | None:
     """Write the file (the stand-in vocab into `vocab_dir`, default beside it); return why the inventory loader
     rejects it (e.g. node count vs profile), or None."""
     vocab = write_stand_in_vocab((vocab_dir or path.parent) / "vocab-tiny-1k.txt")
     data = inventory_dict(state, vocab, base_image_id, write_api_key(api_key_path(state.key, state.name)))
     text = HEADER.format(name=state.name, when=time.strftime("%Y-%m-%d %H:%M:%S"), path=path)
-    text += yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+    text += yaml.dump(data, Dumper=_PlainDumper, sort_keys=False, default_flow_style=None, width=120)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
