@@ -111,6 +111,9 @@ def test_four_nodes_of_a_tp2_profile_get_two_services(tmp_path):
     assert (s1.service, [n.name for n in s1.nodes]) == ("s1", ["node1", "node2"])
     assert (s2.service, s2.head.name, s2.head.role) == ("s2", "node3", "head")
     assert s2.vocab is not None and s2.auth.api_key_file == s1.auth.api_key_file
+    assert (s1.profile.served_name, s2.profile.served_name) == ("tiny-s1", "tiny-s2")  # routed by model
+    assert (s1.router.node.name, s1.router.port) == ("node1", 8080) and s2.router == s1.router
+    assert "&id" not in path.read_text()  # each service written out in full, no YAML anchors
 
 
 def test_default_inventory_path(monkeypatch, tmp_path):
