@@ -30,7 +30,7 @@ OWNED = {
     "data_parallel_rpc_port": "parallel.dp", "enable_expert_parallel": "parallel.expert_parallel",
     "nnodes": "the inventory's nodes", "node_rank": "the inventory's nodes", "headless": "the inventory's nodes",
     "master_addr": "the head's data_ip", "master_port": "ports.master",
-    "distributed_executor_backend": "the kit (multi-node mp backend)",
+    "distributed_executor_backend": "backend (the inventory: mp or ray)",
     "gpu_memory_utilization": "memory.gpu_memory_utilization (or memory.reserve_gib)",
     "kv_cache_memory_bytes": "memory.gpu_memory_utilization (or memory.reserve_gib)",
     "speculative_config": "speculative (profile) / speculative_tokens (inventory)",

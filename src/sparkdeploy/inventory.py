@@ -141,6 +141,7 @@ class Inventory:
     auth: Auth = Auth()
     service: str | None = None  # its name in `services:`; None: the inventory is one service (no `services:`)
     router: RouterConfig | None = None  # the same on every service's view
+    backend: str = "mp"  # how the ranks of a multi-node service meet: vLLM's own (mp) or a Ray cluster (ray)
 
     @property
     def head(self) -> Node:
@@ -221,10 +222,11 @@ def _node(raw: Any, index: int, file: str, *, in_services: bool) -> Node:
 
 # ------------------------------------------------------------------------------------------------ load
 _TOP_KEYS = ("cluster", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
-             "auth", "services", "served_name", "router")
+             "auth", "services", "served_name", "router", "backend")
 # One service: at the top level of an inventory without `services:`, else in each entry of `services:`
 _SERVICE_KEYS = ("name", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
-                 "served_name")
+                 "served_name", "backend")
+BACKENDS = ("mp", "ray")
 
 
 def _auth(f: Fields, inventory_file: Path) -> Auth:
@@ -400,6 +402,11 @@ def _service(f: Fields, cluster: str, nodes: tuple[Node, ...], inventory_file: P
     if served_name is not None:
         profile = _replace(profile, served_name=served_name)
 
+    backend = f.text("backend", None, "mp", what="mp or ray")
+    if backend not in BACKENDS:
+        f.fail("backend", f"{short(backend)} is not one of {', '.join(BACKENDS)} (mp: vLLM's own multi-node "
+                          "launcher, the default; ray: a Ray cluster across the service's nodes)")
+
     depth = f.integer("speculative_tokens", 0, 8, None, what="an integer 0..8 (MTP depth; 0 = off)")
     if depth is not None:
         spec = profile.speculative
@@ -442,7 +449,7 @@ def _service(f: Fields, cluster: str, nodes: tuple[Node, ...], inventory_file: P
 
     vocab = _vocab(f, inventory_file, required=patches.shortlist, vocab_size=known_vocab_size(profile.model_id))
     return Inventory(file=file, cluster=cluster, nodes=nodes, profile=profile, image=image, patches=patches,
-                     vocab=vocab, ports=ports, memory=memory, auth=auth, service=service)
+                     vocab=vocab, ports=ports, memory=memory, auth=auth, service=service, backend=backend)
 
 
 def _series(image: ImageConfig, file: str) -> str:

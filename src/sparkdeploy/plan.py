@@ -7,6 +7,9 @@ layer runs them. Nothing here touches a node, the network or the clock, so a pla
 Decisions made here (see DESIGN.md "Launch facts"):
   * mp multi-node: every node runs the same `vllm serve ... --nnodes N --node-rank R --master-addr <head data
     IP> --master-port P`; rank >= 1 adds `--headless`; only rank 0 serves the API; workers start first.
+  * ray multi-node (`backend: ray`): each worker's container is `ray start --address <head data IP>:<master
+    port> --block`; the head's starts Ray's head on the master port, then `vllm serve
+    --distributed-executor-backend ray`, whose placement group waits until every worker has joined.
   * Per-node env comes from *that node's* inventory entry and facts only (cross-wired pairs differ in netdev,
     HCA names and GID index; nothing is copied from the head).
   * Which patches are vLLM flags and which are overlays: `spark_overlays.compat` (the plugin's own table).
@@ -52,6 +55,9 @@ def stop_timeout_s(role: str) -> int:
 
 
 _RELEASE_PLACEHOLDER = "@RELEASE@"
+# Ray's shared-memory object store. Its default, 30% of memory, would claim ~38 GB of a Spark's unified memory
+# beside the KV cache; vLLM moves only control messages through it (tensors go over NCCL).
+RAY_OBJECT_STORE_BYTES = 512 * 2**20
 
 CACHE_MOUNTS = (("huggingface", "/root/.cache/huggingface"), ("vllm", "/root/.cache/vllm"),
                 ("flashinfer", "/root/.cache/flashinfer"), ("triton", "/root/.triton"))
@@ -140,6 +146,7 @@ class Plan:
     metrics_port: int = 0  # the head's Prometheus exporter (steps/monitoring.py); 0 = none. Not the engine's:
     # outside the release identity
     service: str | None = None  # its name in the inventory's `services:` (None: the inventory is one service)
+    backend: str = "mp"  # how the ranks meet: vLLM's multi-node launcher (mp) or a Ray cluster (ray)
 
     def feature_enabled(self, name: str) -> bool:
         return any(f.name == name and f.enabled for f in self.features)
@@ -287,6 +294,8 @@ def _gid_index(node: Node, facts: NodeFacts) -> tuple[int | None, str | None]:
 def _env(inv: Inventory, node: Node, facts: NodeFacts, nnodes: int, notes: list[str]) -> dict[str, str]:
     env = dict(inv.profile.env)
     if nnodes > 1:
+        if inv.backend == "ray":
+            env.update(RAY_ADDRESS=_ray_address(inv), RAY_USAGE_STATS_ENABLED="0")
         env.update(
             VLLM_HOST_IP=node.data_ip,
             NCCL_SOCKET_IFNAME=node.netdev,
@@ -314,7 +323,9 @@ def _serve_argv(inv: Inventory, node: Node, rank: int, nnodes: int, tp: int, pp:
     argv = ["vllm", "serve", p.model_path, "--served-model-name", p.served_name]
     if rank == 0:
         argv += ["--host", "0.0.0.0", "--port", str(inv.ports.api)]
-    if nnodes > 1:
+    if nnodes > 1 and inv.backend == "ray":
+        argv += ["--distributed-executor-backend", "ray"]
+    elif nnodes > 1:
         argv += ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", head.data_ip,
                  "--master-port", str(inv.ports.master)]
         if rank >= 1:
@@ -353,6 +364,31 @@ def _serve_argv(inv: Inventory, node: Node, rank: int, nnodes: int, tp: int, pp:
         argv += ["--scheduler-cls", CAPTURE_SCHEDULER]
     argv += ["--additional-config", _json(additional)]
     return tuple(argv) + p.engine_args
+
+
+def _ray_address(inv: Inventory) -> str:
+    return f"{inv.head.data_ip}:{inv.ports.master}"
+
+
+def _ray_start(inv: Inventory, node: Node, role: str) -> tuple[str, ...]:
+    """`ray start` for one rank: on the data plane. A node without a GPU (the sim) declares the one rank it runs
+    as a GPU resource, since vLLM's Ray executor places one worker per GPU; a GB10 node's GPU is detected."""
+    argv = ["ray", "start", *(("--head", "--port", str(inv.ports.master), "--include-dashboard=false")
+                              if role == "head" else ("--address", _ray_address(inv), "--block")),
+            "--node-ip-address", node.data_ip, "--object-store-memory", str(RAY_OBJECT_STORE_BYTES),
+            "--disable-usage-stats"]
+    if not node.has_gpu:
+        argv += ["--num-gpus", "1"]
+    return tuple(argv)
+
+
+def _container_command(inv: Inventory, node: Node, role: str, serve_argv: tuple[str, ...],
+                       nnodes: int) -> tuple[str, ...]:
+    """What the rank's container runs: `serve_argv`, after Ray's head on a ray head (the shell execs vLLM, so
+    the container ends with it)."""
+    if nnodes > 1 and inv.backend == "ray" and role == "head":
+        return ("sh", "-c", f'{shlex.join(_ray_start(inv, node, role))} && exec "$@"', "ray-head") + serve_argv
+    return serve_argv
 
 
 def _docker_argv(inv: Inventory, node: Node, role: str, image_tag: str, serve_argv: tuple[str, ...],
@@ -504,8 +540,12 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
             notes.append(f"{node.name}: {node.netdev} MTU {netdev.mtu} (CX-7 links want 9000)")
         role = "head" if rank == 0 else "worker"
         env = _env(inv, node, nf, nnodes, notes)
-        serve = _serve_argv(inv, node, rank, nnodes, tp, pp, mem, head, features, flags_of, spec, additional)
-        docker = _docker_argv(inv, node, role, image.tag, serve, secrets, capture)
+        if inv.backend == "ray" and nnodes > 1 and rank > 0:
+            serve = _ray_start(inv, node, role)  # the worker's ranks are Ray actors the head's vLLM places
+        else:
+            serve = _serve_argv(inv, node, rank, nnodes, tp, pp, mem, head, features, flags_of, spec, additional)
+        docker = _docker_argv(inv, node, role, image.tag, _container_command(inv, node, role, serve, nnodes),
+                              secrets, capture)
         files = {f"{node.name}/release/{name}": f"{{release}}/{name}" for name in (ENV_FILE, LAUNCH_FILE, NODE_PLAN_FILE)}
         files[f"{node.name}/unit/{UNIT_NAME}"] = UNIT_PATH
         start_order = nnodes - 1 if rank == 0 else rank - 1
@@ -520,12 +560,13 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
                  nodes=tuple(node_plans), features=features, additional_config=additional, capture=capture,
                  speculative_config=spec, model_host_dir=p.host_dir, notes=tuple(notes), checkpoint=ckpt,
                  secrets=secrets, weights_transfers=_weights_transfers(inv, chosen), metrics_port=inv.ports.metrics,
-                 service=inv.service)
+                 service=inv.service, backend=inv.backend if nnodes > 1 else "mp")
     identity = draft.to_dict()  # what reaches the nodes; not provenance, host paths or how we log in
     identity["image"] = {k: v for k, v in identity["image"].items() if k not in ("labels", "vocab_source", "transfers")}
     identity.pop("notes")
     identity.pop("metrics_port")
     identity.pop("service")  # a name; the cluster name the units show already carries it
+    identity.pop("backend")  # the ranks' commands carry it
     identity.pop("weights_transfers")
     for raw in identity["nodes"]:
         raw.pop("ssh")

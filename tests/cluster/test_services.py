@@ -1,7 +1,7 @@
 """Four simulated Sparks serving two services, as `sim up --nodes 4` writes them: s1 (TP=2, model tiny-s1) on
 node1 + node2 and s2 (TP=2, model tiny-s2) on node3 + node4, each behind its own API on its head, each with its
 own releases, watchdog and health, deployed by one `up`; and vLLM's router on node1:8080, one endpoint for both
-models.
+models. s2 runs with `backend: ray` (a Ray cluster across node3 + node4), s1 with vLLM's own mp launcher.
 
 The module has a cluster of its own (`<sim name>-quad`), taken down at the end to give the memory back. The
 serving image is preloaded into its nodes, so each service's head pushes it into its own registry without a
@@ -29,10 +29,12 @@ ENGINE = "sparkdeploy-engine"
 
 
 def small_reserve(base: Path, tmp: Path) -> Path:
-    """The written inventory with each service's host reserve cut to what a shared CI host can spare."""
+    """The written inventory with each service's host reserve cut to what a shared CI host can spare, and s2 on
+    the Ray backend."""
     data = yaml.safe_load(base.read_text())
     for service in data["services"]:
         service["memory"] = {"reserve_gib": 2.0}
+    data["services"][1]["backend"] = "ray"
     out = tmp / "quad.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
@@ -197,3 +199,41 @@ def test_a_killed_rank_restarts_its_own_service_while_the_other_never_stops_answ
     assert not failures, failures[:5]
     assert len(answered) >= 20 and len(set(answered)) == 1, (len(answered), set(answered))  # temperature 0
     assert {n: started_at(quad, n) for n in ("node3", "node4")} == {n: before[n] for n in ("node3", "node4")}
+
+
+def ray_cluster(quad) -> tuple[int, str]:
+    """(nodes in s2's Ray cluster, the GPU line of `ray status` on its head)."""
+    out = quad["cluster"].run_on("node3", ["docker", "exec", ENGINE, "ray", "status"], check=False).out
+    active = out.split("Active:", 1)[-1].split("Pending:", 1)[0]
+    return sum(1 for line in active.splitlines() if "node_" in line), \
+        next((line.strip() for line in out.splitlines() if " GPU" in line), "")
+
+
+def test_the_ray_service_places_one_rank_on_each_of_its_nodes(quad):
+    cmd = json.loads(quad["cluster"].run_on("node4", ["docker", "inspect", "-f", "{{json .Config.Cmd}}", ENGINE],
+                                            check=True).out)
+    assert cmd[:4] == ["ray", "start", "--address", f"{quad['ip']['node3']}:29500"], cmd  # no vLLM of its own
+    nodes, gpus = ray_cluster(quad)
+    # each sim node declares one GPU: both in use means vLLM's placement group put a rank on node4 too
+    assert nodes == 2 and gpus.startswith("2.0/2.0"), (nodes, gpus)
+
+
+def test_the_ray_service_survives_a_reboot_of_both_its_nodes(quad):
+    before = started_at(quad, "node1")
+    quad["cluster"].reboot(["node3", "node4"])
+    t0, rep = time.monotonic(), {}
+    while time.monotonic() - t0 < 420:
+        rc, rep = health(quad["inv"], "--service", "s2")
+        if rc == 0:
+            break
+        time.sleep(5)
+    else:
+        raise AssertionError(f"s2 (backend ray) not healthy 420 s after both its nodes rebooted: {rep}")
+    print(f"\ns2 (ray) healthy again {time.monotonic() - t0:.0f} s after node3 + node4 were back")
+    nodes, gpus = ray_cluster(quad)
+    assert nodes == 2 and gpus.startswith("2.0/2.0"), (nodes, gpus)
+    back = time.monotonic()
+    while time.monotonic() - back < 120 and _complete(router_url(quad), quad["key"], "tiny-s2")[0] != 200:
+        time.sleep(2)
+    assert _complete(router_url(quad), quad["key"], "tiny-s2")[0] == 200  # through the router too
+    assert started_at(quad, "node1") == before  # s1 was never touched

@@ -130,6 +130,8 @@ CASES = [
     ("bad-vllm-version", _prod, _set("image.vllm_version", "latest"), "image.vllm_version"),
     ("unsupported-vllm", _prod, _set("image.vllm_version", "0.31.0"), "image.vllm_version"),
     ("gpu-node-with-sim-profile", _sim, _set("nodes.0.gpu", "gb10"), "nodes"),
+    ("unknown-backend", _sim, _set("backend", "slurm"), "backend"),
+    ("backend-not-a-string", _sim, _set("backend", ["ray"]), "backend"),
 ]
 
 

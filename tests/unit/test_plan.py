@@ -224,3 +224,45 @@ def test_nominal_facts_follow_the_inventory_node():
     f = facts.nominal(inv.nodes[1])
     assert f.has_gpu and f.netdev("enP2p1s0f1np1").addresses() == ("192.168.177.12",)
     assert all(r.gid_index is None for r in f.roce) and 119 < f.mem_total_gib < 120
+
+
+# ------------------------------------------------------------------------------------------- backend: ray
+def test_ray_backend_worker_joins_the_heads_ray_and_the_head_serves_through_it(tmp_path):
+    mp_plan = plan.plan(_sim(tmp_path))
+    p = plan.plan(_sim(tmp_path, backend="ray"))
+    head, worker = p.nodes
+    assert p.backend == "ray" and mp_plan.backend == "mp" and p.release_id != mp_plan.release_id
+    address = f"{head.data_ip}:{p.master_port}"
+    # the worker runs no vLLM: its ranks are the Ray actors the head's placement group puts there
+    assert worker.serve_argv[:2] == ("ray", "start") and "vllm" not in worker.serve_argv
+    assert _arg(worker.serve_argv, "--address") == address and "--block" in worker.serve_argv
+    assert _arg(worker.serve_argv, "--node-ip-address") == worker.data_ip
+    assert _arg(worker.serve_argv, "--num-gpus") == "1"  # gpu: none (the sim): one rank declared as a GPU
+    assert worker.docker_argv[-len(worker.serve_argv):] == worker.serve_argv
+    # the head: Ray's head on the master port, then vLLM with the Ray executor (exec: the container ends with it)
+    assert _arg(head.serve_argv, "--distributed-executor-backend") == "ray"
+    for flag in ("--nnodes", "--node-rank", "--master-addr", "--headless"):
+        assert flag not in head.serve_argv
+    shell = head.docker_argv[-len(head.serve_argv) - 4:-len(head.serve_argv)]
+    assert shell[:2] == ("sh", "-c") and shell[2].startswith("ray start --head --port 29500 ")
+    assert f"--node-ip-address {head.data_ip}" in shell[2] and shell[2].endswith('&& exec "$@"')
+    assert head.env["RAY_ADDRESS"] == address and head.env["VLLM_HOST_IP"] == head.data_ip
+    assert [n.name for n in p.start_order] == [worker.name, head.name]  # the worker waits for Ray's head
+
+
+def test_ray_backend_on_one_box_is_plain_vllm(tmp_path):
+    (only,) = plan.plan(_sim(tmp_path, backend="ray"), nodes=1).nodes
+    assert only.serve_argv[:2] == ("vllm", "serve") and "--distributed-executor-backend" not in only.serve_argv
+    assert "RAY_ADDRESS" not in only.env and "sh" not in only.docker_argv
+
+
+def test_ray_backend_on_gpu_nodes_lets_ray_find_the_gpu(tmp_path):
+    shipped = paths.default_inventory()
+    data = yaml.safe_load(shipped.read_text())
+    data.update(backend="ray", vocab=str(shipped.parent / data["vocab"]))
+    (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(data))
+    p = plan.plan(inventory.load(tmp_path / "inventory.yaml"))
+    worker = p.nodes[1]
+    assert "--num-gpus" not in worker.serve_argv and "--gpus" in worker.docker_argv
+    assert worker.env["NCCL_SOCKET_IFNAME"] == worker.netdev
+

@@ -108,6 +108,8 @@ CASES = [
     ("router-port-clash", lambda d: d.update(router={"node": "node1", "port": 8000}, auth={"api_key_file": "api_key"}),
      "router.port", "already service a's port on node1"),
     ("router-without-key", lambda d: d.update(router={"node": "node1"}), "router", "needs auth.api_key_file"),
+    ("service-bad-backend", lambda d: d["services"][1].__setitem__("backend", "mpi"), "services[1].backend",
+     "not one of mp, ray"),
     ("service-named-router", lambda d: d["services"][1].__setitem__("name", "router"), "services[1].name",
      "names the router"),
     ("gpu-service-on-sim-nodes", lambda d: d["services"][1].update(
@@ -143,6 +145,8 @@ def test_example_four_nodes_plans_and_renders_both_services(tmp_path, capsys, mo
     assert [n["name"] for n in plans["chat"]["nodes"]] == ["spark1", "spark2"]
     assert [n["name"] for n in plans["super"]["nodes"]] == ["spark3", "spark4"]
     assert plans["super"]["api_port"] == 8001 and plans["super"]["nodes"][0]["role"] == "head"
+    assert (plans["chat"]["backend"], plans["super"]["backend"]) == ("mp", "ray")
+    assert plans["super"]["nodes"][1]["serve_argv"][:4] == ["ray", "start", "--address", "192.168.177.13:29502"]
     assert main(["plan", "--inventory", str(EXAMPLE), "--service", "super", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["service"] == "super"
     assert main(["render", "--inventory", str(EXAMPLE), "--out", str(tmp_path / "out")]) == 0

@@ -59,7 +59,8 @@ def format_plan(p: plan_mod.Plan) -> str:
         f"cluster {p.cluster}  profile {p.profile}  nodes {p.nnodes}  tp {p.tp}  pp {p.pp}  release {p.release_id}",
         f"image   {p.image.tag}  (FROM {p.image.base}; vLLM {p.image.vllm_version})",
         *(f"  path  {t}" for t in p.image.transfers),
-        f"api     {p.api_url}   master port {p.master_port}",
+        f"api     {p.api_url}   " + (f"Ray's head port {p.master_port} (backend ray)" if p.backend == "ray"
+                                        else f"master port {p.master_port}"),
         "start   " + " -> ".join(f"{n.name} ({n.role})" for n in p.start_order),
         "patches " + "  ".join(f"{f.name}={'on' if f.enabled else 'off'}({f.mode})" for f in p.features),
         *(f"  {f.name:<13} {_why(p, f)}" for f in p.features),
@@ -72,8 +73,9 @@ def format_plan(p: plan_mod.Plan) -> str:
         lines += ["", f"== {n.name}: {n.role}, rank {n.rank}, starts #{n.start_order + 1}, "
                       f"ssh {n.ssh.user}@{n.ssh.host}:{n.ssh.port}, data {n.data_ip} on {n.netdev}"
                       + (f", hca {','.join(n.hca)}" if n.hca else "")]
-        docker_only = shlex.join(n.docker_argv[: len(n.docker_argv) - len(n.serve_argv)]) + " <vllm serve above>"
-        lines += ["  vllm serve:", _wrap(n.serve_command), "  docker run:", _wrap(docker_only), "  env:"]
+        runs = n.serve_argv[0] + " " + n.serve_argv[1]  # `vllm serve`, or `ray start` on a ray worker
+        docker_only = shlex.join(n.docker_argv[: len(n.docker_argv) - len(n.serve_argv)]) + f" <{runs} above>"
+        lines += [f"  {runs}:", _wrap(n.serve_command), "  docker run:", _wrap(docker_only), "  env:"]
         lines += [f"    {k}={v}" for k, v in n.env.items()] or ["    (none)"]
         lines += ["  files:"] + [f"    {rel}  ->  {dest}" for rel, dest in n.files.items()]
         lines += ["  memory:"] + [f"    {label:<24} {value}" for label, value in n.memory.rows()]
