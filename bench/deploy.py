@@ -157,7 +157,16 @@ def measured_up(inv) -> dict:
     return {"wall_s": round(wall, 1), "image_step_s": round(image_s, 1),
             "received_up": {n: rx1[n] - rx0[n] for n in rx0}, "received_image_step": image_rx,
             "changed_layer_bytes": changed, "image_bytes": sum(new.values()), "changes": res.changes,
+            "step_s": _step_seconds(res.outcomes),
             "ratio": {n: round(b / changed, 2) for n, b in image_rx.items()} if changed else None}
+
+
+def _step_seconds(outcomes) -> dict:
+    """Where an `up` spent its time: each step's longest node (a step runs its nodes side by side)."""
+    out: dict[str, float] = {}
+    for o in outcomes:
+        out[o.step] = round(max(out.get(o.step, 0.0), o.seconds), 1)
+    return out
 
 
 def layers(inv_path: str, work: Path, first: bool) -> dict:
@@ -196,6 +205,8 @@ def print_layers(rows: dict) -> None:
         ratio = "/".join(str(v) for v in r["ratio"].values()) if r["ratio"] else "-"
         print(f"{name:<15}{r['wall_s']:>8}{r['image_step_s']:>9}{up:>22}{im:>22}"
               f"{r['changed_layer_bytes'] / mb:>12.2f}{ratio:>16}", file=sys.stderr)
+        print(f"{'':<15}steps (s): " + "  ".join(f"{k} {v}" for k, v in r["step_s"].items() if v >= 0.5),
+              file=sys.stderr)
     print("(per node: head/worker; recv (up) = bytes received on the node's interfaces during the whole up; "
           "recv (image) = image bytes sent to the node, by the registry's log and the SSH tunnel; changed = "
           "compressed bytes of the layers new to the head's registry)", file=sys.stderr)

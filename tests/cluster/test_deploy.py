@@ -154,6 +154,12 @@ def test_the_heads_exporter_serves_prometheus_from_the_engine_image(deployed, si
     user = sim_cluster.ssh("node1", "docker inspect -f '{{.Config.User}}' sparkdeploy-exporter").out.strip()
     assert user == "65534:65534"
     assert sim_cluster.ssh("node2", "systemctl cat sparkdeploy-exporter.service").rc != 0  # the head's only
+    # a stop is not a failure: `down` and restarts must not leave the unit failed (the node's systemd degraded)
+    sim_cluster.ssh("node1", "systemctl stop sparkdeploy-exporter.service")
+    try:
+        assert sim_cluster.ssh("node1", "systemctl is-failed sparkdeploy-exporter.service").out.strip() == "inactive"
+    finally:
+        sim_cluster.ssh("node1", "systemctl start sparkdeploy-exporter.service")
 
 
 def test_api_key_guards_the_api_and_stays_secret(deployed, sim_cluster):
