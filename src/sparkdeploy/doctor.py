@@ -2,8 +2,9 @@
 
 The I/O is here: `examine()` connects, runs `probes.probe_argv(...)` (one fixed shell script, one SSH round
 trip per node), the clock samples (`clock_offset`) and one TCP stream per pair of nodes over the data plane
-(`measure_bandwidth`), the NCCL libraries of the host and of the serving image (`probes.nccl_argv`), asks the
-planner for each node's memory budget on the measured /proc/meminfo, and hands everything to `preflight`.
+(`measure_bandwidth`), the NCCL libraries of the host and of the serving image and the image's Ray
+(`probes.image_libs_argv`), asks the planner for each node's memory budget on the measured /proc/meminfo, and
+hands everything to `preflight`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.memguard import memory_margin, serving_margin
-from sparkdeploy.preflight import GIB, NodeSpec, check_api_key, check_nccl, run_checks
-from sparkdeploy.probes import (BANDWIDTH_PORT, HostFacts, bandwidth_receive_argv, bandwidth_send_argv, nccl_argv,
-                                parse_bandwidth, parse_meminfo, parse_nccl, probe_argv)
+from sparkdeploy.preflight import GIB, NodeSpec, check_api_key, check_nccl, check_ray, run_checks
+from sparkdeploy.probes import (BANDWIDTH_PORT, HostFacts, bandwidth_receive_argv, bandwidth_send_argv,
+                                image_libs_argv, parse_bandwidth, parse_image_libs, parse_meminfo, probe_argv)
 from sparkdeploy.verdict import Result, Status, worst
 
 
@@ -123,7 +124,8 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
         clocks = pool.map(clock_offset, up)
         bandwidth = measure_bandwidth(pool, inv.nodes, up)
         tag = serving_image_tag(inv)
-        nccl = pool.map(lambda c: parse_nccl(c.run(nccl_argv(tag), check=False, timeout=180).stdout), up) if tag else {}
+        libs = pool.map(lambda c: parse_image_libs(c.run(image_libs_argv(tag), check=False, timeout=180).stdout),
+                        up) if tag else {}
     finally:
         if own:
             pool.close()
@@ -179,7 +181,9 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
                 r = memory_margin("memory", r.node, mem["MemAvailable"], int(b.engine_gib * GIB),
                                   int(b.reserve_gib * GIB), total=mem.get("MemTotal"))
         results.append(r)
-    results += [check_nccl(n, got if isinstance(got, dict) else str(got), tag) for n, got in sorted(nccl.items())]
+    results += [check_nccl(n, got if isinstance(got, dict) else str(got), tag) for n, got in sorted(libs.items())]
+    if inv.backend == "ray" and len(inv.nodes) > 1:
+        results += [check_ray(n, got if isinstance(got, dict) else str(got), tag) for n, got in sorted(libs.items())]
     results.append(check_api_key(inv))
     return Examination(results, facts, time.monotonic() - t0)
 

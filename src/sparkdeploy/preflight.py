@@ -460,6 +460,19 @@ def check_nccl(node: str, probed: Mapping[str, str] | str, image_tag: str) -> Re
     return _r("nccl-library", node, Status.OK, f"the engine loads {loaded}; {on_host}")
 
 
+def check_ray(node: str, probed: Mapping[str, str] | str, image_tag: str) -> Result:
+    """A `backend: ray` service's ranks start with `ray start` from the serving image: without Ray in it the head
+    fails at its first line and `up` rolls back."""
+    if isinstance(probed, str):
+        return _r("ray", node, Status.WARN, f"not read: {probed}", "check docker on the node")
+    if probed["image"] == "absent":
+        return _r("ray", node, Status.SKIPPED, f"{image_tag} is not on the node yet (`up` delivers it)")
+    if not probed["image_ray"]:
+        return _r("ray", node, Status.FAILED, f"no Ray in the serving image {image_tag}: `ray start` would fail",
+                  "use a base image with Ray (NVIDIA's vLLM images have it), or backend: mp")
+    return _r("ray", node, Status.OK, f"Ray {probed['image_ray']} in the serving image")
+
+
 def check_clock_skew(offsets: Mapping[str, tuple[float, float]], *, shared_kernel: bool = False) -> Result:
     """`offsets`: {node: (offset_s vs this machine, uncertainty_s = half the round trip)}."""
     if len(offsets) < 2:

