@@ -68,6 +68,7 @@ class Context:
         self.rel: dict[str, releases.NodeReleases] = {}
         self.image_id: str | None = None  # the serving image's id (set by the image step)
         self.image_received: dict[str, int] = {}  # bytes each node received while the image was delivered
+        self.image_push_tries: list[int] = []  # bytes per try of a push through the SSH tunnel (a retry re-sends)
         self.image_seconds: float = 0.0  # the image step's wall time
 
     def close(self):

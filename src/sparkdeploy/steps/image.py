@@ -75,29 +75,31 @@ def push(conn: Conn, tag: str, registry_addr: str) -> None:
                           node=conn.name)
 
 
-def push_through_tunnel(cl, local: Conn, tag: str, data_ip: str, attempts: int = 3) -> int:
+def push_through_tunnel(cl, local: Conn, tag: str, data_ip: str, attempts: int = 3) -> list[int]:
     """Push from this machine into the head's registry through an SSH tunnel, over a fresh connection on a retry.
-    Returns the bytes sent through the tunnel (all tries).
+    Returns the bytes sent through the tunnel by each try (the last one succeeded).
 
     A dropped SSH session (seen on a loaded host: OpenSSH ends the whole session on a packet for a channel it
-    has freed) ends the push with EOF; the registry keeps the layers that arrived, so a retry sends the rest."""
+    has freed) ends the push with EOF; the registry keeps the layers whose upload completed, so a retry sends
+    the rest (a layer cut mid-upload is sent again)."""
     if dry():  # the tunnel's local port is chosen when it opens
         push(local, tag, f"127.0.0.1:<tunnel to {data_ip}:{registry.PORT}>")
-        return 0
-    sent = 0
+        return []
+    tries: list[int] = []
     for attempt in range(1, attempts + 1):
         try:
             with registry.tunnel(cl.conn(cl.head), data_ip, registry.PORT) as opened:
                 try:
                     push(local, tag, f"127.0.0.1:{opened.port}")
                 finally:
-                    sent += opened.sent
-            return sent
+                    tries.append(opened.sent)
+            return tries
         except RemoteError as err:
             if attempt == attempts:
                 raise
-            cl.log(f"{cl.head}: push through the SSH tunnel failed ({str(err)[-160:]}); retry {attempt} of "
-                   f"{attempts - 1}")
+            cl.log(f"{cl.head}: push through the SSH tunnel failed after {tries[-1]} bytes ({str(err)[-160:]}); "
+                   f"retry {attempt} of {attempts - 1}")
+    return tries
 
 
 def pull(conn: Conn, tag: str, registry_addr: str, want_id: str) -> None:
@@ -130,7 +132,7 @@ def converge(cl, out: list) -> str | None:
     from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD, Outcome, StepFailed
 
     tag, head, names = cl.plan.image.tag, cl.head, cl.names
-    cl.image_received, started = {}, time.monotonic()
+    cl.image_received, cl.image_push_tries, started = {}, [], time.monotonic()
     ids = cl.pool.map(lambda c: image_id(c, tag), names)
     failed = [Outcome("image", n, FAILED, str(r)) for n, r in ids.items() if isinstance(r, Exception)]
     if failed:
@@ -195,7 +197,7 @@ def _deliver(cl, want: str | None, source: str | None, local: Conn | None,
     trusted = cl.pool.map(lambda c: registry.trust(c, addr, ca), names)
     done.update({n: r for n, r in trusted.items() if isinstance(r, Exception)})
     cursor = None if dry() else registry.log_cursor(hc)
-    tunneled, t1 = 0, time.monotonic()
+    tries, t1 = [], time.monotonic()
     if want is None or not registry.holds(hc, tag, want):
         how = ("from its engine into its registry (no wire)" if source == head else
                f"from {source} into the registry at {addr} (data plane)" if source else
@@ -206,7 +208,7 @@ def _deliver(cl, want: str | None, source: str | None, local: Conn | None,
         if source:
             push(cl.conn(source), tag, addr)
         else:
-            tunneled = push_through_tunnel(cl, local, tag, data_ip)
+            tries = push_through_tunnel(cl, local, tag, data_ip)
         done.setdefault(head, [f"pushed {how}"])
         done[head] = done[head] + [f"push {tag} into {addr}"]
     if lacking and not dry():
@@ -215,7 +217,8 @@ def _deliver(cl, want: str | None, source: str | None, local: Conn | None,
     dt = time.monotonic() - t1
     if not dry():
         # cl.conn, not hc: a tunnel that dropped the head's SSH session leaves hc dead
-        cl.image_received = image_bytes_sent(cl, registry.bytes_sent(cl.conn(head), cursor), tunneled)
+        cl.image_received = image_bytes_sent(cl, registry.bytes_sent(cl.conn(head), cursor), sum(tries))
+        cl.image_push_tries = tries  # bytes per try through the tunnel: a retry after a dropped session shows here
     for n, r in pulled.items():
         if isinstance(r, Exception):
             done[n] = r
