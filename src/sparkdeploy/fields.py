@@ -9,7 +9,9 @@ from typing import Any
 
 from sparkdeploy.errors import InventoryError
 
-CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# C0 and C1 controls and the Unicode line/paragraph separators: NEL (U+0085), U+2028 and U+2029 end a line for
+# Python's str.splitlines and other readers, so a value holding one would split an env or unit line.
+CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class Fields:
