@@ -291,11 +291,11 @@ def _gid_index(node: Node, facts: NodeFacts) -> tuple[int | None, str | None]:
     return known.pop(), None
 
 
-def _env(inv: Inventory, node: Node, facts: NodeFacts, nnodes: int, notes: list[str]) -> dict[str, str]:
+def _env(inv: Inventory, node: Node, facts: NodeFacts, nnodes: int, ray: bool, notes: list[str]) -> dict[str, str]:
     env = dict(inv.profile.env)
+    if ray:
+        env.update(RAY_ADDRESS=_ray_address(inv), RAY_USAGE_STATS_ENABLED="0")
     if nnodes > 1:
-        if inv.backend == "ray":
-            env.update(RAY_ADDRESS=_ray_address(inv), RAY_USAGE_STATS_ENABLED="0")
         env.update(
             VLLM_HOST_IP=node.data_ip,
             NCCL_SOCKET_IFNAME=node.netdev,
@@ -316,14 +316,14 @@ def _env(inv: Inventory, node: Node, facts: NodeFacts, nnodes: int, notes: list[
     return dict(sorted(env.items()))
 
 
-def _serve_argv(inv: Inventory, node: Node, rank: int, nnodes: int, tp: int, pp: int, mem: MemoryBudget,
+def _serve_argv(inv: Inventory, node: Node, rank: int, nnodes: int, ray: bool, tp: int, pp: int, mem: MemoryBudget,
                 head: Node, features: tuple[Feature, ...], flags_of: Callable[[str, str], list[str]],
                 spec: dict[str, Any] | None, additional: dict[str, Any]) -> tuple[str, ...]:
     p = inv.profile
     argv = ["vllm", "serve", p.model_path, "--served-model-name", p.served_name]
     if rank == 0:
         argv += ["--host", "0.0.0.0", "--port", str(inv.ports.api)]
-    if nnodes > 1 and inv.backend == "ray":
+    if ray:
         argv += ["--distributed-executor-backend", "ray"]
     elif nnodes > 1:
         argv += ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", head.data_ip,
@@ -380,15 +380,6 @@ def _ray_start(inv: Inventory, node: Node, role: str) -> tuple[str, ...]:
     if not node.has_gpu:
         argv += ["--num-gpus", "1"]
     return tuple(argv)
-
-
-def _container_command(inv: Inventory, node: Node, role: str, serve_argv: tuple[str, ...],
-                       nnodes: int) -> tuple[str, ...]:
-    """What the rank's container runs: `serve_argv`, after Ray's head on a ray head (the shell execs vLLM, so
-    the container ends with it)."""
-    if nnodes > 1 and inv.backend == "ray" and role == "head":
-        return ("sh", "-c", f'{shlex.join(_ray_start(inv, node, role))} && exec "$@"', "ray-head") + serve_argv
-    return serve_argv
 
 
 def _docker_argv(inv: Inventory, node: Node, role: str, image_tag: str, serve_argv: tuple[str, ...],
@@ -498,6 +489,7 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     inv, p = inventory, inventory.profile
     chosen, tp, pp = _layout(inv, nodes)
     nnodes = len(chosen)
+    ray = inv.backend == "ray" and nnodes > 1  # one box needs no Ray: plain vLLM
     facts = facts_for(chosen, facts_by_node)
     mode_of, flags_of = compat or _compat_mode()
     ckpt = _checkpoint(p, checkpoint)
@@ -539,13 +531,16 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
         if node.has_gpu and nnodes > 1 and netdev is not None and netdev.mtu is not None and netdev.mtu < 9000:
             notes.append(f"{node.name}: {node.netdev} MTU {netdev.mtu} (CX-7 links want 9000)")
         role = "head" if rank == 0 else "worker"
-        env = _env(inv, node, nf, nnodes, notes)
-        if inv.backend == "ray" and nnodes > 1 and rank > 0:
-            serve = _ray_start(inv, node, role)  # the worker's ranks are Ray actors the head's vLLM places
+        env = _env(inv, node, nf, nnodes, ray, notes)
+        if ray and rank > 0:  # the worker's rank is a Ray actor the head's vLLM places: no vLLM of its own
+            serve = command = _ray_start(inv, node, role)
         else:
-            serve = _serve_argv(inv, node, rank, nnodes, tp, pp, mem, head, features, flags_of, spec, additional)
-        docker = _docker_argv(inv, node, role, image.tag, _container_command(inv, node, role, serve, nnodes),
-                              secrets, capture)
+            serve = _serve_argv(inv, node, rank, nnodes, ray, tp, pp, mem, head, features, flags_of, spec,
+                                additional)
+            # a ray head starts Ray's head first; the shell execs vLLM, so the container ends with it
+            command = (("sh", "-c", f'{shlex.join(_ray_start(inv, node, role))} && exec "$@"', "ray-head") + serve
+                       if ray else serve)
+        docker = _docker_argv(inv, node, role, image.tag, command, secrets, capture)
         files = {f"{node.name}/release/{name}": f"{{release}}/{name}" for name in (ENV_FILE, LAUNCH_FILE, NODE_PLAN_FILE)}
         files[f"{node.name}/unit/{UNIT_NAME}"] = UNIT_PATH
         start_order = nnodes - 1 if rank == 0 else rank - 1
@@ -560,7 +555,7 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
                  nodes=tuple(node_plans), features=features, additional_config=additional, capture=capture,
                  speculative_config=spec, model_host_dir=p.host_dir, notes=tuple(notes), checkpoint=ckpt,
                  secrets=secrets, weights_transfers=_weights_transfers(inv, chosen), metrics_port=inv.ports.metrics,
-                 service=inv.service, backend=inv.backend if nnodes > 1 else "mp")
+                 service=inv.service, backend="ray" if ray else "mp")
     identity = draft.to_dict()  # what reaches the nodes; not provenance, host paths or how we log in
     identity["image"] = {k: v for k, v in identity["image"].items() if k not in ("labels", "vocab_source", "transfers")}
     identity.pop("notes")

@@ -99,7 +99,6 @@ def push_through_tunnel(cl, local: Conn, tag: str, data_ip: str, attempts: int =
                 raise
             cl.log(f"{cl.head}: push through the SSH tunnel failed after {tries[-1]} bytes ({str(err)[-160:]}); "
                    f"retry {attempt} of {attempts - 1}")
-    return tries
 
 
 def pull(conn: Conn, tag: str, registry_addr: str, want_id: str) -> None:
