@@ -41,7 +41,8 @@ FIELDS = [
 
 NASTY = ["", " ", "\n", "a\nb", "x\n", "$(id)", "`id`", "'", '"', "\\", "%n", "{{ x }}", "${HOME}", ";reboot", "-rf",
          "--help", "../..", "/", "/opt/sparkdeploy/vocab", "0.0.0.0", "127.0.0.1", "x" * 300, "²", "ü", "\u202e",
-         "\x00", "a b", "A=B", "[x]", "#c", "plan.json", "0.33.0+cpu", "repo:tag@sha256:" + "a" * 64, "\t", "\r"]
+         "\x00", "a b", "A=B", "[x]", "#c", "plan.json", "0.33.0+cpu", "repo:tag@sha256:" + "a" * 64, "\t", "\r",
+         "\x85", "a\u2028b"]
 
 
 def values(valid: str):

@@ -39,6 +39,8 @@ def write_case(tmp_path: Path, inv: dict | None = None, prof: dict | None = None
 @pytest.mark.parametrize("inv,prof,field,allowed", [
     ({}, {"env": {"GOOD": "1", "BAD\n": "x"}}, "env", "environment variable name"),
     ({}, {"env": {"X": "a\nEVIL=1"}}, "env.X", "control characters"),
+    ({}, {"env": {"X": "a\x85EVIL=1"}}, "env.X", "control characters"),  # NEL ends a line for splitlines
+    ({}, {"env": {"X": "a\u2028b"}}, "env.X", "control characters"),
     ({"nodes.0.hca": ["mlx5_0\n"]}, {}, "nodes[0].hca[0]", "RoCE device name"),
     ({"nodes.0.name": "node1\n"}, {}, "nodes[0].name", "control characters"),
     ({}, {"image.vllm_version": "0.32.0+cpu"}, "image.vllm_version", "no '+'"),
