@@ -3,11 +3,18 @@
 
   latency      one request at a time, alternating router / direct to the service's head (same prompt, same
                model, temperature 0, --max-tokens): p50 and p99 of each, and the p50 the router adds
-  throughput   --concurrency clients for --seconds on each path, alternating paths per round: completed
-               requests per second of each and router / direct
+  throughput   --concurrency clients for --seconds on each path, in --rounds pairs of adjacent windows (the
+               order alternating, router-direct then direct-router): completed requests per second of each, the
+               ratio router / direct of each pair, and per block of two pairs (each path once first, once
+               second), whose median is the figure (a noisy shared host drifts between pairs far more than
+               within one, and a window runs slower second than first)
+  CPU          the router unit's CPU time per request it carried, and the router node's whole busy CPU time
+               per request in the direct windows (both from /proc, read over SSH): their quotient is what the
+               router can cost where the node's CPU is the bottleneck (a sim node shares this host's cores,
+               so there it is the whole host's; a GB10 has 20 cores beside a GPU-bound engine)
 
 Goals (issue 16): p50 added <= 2 ms, throughput ratio >= 0.95. Usage:
-  bench/router.py --inventory INVENTORY [--model NAME] [--requests 200] [--concurrency 4] [--rounds 3] [--json]
+  bench/router.py --inventory INVENTORY [--model NAME] [--requests 200] [--concurrency 4] [--rounds 6] [--json]
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from sparkdeploy import inventory  # noqa: E402
+from sparkdeploy import inventory, layout  # noqa: E402
 from sparkdeploy.health import bearer  # noqa: E402
+from sparkdeploy.remote import connect, target_of  # noqa: E402
 from sparkdeploy.router import plan_router  # noqa: E402
 
 
@@ -55,7 +63,8 @@ def latency(paths: dict[str, str], model: str, headers: dict, n: int, max_tokens
     return out
 
 
-def throughput(base: str, model: str, headers: dict, clients: int, seconds: float, max_tokens: int) -> float:
+def throughput(base: str, model: str, headers: dict, clients: int, seconds: float, max_tokens: int) -> tuple[float, int]:
+    """Completed requests per second, and how many completed."""
     done = [0] * clients
     stop = time.perf_counter() + seconds
 
@@ -71,7 +80,30 @@ def throughput(base: str, model: str, headers: dict, clients: int, seconds: floa
         t.start()
     for t in threads:
         t.join()
-    return sum(done) / (time.perf_counter() - t0)
+    return sum(done) / (time.perf_counter() - t0), sum(done)
+
+
+# The router unit's processes (the launcher and the router it forks), their user + system CPU ticks summed, and
+# the tick rate: from /proc, as systemd's CPUUsageNSec needs CPU accounting (off on cgroup v1 hosts, the sim's).
+_CPU_TICKS = r"""
+main=$(systemctl show -p MainPID --value "$1")
+[ "${main:-0}" -gt 0 ] || exit 1
+t=0
+for p in $main $(pgrep -P "$main"); do t=$((t + $(cut -d')' -f2 /proc/$p/stat | awk '{print $12 + $13}'))); done
+echo "$t $(getconf CLK_TCK)"
+"""
+
+
+# The node's busy CPU ticks (user, nice, system, irq, softirq, steal) and the tick rate.
+_NODE_TICKS = "awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; getconf CLK_TCK"
+
+
+def cpu_ns(conn, what: str) -> int | None:
+    """CPU time so far, in ns, of the router (`what` = "router") or of the whole node (None: not readable)."""
+    argv = ["sh", "-c", _CPU_TICKS, "cpu", layout.ROUTER_UNIT] if what == "router" else ["sh", "-c", _NODE_TICKS]
+    res = conn.query(argv, check=False)
+    parts = res.stdout.split()
+    return int(parts[0]) * 10**9 // int(parts[1]) if res.rc == 0 and len(parts) == 2 else None
 
 
 def main() -> int:
@@ -82,9 +114,11 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=1)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=10, help="throughput: per path per round")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=6, help="throughput: pairs of windows")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.rounds < 2 or args.rounds % 2:
+        ap.error("--rounds: an even number >= 2 (blocks of two pairs, each path first once)")
 
     views = inventory.load_services(args.inventory)
     rp = plan_router(views)
@@ -98,18 +132,38 @@ def main() -> int:
     headers = bearer(views[0].auth.api_key())
     paths = {"router": rp.url, "direct": worker.url}
     lat = latency(paths, worker.model, headers, args.requests, args.max_tokens)
+    conn = connect(target_of(rp.node.name, rp.node.ssh))
     rps: dict[str, list[float]] = {p: [] for p in paths}
-    for r in range(args.rounds):
+    ratios = []
+    cpu = {"router": [0, 0], "direct": [0, 0]}  # ns, requests: the router's own in router windows, the node's in
+    for r in range(args.rounds):                # direct windows
+        pair = {}
         for p in (list(paths) if r % 2 == 0 else list(reversed(paths))):
-            rps[p].append(throughput(paths[p], worker.model, headers, args.concurrency, args.seconds,
-                                     args.max_tokens))
+            what = "router" if p == "router" else "node"
+            before = cpu_ns(conn, what)
+            pair[p], n = throughput(paths[p], worker.model, headers, args.concurrency, args.seconds, args.max_tokens)
+            after = cpu_ns(conn, what) if before is not None else None
+            if after is not None:
+                cpu[p] = [cpu[p][0] + after - before, cpu[p][1] + n]
+            rps[p].append(pair[p])
+        ratios.append(pair["router"] / pair["direct"])
+    # Each block of two pairs (router first, then direct first) has each path once in each position, which
+    # cancels a position effect the pairs show on a loaded host (the second window runs slower).
+    blocks = [sum(rps["router"][i:i + 2]) / sum(rps["direct"][i:i + 2]) for i in range(0, args.rounds - 1, 2)]
     res = {"model": worker.model, "router": rp.url, "direct": worker.url, "requests": args.requests,
-           "max_tokens": args.max_tokens, "concurrency": args.concurrency}
+           "max_tokens": args.max_tokens, "concurrency": args.concurrency, "rounds": args.rounds}
     for p in paths:
         res[p] = {"p50_ms": round(1000 * statistics.median(lat[p]), 2), "p99_ms": round(1000 * pct(lat[p], 0.99), 2),
                   "rps": round(statistics.median(rps[p]), 2)}
     res["p50_added_ms"] = round(res["router"]["p50_ms"] - res["direct"]["p50_ms"], 2)
-    res["throughput_ratio"] = round(res["router"]["rps"] / res["direct"]["rps"], 3)
+    res["pair_ratios"] = [round(x, 3) for x in ratios]
+    res["block_ratios"] = [round(x, 3) for x in blocks]
+    res["throughput_ratio"] = round(statistics.median(blocks), 3)
+    per_request = {p: cpu[p][0] / cpu[p][1] / 1e6 if cpu[p][1] else None for p in cpu}
+    res["router_cpu_ms_per_request"] = per_request["router"] and round(per_request["router"], 3)
+    res["node_cpu_ms_per_request"] = per_request["direct"] and round(per_request["direct"], 3)
+    res["router_cpu_share"] = (round(per_request["router"] / per_request["direct"], 4)
+                               if per_request["router"] and per_request["direct"] else None)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
@@ -118,8 +172,12 @@ def main() -> int:
     print(f"{'path':<8} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
     for p in paths:
         print(f"{p:<8} {res[p]['p50_ms']:>8} {res[p]['p99_ms']:>8} {res[p]['rps']:>8}")
-    print(f"p50 added by the router: {res['p50_added_ms']} ms (goal <= 2); throughput router/direct: "
-          f"{res['throughput_ratio']} (goal >= 0.95)")
+    print(f"p50 added by the router: {res['p50_added_ms']} ms (goal <= 2); throughput router/direct, median of "
+          f"{len(blocks)} blocks: {res['throughput_ratio']} (goal >= 0.95; blocks {res['block_ratios']}, pairs "
+          f"{res['pair_ratios']})")
+    print(f"CPU per request: the router's {res['router_cpu_ms_per_request']} ms, the router node's whole (direct "
+          f"windows) {res['node_cpu_ms_per_request']} ms: the router's share {res['router_cpu_share']} (on a "
+          "CPU-bound node, the throughput the router's CPU can cost)")
     return 0
 
 
