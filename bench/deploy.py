@@ -38,11 +38,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from sparkdeploy import layout
 from sparkdeploy import health  # noqa: E402
 from sparkdeploy import inventory as I  # noqa: E402
 from sparkdeploy import registry  # noqa: E402
-from sparkdeploy.steps import supervise  # noqa: E402
 from sparkdeploy.steps.deploy import Cluster, Options, dry_run_services  # noqa: E402
 
 
@@ -115,8 +113,9 @@ def wipe_images(inv) -> None:
     c = Cluster(inv, Options())
     try:
         c.connect([], [n.name for n in inv.nodes])
-        script = (f"systemctl stop {supervise.TIMER} {supervise.SERVICE} 2>/dev/null; "
-                  f"systemctl stop {layout.UNIT_NAME} 2>/dev/null; docker rm -f {layout.CONTAINER_NAME} 2>/dev/null; "
+        lay = inv.layout
+        script = (f"systemctl stop {lay.watchdog_timer} {lay.watchdog_service} 2>/dev/null; "
+                  f"systemctl stop {lay.unit} 2>/dev/null; docker rm -f {lay.container} 2>/dev/null; "
                   f"docker image ls -q {inv.image.repository} | xargs -r docker image rm -f; docker image prune -f; "
                   f"systemctl stop {registry.UNIT_NAME} 2>/dev/null; rm -rf {registry.STORAGE_DIR}; "
                   f"systemctl start {registry.UNIT_NAME} 2>/dev/null; true")

@@ -155,8 +155,8 @@ def release_number(current_link: str) -> int | None:
 class Exporter(Collector):
     """Reads the inputs on every scrape; keeps the engine's previous snapshot for the live deltas."""
 
-    def __init__(self, *, engine_url: str, state_path: str = layout.WATCHDOG_STATE,
-                 current_link: str = layout.CURRENT_LINK, sentinel_path: str | None = None):
+    def __init__(self, *, engine_url: str, state_path: str = layout.PLAIN.watchdog_state,
+                 current_link: str = layout.PLAIN.current_link, sentinel_path: str | None = None):
         self.engine_url, self.state_path = engine_url, state_path
         self.current_link, self.sentinel_path = current_link, sentinel_path
         self._previous: metrics.Snapshot | None = None
@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--listen", type=_listen, default=("127.0.0.1", DEFAULT_PORT),
                         help=f"HOST:PORT to serve /metrics on [default 127.0.0.1:{DEFAULT_PORT}].")
     parser.add_argument("--engine", default="http://127.0.0.1:8000", help="The engine's base URL (its /metrics).")
-    parser.add_argument("--state", default=layout.WATCHDOG_STATE, help="The watchdog's state file.")
-    parser.add_argument("--current", default=layout.CURRENT_LINK, help="The link to the release serving now.")
+    parser.add_argument("--state", default=layout.PLAIN.watchdog_state, help="The watchdog's state file.")
+    parser.add_argument("--current", default=layout.PLAIN.current_link, help="The link to the release serving now.")
     parser.add_argument("--sentinel", help="The current release's sentinel record (JSON).")
     args = parser.parse_args(argv)
     server, thread = serve(Exporter(engine_url=args.engine, state_path=args.state, current_link=args.current,

@@ -17,8 +17,9 @@ from typing import Callable
 
 import requests
 
-from sparkdeploy import layout, memguard
+from sparkdeploy import memguard
 from sparkdeploy.connection import Conn
+from sparkdeploy.layout import ServiceLayout
 from sparkdeploy.verdict import Status
 
 PROBE_PROMPT = "The capital of France is"
@@ -55,6 +56,7 @@ class NodeExpect:
     release: int | None
     ports: tuple[int, ...] = ()
     extra_units: tuple[str, ...] = ()  # e.g. the watchdog timer on the head
+    monitoring_units: tuple[str, ...] = ()  # those of extra_units whose failure is a warning (the exporter)
 
 
 @dataclass
@@ -96,8 +98,8 @@ class Report:
 
 
 # ------------------------------------------------------------------------------------------- node side
-# One round trip: $1 unit, $2 container, $3 current link, $4 watchdog state, $5 draft-list pointer (layout's
-# paths), $6.. extra units; prints KEY VALUE lines.
+# One round trip: $1 unit, $2 container, $3 current link, $4 watchdog state, $5 draft-list pointer (the
+# service's layout), $6.. extra units; prints KEY VALUE lines.
 _NODE_SCRIPT = r"""
 unit=$1; ctr=$2; current=$3; wd_state=$4; vocab=$5; shift 5
 echo "docker $(docker info --format '{{.ServerVersion}}' 2>/dev/null || echo DOWN)"
@@ -115,9 +117,9 @@ echo "vocab_configured $(grep -o 'sha256[^0-9a-f]\{1,8\}[0-9a-f]\{64\}' "$curren
 """
 
 
-def node_snapshot(conn: Conn, unit: str, container: str, extra_units: tuple[str, ...] = ()) -> dict:
-    out = conn.run(["sh", "-c", _NODE_SCRIPT, "health", unit, container, layout.CURRENT_LINK,
-                    layout.WATCHDOG_STATE, layout.VOCAB_POINTER, *extra_units], timeout=30, check=False).stdout
+def node_snapshot(conn: Conn, lay: ServiceLayout, extra_units: tuple[str, ...] = ()) -> dict:
+    out = conn.run(["sh", "-c", _NODE_SCRIPT, "health", lay.unit, lay.container, lay.current_link,
+                    lay.watchdog_state, lay.vocab_pointer, *extra_units], timeout=30, check=False).stdout
     snap: dict = {"extra": {}}
     for line in out.splitlines():
         key, _, val = line.partition(" ")
@@ -138,7 +140,7 @@ def check_node(report: Report, exp: NodeExpect, snap: dict, stale: list[str]) ->
     report.add("unit", en == "enabled" and act == "active", f"{exp.unit} is {en} and {act}", n)
     for u, (uen, uact) in snap.get("extra", {}).items():
         ok = uen == "enabled" and uact == "active"
-        if u == layout.EXPORTER_UNIT:  # monitoring, not serving: a warning
+        if u in exp.monitoring_units:  # monitoring, not serving: a warning
             report.add(f"unit {u}", ok, f"{u} is {uen} and {uact}" + ("" if ok else
                        f": no metrics for Prometheus; `journalctl -u {u}` on {n} says why, `up` reinstalls it"), n,
                        status=None if ok else Status.WARN)

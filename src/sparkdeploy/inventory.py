@@ -28,7 +28,8 @@ Inventory shape (see the top-level `inventory.yaml` and `tests/unit/fixtures/inv
 Several services (`examples/inventory.4node.yaml`): the nodes once, without `role`, then `services:`, each entry
 with `name`, `nodes` (names, its head first) and the per-service keys above (profile, image, patches, vocab, ports,
 memory, speculative_tokens, served_name; `image` merges over the top-level one). Each service loads as its own
-`Inventory`; a node serves one service. `router: {node: spark1, port: 8080}` puts vLLM's router on that node:
+`Inventory`; services may share a node (own names there, an equal part of its memory, their own ports).
+`router: {node: spark1, port: 8080}` puts vLLM's router on that node:
 one OpenAI endpoint that sends each request to the service serving its `model` (steps/router.py).
 
 The profile's `image:` block gives defaults (python, pip, and for the simulated profiles the base too) that
@@ -49,6 +50,7 @@ from sparkdeploy import credentials, engine_args, layout, paths, sshconfig, yaml
 from sparkdeploy.credentials import Auth
 from sparkdeploy.errors import InventoryError, RemoteError
 from sparkdeploy.fields import Fields, path_text, short
+from sparkdeploy.layout import ServiceLayout
 from sparkdeploy.profile import (SERVED_RE, ImageConfig, Profile, Speculative, find_profile, image_config, image_part,
                                  load_profile)
 
@@ -142,6 +144,22 @@ class Inventory:
     service: str | None = None  # its name in `services:`; None: the inventory is one service (no `services:`)
     router: RouterConfig | None = None  # the same on every service's view
     backend: str = "mp"  # how the ranks of a multi-node service meet: vLLM's own (mp) or a Ray cluster (ray)
+    services: tuple[str, ...] = ()  # every service of the inventory (`services:`), this one included
+    tenants: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (node, the services on it) where several share one
+
+    def shared_by(self, node: str) -> int:
+        """How many services of the inventory run on `node` (its memory is split between them)."""
+        return len(dict(self.tenants).get(node, ())) or 1
+
+    def our_units(self) -> list[str]:
+        """The units of every service of the inventory: on a node they share, none is another's stale unit."""
+        lays = [ServiceLayout(name) for name in self.services] or [self.layout]
+        return [u for lay in lays for u in (lay.unit, lay.watchdog_service, lay.exporter_unit)]
+
+    @property
+    def layout(self) -> ServiceLayout:
+        """Its names and paths on a node (per service with `services:`, so services can share a node)."""
+        return ServiceLayout(self.service)
 
     @property
     def head(self) -> Node:
@@ -291,7 +309,8 @@ def load(path: str | Path, service: str | None = None) -> Inventory:
 
 def load_services(path: str | Path) -> tuple[Inventory, ...]:
     """Every service of the inventory as its own `Inventory` (its nodes, the first its head; its profile, ports,
-    list, memory), placement checked across them: each service's nodes exist and serve no other service."""
+    list, memory), placement checked across them: each service's nodes exist, once each, and services that share a node use
+    different ports there."""
     inventory_file = Path(path)
     file = str(inventory_file)
     raw = yamlfile.load(inventory_file, "inventory")
@@ -322,7 +341,6 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
     if not services_raw:
         f.fail("services", "must list at least one service")
     index = {n.name: i for i, n in enumerate(nodes)}
-    serves: dict[str, tuple[int, str]] = {}  # node name -> (service index, service name)
     views: list[Inventory] = []
     for si, service_raw in enumerate(services_raw):
         s = Fields(service_raw, f"services[{si}]", file, allowed=_SERVICE_KEYS)
@@ -338,20 +356,43 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
         for ni, node_name in enumerate(listed):
             if not isinstance(node_name, str) or node_name not in index:
                 s.fail(f"nodes[{ni}]", f"no node named {short(node_name)} in nodes: ({', '.join(index)})")
-            if node_name in serves:
-                other_i, other = serves[node_name]
-                where = "twice in this service" if other_i == si else f"already in services[{other_i}] ({other})"
-                s.fail(f"nodes[{ni}]", f"node {node_name!r} is {where}: a node serves one service (one GPU, "
-                                       "one engine unit)")
-            serves[node_name] = (si, name)
+            if node_name in listed[:ni]:
+                s.fail(f"nodes[{ni}]", f"node {node_name!r} is twice in this service: one rank per node")
             members.append(_replace(nodes[index[node_name]], role="head" if ni == 0 else "worker"))
         shared, own = raw.get("image"), service_raw.get("image")  # the service's keys win, key by key
         image_raw = {**shared, **own} if isinstance(shared, dict) and isinstance(own, dict) else \
             (shared if own is None else own)
         views.append(_service(s, f"{cluster}.{name}", tuple(members), inventory_file, auth, image_raw, index,
                               service=name))
+    tenants = _tenants(f, nodes, views)
     router = _router(f, nodes, views)
-    return tuple(_replace(v, router=router) for v in views)
+    names = tuple(v.service for v in views)
+    return tuple(_replace(v, router=router, services=names, tenants=tenants) for v in views)
+
+
+def _tenants(f: Fields, nodes: tuple[Node, ...], views: list[Inventory]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The nodes several services share, with those services. Each service has its own names there
+    (`layout.ServiceLayout`) and an equal part of the memory (`memory.budget`). A service binds its ports on its
+    head only (the API, the exporter, the rendezvous or Ray's head), so services whose heads share a node must
+    use different ones."""
+    tenants = []
+    for node in nodes:
+        on = [(si, v) for si, v in enumerate(views) if any(n.name == node.name for n in v.nodes)]
+        taken: dict[int, str] = {}  # port -> "service s1's ports.api"
+        for si, v in on:
+            if v.head.name != node.name:
+                continue
+            for key in ("api", "master", "metrics"):
+                port = getattr(v.ports, key)
+                if not port:
+                    continue
+                if port in taken:
+                    f.fail(f"services[{si}].ports.{key}", f"{port} is already {taken[port]} on node {node.name}, "
+                           "the head of both: give services whose heads share a node their own ports")
+                taken[port] = f"service {v.service}'s ports.{key}"
+        if len(on) > 1:
+            tenants.append((node.name, tuple(v.service for _, v in on)))
+    return tuple(tenants)
 
 
 def _router(f: Fields, nodes: tuple[Node, ...], views: list[Inventory]) -> RouterConfig | None:

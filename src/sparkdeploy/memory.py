@@ -26,6 +26,10 @@ The rule, in GiB, per node:
     KV pool  = GMU x MemTotal - weights - draft - activation_gib   (expected; vLLM logs the real figure)
     tokens   = KV pool / kv_bytes_per_token (per rank)
 
+A node several services share (`services:`): each takes an equal part of MemTotal - reserve (its base is the
+reserve plus that part; MemAvailable, read while the other services run, would count them twice), so the
+derived GMUs, and any explicit one that passes, sum to at most what the node has. Refusals name the service.
+
 With nominal GB10 facts (MemAvailable 116, MemTotal 119.7) and the default reserve this gives GMU 0.73:
 0.68 (known good) < 0.73 < 0.78 (1.8 GiB left). An explicit GMU is refused (PlanError, not a warning) when
 `base - GMU x MemTotal < reserve`: with the default reserve 0.78 and 0.835 are refused and 0.68 passes.
@@ -110,11 +114,18 @@ def budget(
     explicit_gmu: float | None = None,
     cpu_kv_space_gib: float | None = None,
     draft_head_gib: float = 0.0,
+    shared_by: int = 1,
 ) -> MemoryBudget:
-    """The memory budget of one node; raise PlanError when it cannot keep `reserve_gib` for the host."""
+    """The memory budget of one service on one node; raise PlanError when it cannot keep `reserve_gib` for the
+    host. On a node `shared_by` several services, each may take an equal part of what the reserve leaves of
+    MemTotal (MemAvailable there is read while the other services run, so it would count them twice): its base
+    is the reserve plus (MemTotal - reserve) / shared_by, and the services' budgets sum to the node's."""
     total = facts.mem_total_bytes / GIB
     available = None if facts.mem_available_bytes is None else facts.mem_available_bytes / GIB
     base_name, base = ("MemAvailable", available) if available is not None else ("MemTotal", total)
+    if shared_by > 1:
+        base_name, base = (f"MemTotal share (node shared by {shared_by} services)",
+                           reserve_gib + (total - reserve_gib) / shared_by)
     node = facts.node
 
     if not facts.has_gpu:

@@ -36,10 +36,8 @@ from sparkdeploy.checkpoint import Checkpoint
 from sparkdeploy.errors import PlanError
 from sparkdeploy.facts import NodeFacts, facts_for
 from sparkdeploy.inventory import FEATURES, Inventory, Node, SshTarget
-from sparkdeploy.layout import (CACHE_HOST_DIR, CAPTURE_COUNTS, CAPTURE_DIR, CAPTURE_SCHEDULER, CAPTURE_SWITCH,
-                                CONTAINER_NAME, CURRENT_LINK, ENV_FILE, LAUNCH_FILE, NODE_PLAN_FILE, REGISTRY_PORT,
-                                SECRETS_ENV,
-                                UNIT_NAME, UNIT_PATH, VOCAB_CONTAINER_DIR, VOCAB_CONTAINER_FILE, VOCAB_HOST_DIR)
+from sparkdeploy.layout import (CACHE_HOST_DIR, CAPTURE_SCHEDULER, ENV_FILE, LAUNCH_FILE, NODE_PLAN_FILE, PLAIN,
+                                REGISTRY_PORT, VOCAB_CONTAINER_DIR, VOCAB_CONTAINER_FILE, ServiceLayout)
 from sparkdeploy.memory import MemoryBudget, budget, shortlist_head_gib
 
 STOP_TIMEOUT_S = 30
@@ -105,8 +103,8 @@ class NodePlan:
     env: dict[str, str]
     memory: MemoryBudget
     files: dict[str, str]  # render output path (relative) -> on-node path ("{release}/x": inside the release dir)
-    container_name: str = CONTAINER_NAME
-    unit_name: str = UNIT_NAME
+    container_name: str = PLAIN.container
+    unit_name: str = PLAIN.unit
 
     @property
     def stop_timeout_s(self) -> int:
@@ -140,7 +138,7 @@ class Plan:
     model_host_dir: str | None = None  # host checkpoint dir (page cache evicted before launch)
     notes: tuple[str, ...] = ()
     checkpoint: Checkpoint | None = None  # the weights' format, decides the quantization flags
-    secrets: dict[str, str] = field(default_factory=dict)  # env name -> fingerprint of what SECRETS_ENV holds
+    secrets: dict[str, str] = field(default_factory=dict)  # env name -> fingerprint of what layout.secrets_env holds
     weights_transfers: tuple[str, ...] = ()  # which path the checkpoint takes to each node
     capture: bool = False  # traffic capture wired in (counts only while `vocab capture on`: no restart to switch)
     metrics_port: int = 0  # the head's Prometheus exporter (steps/monitoring.py); 0 = none. Not the engine's:
@@ -154,6 +152,10 @@ class Plan:
     @property
     def head(self) -> NodePlan:
         return self.nodes[0]
+
+    @property
+    def layout(self) -> ServiceLayout:
+        return ServiceLayout(self.service)
 
     @property
     def start_order(self) -> tuple[NodePlan, ...]:
@@ -231,7 +233,7 @@ def _additional_config(inv: Inventory, features: tuple[Feature, ...], capture: b
             entry.update(path=VOCAB_CONTAINER_FILE, sha256=inv.vocab.sha256)
         cfg[feat.name] = entry
     if capture:
-        cfg["capture"] = {"enabled": True, "path": CAPTURE_COUNTS, "switch": CAPTURE_SWITCH,
+        cfg["capture"] = {"enabled": True, "path": inv.layout.capture_counts, "switch": inv.layout.capture_switch,
                           "flush_seconds": CAPTURE_FLUSH_S}
     return {"spark_overlays": cfg}
 
@@ -384,22 +386,22 @@ def _ray_start(inv: Inventory, node: Node, role: str) -> tuple[str, ...]:
 
 def _docker_argv(inv: Inventory, node: Node, role: str, image_tag: str, serve_argv: tuple[str, ...],
                  secrets: Mapping[str, str], capture: bool) -> tuple[str, ...]:
-    p = inv.profile
-    argv = ["docker", "run", "--name", CONTAINER_NAME, "--init", "--stop-timeout", str(stop_timeout_s(role)),
+    p, lay = inv.profile, inv.layout
+    argv = ["docker", "run", "--name", lay.container, "--init", "--stop-timeout", str(stop_timeout_s(role)),
             "--network", "host", "--ipc", "host"]
     if node.has_gpu and p.gpus:
         argv += ["--gpus", "all"]
     if node.has_gpu and p.rdma and node.hca:
         argv += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1"]
     argv += ["--ulimit", "stack=67108864", "--shm-size", p.shm_size,
-             "--env-file", f"{CURRENT_LINK}/{ENV_FILE}",
-             *(("--env-file", SECRETS_ENV) if secrets else ()),
+             "--env-file", f"{lay.current_link}/{ENV_FILE}",
+             *(("--env-file", lay.secrets_env) if secrets else ()),
              "--label", f"io.sparkdeploy.release={_RELEASE_PLACEHOLDER}",
              "--label", f"io.sparkdeploy.node={node.name}",
              "--label", f"io.sparkdeploy.role={role}",
-             "-v", f"{VOCAB_HOST_DIR}:{VOCAB_CONTAINER_DIR}:ro"]
+             "-v", f"{lay.vocab_host_dir}:{VOCAB_CONTAINER_DIR}:ro"]
     if capture:
-        argv += ["-v", f"{CAPTURE_DIR}:{CAPTURE_DIR}"]
+        argv += ["-v", f"{lay.capture_dir}:{lay.capture_dir}"]
     if p.caches:
         for name, target in CACHE_MOUNTS:
             argv += ["-v", f"{CACHE_HOST_DIR}/{name}:{target}"]
@@ -507,10 +509,16 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     notes: list[str] = []
 
     def node_budget(node: Node, gmu: float | None) -> MemoryBudget:
-        return budget(facts[node.name], reserve_gib=inv.memory.reserve_gib, weights_gib=weights,
-                      activation_gib=p.activation_gib, kv_bytes_per_token=kv_bytes, explicit_gmu=gmu,
-                      cpu_kv_space_gib=float(cpu_kv) if cpu_kv and cpu_kv.replace(".", "", 1).isdigit() else None,
-                      draft_head_gib=shortlist_head_gib(features, inv.vocab, tp))
+        try:
+            return budget(facts[node.name], reserve_gib=inv.memory.reserve_gib, weights_gib=weights,
+                          activation_gib=p.activation_gib, kv_bytes_per_token=kv_bytes, explicit_gmu=gmu,
+                          cpu_kv_space_gib=float(cpu_kv) if cpu_kv and cpu_kv.replace(".", "", 1).isdigit() else None,
+                          draft_head_gib=shortlist_head_gib(features, inv.vocab, tp),
+                          shared_by=inv.shared_by(node.name))
+        except PlanError as err:
+            if inv.service is None:
+                raise
+            raise PlanError(f"service {inv.service} (services[{inv.services.index(inv.service)}]): {err}") from None
 
     for node in chosen:
         _check_facts(node, inv.nodes.index(node), facts[node.name])
@@ -542,10 +550,10 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
                        if ray else serve)
         docker = _docker_argv(inv, node, role, image.tag, command, secrets, capture)
         files = {f"{node.name}/release/{name}": f"{{release}}/{name}" for name in (ENV_FILE, LAUNCH_FILE, NODE_PLAN_FILE)}
-        files[f"{node.name}/unit/{UNIT_NAME}"] = UNIT_PATH
+        files[f"{node.name}/unit/{inv.layout.unit}"] = inv.layout.unit_path
         start_order = nnodes - 1 if rank == 0 else rank - 1
         node_plans.append(NodePlan(node.name, role, rank, start_order, node.ssh, node.data_ip, node.netdev, node.hca,
-                                   serve, docker, env, mem, files))
+                                   serve, docker, env, mem, files, inv.layout.container, inv.layout.unit))
     for feat in features:
         if feat.requested and not feat.enabled:
             notes.append(f"patch {feat.name} off: {feat.reason}")

@@ -1,6 +1,6 @@
 """Numbered releases on every node, Kamal style: keep the last few, switch with one symlink, roll back.
 
-Layout on each node (root `/etc/sparkdeploy`):
+Layout on each node (root `/etc/sparkdeploy`, or `/etc/sparkdeploy/services/<name>` for each of `services:`):
 
     releases/0007/            the rendered files of release 7 for this node (launch.sh, env, ...)
     releases/0007/release.json  written LAST: number, plan fingerprint, image, files' sha256; its presence
@@ -21,14 +21,14 @@ import time
 from dataclasses import dataclass, field
 
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.layout import CURRENT_LINK, HEALTHY_MARK, RELEASE_META, RELEASES_DIR, SENTINEL_RECORD
+from sparkdeploy.layout import HEALTHY_MARK, RELEASE_META, SENTINEL_RECORD, ServiceLayout
 from sparkdeploy.connection import Conn
 
 KEEP = 5
 
 
-def rdir(number: int) -> str:
-    return f"{RELEASES_DIR}/{number:04d}"
+def rdir(lay: ServiceLayout, number: int) -> str:
+    return f"{lay.releases_dir}/{number:04d}"
 
 
 def sha(data: bytes) -> str:
@@ -62,8 +62,9 @@ echo END
 """
 
 
-def scan(conn: Conn) -> NodeReleases:
-    return parse_scan(conn.query(["sh", "-c", _SCAN, "scan", RELEASES_DIR, CURRENT_LINK], timeout=30).stdout, conn.name)
+def scan(conn: Conn, lay: ServiceLayout) -> NodeReleases:
+    return parse_scan(conn.query(["sh", "-c", _SCAN, "scan", lay.releases_dir, lay.current_link], timeout=30).stdout,
+                      conn.name)
 
 
 def parse_scan(out: str, node: str) -> NodeReleases:
@@ -94,9 +95,9 @@ def parse_scan(out: str, node: str) -> NodeReleases:
     return nr
 
 
-def file_digests(conn: Conn, number: int) -> dict[str, str]:
+def file_digests(conn: Conn, lay: ServiceLayout, number: int) -> dict[str, str]:
     """sha256 of every file in a release directory (relative names), without release.json/HEALTHY."""
-    res = conn.query(["sh", "-c", 'cd "$1" 2>/dev/null && find . -type f -exec sha256sum {} +', "d", rdir(number)],
+    res = conn.query(["sh", "-c", 'cd "$1" 2>/dev/null && find . -type f -exec sha256sum {} +', "d", rdir(lay, number)],
                    check=False, timeout=30)
     digests = {}
     for line in res.stdout.splitlines():
@@ -107,13 +108,13 @@ def file_digests(conn: Conn, number: int) -> dict[str, str]:
     return digests
 
 
-def write(conn: Conn, number: int, files: dict[str, tuple[bytes, int]], meta: dict) -> None:
+def write(conn: Conn, lay: ServiceLayout, number: int, files: dict[str, tuple[bytes, int]], meta: dict) -> None:
     """Write a release directory: every file atomically, then release.json last (the completeness mark).
 
     `files` maps a relative name to (content, mode). An earlier incomplete directory of that number is
     cleared first so nothing stale mixes in.
     """
-    d = rdir(number)
+    d = rdir(lay, number)
     conn.run(["rm", "-rf", d])
     dirs = sorted({posixpath.dirname(posixpath.join(d, n)) for n in files} | {d})
     conn.run(["mkdir", "-p", *dirs])
@@ -123,41 +124,41 @@ def write(conn: Conn, number: int, files: dict[str, tuple[bytes, int]], meta: di
     conn.put(posixpath.join(d, RELEASE_META), json.dumps(full, sort_keys=True).encode() + b"\n", mode=0o644)
 
 
-def switch(conn: Conn, number: int) -> None:
+def switch(conn: Conn, lay: ServiceLayout, number: int) -> None:
     """Point `current` at a complete release (atomic rename of a new symlink)."""
-    if not conn.exists(posixpath.join(rdir(number), RELEASE_META)):
+    if not conn.exists(posixpath.join(rdir(lay, number), RELEASE_META)):
         raise RemoteError(f"release {number} is incomplete here; refusing to switch to it", node=conn.name)
-    conn.symlink(CURRENT_LINK, f"releases/{number:04d}")
+    conn.symlink(lay.current_link, f"releases/{number:04d}")
 
 
-def mark_healthy(conn: Conn, number: int, record: dict) -> None:
-    conn.put(posixpath.join(rdir(number), HEALTHY_MARK), json.dumps(record, sort_keys=True).encode() + b"\n")
+def mark_healthy(conn: Conn, lay: ServiceLayout, number: int, record: dict) -> None:
+    conn.put(posixpath.join(rdir(lay, number), HEALTHY_MARK), json.dumps(record, sort_keys=True).encode() + b"\n")
 
 
-def read_healthy(conn: Conn, number: int) -> dict | None:
-    data = conn.get(posixpath.join(rdir(number), HEALTHY_MARK))
+def read_healthy(conn: Conn, lay: ServiceLayout, number: int) -> dict | None:
+    data = conn.get(posixpath.join(rdir(lay, number), HEALTHY_MARK))
     return json.loads(data) if data else None
 
 
-def write_sentinel(conn: Conn, number: int, record: dict) -> None:
+def write_sentinel(conn: Conn, lay: ServiceLayout, number: int, record: dict) -> None:
     """The release's speed record (kept on the head, with the release, pruned with it)."""
-    conn.put(posixpath.join(rdir(number), SENTINEL_RECORD), json.dumps(record, sort_keys=True).encode() + b"\n")
+    conn.put(posixpath.join(rdir(lay, number), SENTINEL_RECORD), json.dumps(record, sort_keys=True).encode() + b"\n")
 
 
-def read_sentinel(conn: Conn, number: int) -> dict | None:
-    data = conn.get(posixpath.join(rdir(number), SENTINEL_RECORD))
+def read_sentinel(conn: Conn, lay: ServiceLayout, number: int) -> dict | None:
+    data = conn.get(posixpath.join(rdir(lay, number), SENTINEL_RECORD))
     try:
         return json.loads(data) if data else None
     except ValueError:
         return None
 
 
-def prune(conn: Conn, nr: NodeReleases, keep: int = KEEP) -> list[int]:
+def prune(conn: Conn, lay: ServiceLayout, nr: NodeReleases, keep: int = KEEP) -> list[int]:
     """Remove incomplete releases and all but the newest `keep` complete ones (never the current)."""
     drop = [n for n in nr.incomplete if n != nr.current]
     drop += [n for n in sorted(nr.complete)[:-keep] if n != nr.current]
     if drop:
-        conn.run(["rm", "-rf", *[rdir(n) for n in drop]])
+        conn.run(["rm", "-rf", *[rdir(lay, n) for n in drop]])
     return drop
 
 

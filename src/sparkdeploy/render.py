@@ -13,7 +13,10 @@ Output layout (what `sparkdeploy render --out DIR` writes):
     <node>/unit/sparkdeploy-engine.service      systemd unit
     <head>/monitoring/sparkdeploy-exporter.service   the head's Prometheus exporter (unless ports.metrics is 0)
 
-On-node layout (the steps layer installs it; `sparkdeploy.releases` numbers the releases):
+On-node layout (the steps layer installs it; `sparkdeploy.releases` numbers the releases). This is an
+inventory without `services:`; each entry of `services:` has its own under /etc/sparkdeploy/services/<name>
+and /var/lib/sparkdeploy/services/<name>, and units named sparkdeploy-engine-<name>.service and so on
+(`layout.ServiceLayout`), so services can share a node:
 
     /etc/sparkdeploy/releases/NNNN/{engine.env,launch.sh,node-plan.json,release.json}
     /etc/sparkdeploy/current -> releases/NNNN   switched atomically once every node holds NNNN
@@ -48,16 +51,14 @@ import jinja2
 
 from sparkdeploy import paths
 from sparkdeploy.errors import InputError
-from sparkdeploy.layout import (CURRENT_LINK, ENV_FILE, ETC_DIR, EXPORTER_CODE_DIR, EXPORTER_CONTAINER, EXPORTER_UNIT,
-                                LAUNCH_FILE, SENTINEL_RECORD, STATE_DIR, UNIT_NAME, VOCAB_CONTAINER_DIR, VOCAB_HOST_DIR,
-                                WATCHDOG_STATE)
+from sparkdeploy.layout import ENV_FILE, EXPORTER_CODE_DIR, LAUNCH_FILE, SENTINEL_RECORD, VOCAB_CONTAINER_DIR
 from sparkdeploy.plan import Plan
 
 DOCKERFILE_TEMPLATE = "images/serving.Dockerfile.j2"
 ENV_TEMPLATE = "deploy/templates/engine.env.j2"
 LAUNCH_TEMPLATE = "deploy/templates/launch.sh.j2"
 UNIT_TEMPLATE = "systemd/sparkdeploy-engine.service.j2"
-EXPORTER_TEMPLATE = f"systemd/{EXPORTER_UNIT}.j2"
+EXPORTER_TEMPLATE = "systemd/sparkdeploy-exporter.service.j2"
 EXECUTABLE = (LAUNCH_FILE,)
 
 
@@ -114,9 +115,10 @@ def _json_bytes(value: Any) -> bytes:
 def render(plan: Plan) -> dict[str, bytes]:
     """Every artifact of `plan` as {relative path: content}; deterministic."""
     env = environment()
-    common = dict(plan=plan, kit_version=plan.kit_version, current_link=CURRENT_LINK, unit_name=UNIT_NAME,
-                  vocab_host_dir=VOCAB_HOST_DIR, vocab_container_dir=VOCAB_CONTAINER_DIR,
-                  vocab_host_file=f"{VOCAB_HOST_DIR}/current.txt")
+    lay = plan.layout
+    common = dict(plan=plan, kit_version=plan.kit_version, current_link=lay.current_link, unit_name=lay.unit,
+                  vocab_host_dir=lay.vocab_host_dir, vocab_container_dir=VOCAB_CONTAINER_DIR,
+                  vocab_host_file=lay.vocab_pointer)
     shortlist = plan.feature_enabled("shortlist")
     host_dir = plan.model_host_dir
     out: dict[str, bytes] = {
@@ -132,11 +134,11 @@ def render(plan: Plan) -> dict[str, bytes]:
         out[f"{node.name}/release/{LAUNCH_FILE}"] = env.get_template(LAUNCH_TEMPLATE).render(**ctx).encode()
         out[f"{node.name}/release/node-plan.json"] = _json_bytes(
             {"release_id": plan.release_id, "cluster": plan.cluster, "image": plan.image.tag, "node": node_dict})
-        out[f"{node.name}/unit/{UNIT_NAME}"] = env.get_template(UNIT_TEMPLATE).render(**ctx).encode()
+        out[f"{node.name}/unit/{lay.unit}"] = env.get_template(UNIT_TEMPLATE).render(**ctx).encode()
     if plan.metrics_port:
-        out[f"{plan.head.name}/monitoring/{EXPORTER_UNIT}"] = env.get_template(EXPORTER_TEMPLATE).render(
+        out[f"{plan.head.name}/monitoring/{lay.exporter_unit}"] = env.get_template(EXPORTER_TEMPLATE).render(
             kit_version=plan.kit_version, code_dir=EXPORTER_CODE_DIR, port=plan.metrics_port,
-            container=EXPORTER_CONTAINER, argv=exporter_argv(plan)).encode()
+            container=lay.exporter_container, argv=exporter_argv(plan)).encode()
     return dict(sorted(out.items()))
 
 
@@ -145,16 +147,16 @@ def exporter_argv(plan: Plan) -> list[str]:
     serves Prometheus), the kit's code and the state it reads mounted read-only, as nobody, no capabilities.
     --init: python as the container's PID 1 ignores SIGTERM, so every stop (each new image tag restarts it)
     waited out `docker stop --time 5` and killed it."""
-    python = shlex.split(plan.image.python)
-    return ["/usr/bin/docker", "run", "--rm", "--init", "--name", EXPORTER_CONTAINER, "--network", "host",
+    python, lay = shlex.split(plan.image.python), plan.layout
+    return ["/usr/bin/docker", "run", "--rm", "--init", "--name", lay.exporter_container, "--network", "host",
             "--user", "65534:65534", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
             "--read-only", "--memory", "512m", "--env", "PYTHONPATH=/opt/sparkdeploy-kit",
             "--env", "PYTHONDONTWRITEBYTECODE=1",
-            "-v", f"{EXPORTER_CODE_DIR}:/opt/sparkdeploy-kit:ro", "-v", f"{ETC_DIR}:{ETC_DIR}:ro",
-            "-v", f"{STATE_DIR}:{STATE_DIR}:ro", "--entrypoint", python[0], plan.image.tag, *python[1:],
+            "-v", f"{EXPORTER_CODE_DIR}:/opt/sparkdeploy-kit:ro", "-v", f"{lay.etc_dir}:{lay.etc_dir}:ro",
+            "-v", f"{lay.state_dir}:{lay.state_dir}:ro", "--entrypoint", python[0], plan.image.tag, *python[1:],
             "-m", "sparkdeploy.exporter", "--listen", f"0.0.0.0:{plan.metrics_port}",
-            "--engine", f"http://127.0.0.1:{plan.api_port}", "--state", WATCHDOG_STATE, "--current", CURRENT_LINK,
-            "--sentinel", f"{CURRENT_LINK}/{SENTINEL_RECORD}"]
+            "--engine", f"http://127.0.0.1:{plan.api_port}", "--state", lay.watchdog_state,
+            "--current", lay.current_link, "--sentinel", f"{lay.current_link}/{SENTINEL_RECORD}"]
 
 
 def overlays_digest() -> str | None:

@@ -222,7 +222,7 @@ class Rollout:
             if s.problem():
                 res.notes.append(f"{n}: {s.problem()}")
         head = self.conn(self.c.head)
-        old_bytes = vocab_live.read_list(head, self.old_sha) or vocab_live.read_list(head)
+        old_bytes = vocab_live.read_list(head, self.c.lay, self.old_sha) or vocab_live.read_list(head, self.c.lay)
         old_ids = None
         if old_bytes is not None:
             try:
@@ -278,9 +278,9 @@ class Rollout:
         def put(c):
             if c.name != self.c.head:
                 faults.hit("release-one-node")
-            wrote = vocab_live.store(c, self.cand.data, self.cand.sha256, meta)
+            wrote = vocab_live.store(c, self.c.lay, self.cand.data, self.cand.sha256, meta)
             files, m = built[c.name]
-            releases.write(c, self.new_num, files, m)
+            releases.write(c, self.c.lay, self.new_num, files, m)
             return wrote
 
         self.writing = True  # from here a failure may leave release new_num on some nodes: _discard removes it
@@ -345,11 +345,11 @@ class Rollout:
         old = self.exp.probe_expected
         if old is not None and old != self.probe:
             raise Failed(f"the health probe changed: {old!r} recorded for release {self.prev}, now {self.probe!r}")
-        self.c.each(lambda c: releases.mark_healthy(c, self.new_num, rec), "recording the health gate")
+        self.c.each(lambda c: releases.mark_healthy(c, self.c.lay, self.new_num, rec), "recording the health gate")
         entry = {"action": self.opts.action, "sha256": self.cand.sha256, "version": self.cand.version,
                  "from": self.old_sha, "release": self.new_num, "previous_release": self.prev,
                  "size": self.cand.size, "source": Path(self.cand.path).name, "result": "live"}
-        self.c.each(lambda c: vocab_live.record(c, entry), "recording history")
+        self.c.each(lambda c: vocab_live.record(c, self.c.lay, entry), "recording history")
         live = (f"list {self.cand.version} is live on every node as release {self.new_num} "
                 f"(was {res.from_version}, release {self.prev}); golden outputs byte-identical")
         res.release = self.new_num
@@ -364,8 +364,8 @@ class Rollout:
         for n in self.names:
             try:
                 c = self.conn(n)
-                releases.prune(c, releases.scan(c))
-                vocab_live.prune(c, vocab_live.read_state(c), {self.old_sha, self.cand.sha256})
+                releases.prune(c, self.c.lay, releases.scan(c, self.c.lay))
+                vocab_live.prune(c, self.c.lay, vocab_live.read_state(c, self.c.lay), {self.old_sha, self.cand.sha256})
             except SparkdeployError as err:
                 res.notes.append(f"{n}: pruning old versions: {err}")
         res.status, res.message = "changed", live
@@ -377,7 +377,7 @@ class Rollout:
         num = self.new_num
         if num is None or self.exp is None or not self.writing:
             return
-        self.c.map(lambda c: c.run(["rm", "-rf", releases.rdir(num)], check=False), self.names)
+        self.c.map(lambda c: c.run(["rm", "-rf", releases.rdir(self.c.lay, num)], check=False), self.names)
 
     def _roll_back(self, res: RolloutResult, reason: str) -> None:
         t0 = time.monotonic()
@@ -398,12 +398,12 @@ class Rollout:
                                 api_key=self.exp.api_key)
                 same = not mismatches(self.golden.outputs, again.outputs)
             engine.watchdog(self.c, self.watchdog_was)
-            self.c.map(lambda c: c.put(f"{releases.rdir(self.new_num)}/FAILED", (reason + "\n").encode()),
+            self.c.map(lambda c: c.put(f"{releases.rdir(self.c.lay, self.new_num)}/FAILED", (reason + "\n").encode()),
                        self.names)
             entry = {"action": "auto-rollback", "sha256": self.old_sha, "version": res.from_version,
                      "from": self.cand.sha256, "release": self.prev, "failed_release": self.new_num,
                      "reason": reason, "result": "live"}
-            self.c.map(lambda c: vocab_live.record(c, entry), self.names)
+            self.c.map(lambda c: vocab_live.record(c, self.c.lay, entry), self.names)
             res.status, res.release = "rolled-back", self.prev
             res.message = (f"rollout of {self.cand.version} FAILED: {reason}; ROLLED BACK to release {self.prev} "
                            f"with list {res.from_version}, healthy again"
@@ -452,9 +452,9 @@ def history(inventory, *, trust_new_hosts: bool = False) -> dict:
         cluster.connect([])
         cluster.expect()
         head = cluster.conn(cluster.head)
-        states = {n: vocab_live.read_state(cluster.conn(n)) for n in cluster.names}
-        stored = [dict(vocab_live.meta(head, s), sha256=s, version=s[:12]) for s in states[cluster.head].stored]
-        return {"history": vocab_live.history(head), "stored": stored,
+        states = {n: vocab_live.read_state(cluster.conn(n), cluster.lay) for n in cluster.names}
+        stored = [dict(vocab_live.meta(head, cluster.lay, s), sha256=s, version=s[:12]) for s in states[cluster.head].stored]
+        return {"history": vocab_live.history(head, cluster.lay), "stored": stored,
                 "nodes": {n: s.to_dict() for n, s in states.items()}}
 
 
@@ -466,11 +466,11 @@ def stored_candidate(cluster, version: str | None, tok) -> Candidate:
     cluster.connect([])
     cluster.expect()
     head = cluster.conn(cluster.head)
-    state = vocab_live.read_state(head)
-    sha = pick_version(vocab_live.history(head), state.stored, state.configured or state.content, version)
-    data = vocab_live.read_list(head, sha)
+    state = vocab_live.read_state(head, cluster.lay)
+    sha = pick_version(vocab_live.history(head, cluster.lay), state.stored, state.configured or state.content, version)
+    data = vocab_live.read_list(head, cluster.lay, sha)
     if data is None or hashlib.sha256(data).hexdigest() != sha:
         raise VocabError(f"stored version {sha[:12]} on {cluster.head} is missing or altered")
     ids = validate_list(parse_list(data, f"version {sha[:12]}"), tok, None, what=f"version {sha[:12]}")
-    m = vocab_live.meta(head, sha)
+    m = vocab_live.meta(head, cluster.lay, sha)
     return Candidate(m.get("source") or f"{sha[:12]}.txt", data, ids, sha, tok.content_hash, None)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sparkdeploy import health, layout, releases, render, vocab_live
+from sparkdeploy import health, releases, render, vocab_live
 from sparkdeploy.bench import metrics as M
 from sparkdeploy.bench import prompts as bench_prompts
 from sparkdeploy.errors import SparkdeployError, VocabError
@@ -204,11 +204,11 @@ def derive_release(cx, node: str, prev: int, old_sha: str, cand: Candidate, acti
     a test hook, may change them), and its meta for release.json."""
     c = cx.conn(node)
     nr = cx.rel[node]
-    names = releases.file_digests(c, prev)
+    names = releases.file_digests(c, cx.lay, prev)
     files: dict[str, tuple[bytes, int]] = {}
     hits = 0
     for name in sorted(names):
-        data = c.get(f"{releases.rdir(prev)}/{name}")
+        data = c.get(f"{releases.rdir(cx.lay, prev)}/{name}")
         if data is None:
             raise RolloutError(f"release {prev} lost {name}", )
         hits += data.count(old_sha.encode())
@@ -236,9 +236,9 @@ def boot_time(conn) -> str:
                     check=False, timeout=20).stdout.strip()
 
 
-def rank_state(conn) -> dict:
+def rank_state(conn, lay) -> dict:
     """The engine unit's state on a node and its boot time."""
-    out = conn.run(["systemctl", "show", "-p", "ActiveState,SubState,Result,ExecMainStatus", layout.UNIT_NAME],
+    out = conn.run(["systemctl", "show", "-p", "ActiveState,SubState,Result,ExecMainStatus", lay.unit],
                    check=False, timeout=20).stdout
     st = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     st["boot"] = boot_time(conn)
@@ -246,7 +246,7 @@ def rank_state(conn) -> dict:
 
 def check_ranks(cx, boots: dict[str, str], num: int | None) -> None:
     """Fail fast: a rank whose unit failed or is waiting to restart, or a node that rebooted."""
-    res = cx.map(rank_state)
+    res = cx.map(lambda c: rank_state(c, cx.lay))
     for n, st in res.items():
         if isinstance(st, Exception):
             errs = cx.reconnect([n], wait=0)
@@ -259,7 +259,7 @@ def check_ranks(cx, boots: dict[str, str], num: int | None) -> None:
             raise Failed(f"{n} rebooted during the rollout (boot/PID 1 start {st['boot']}, was {boots[n]})")
         # inactive too: a foreground server whose engine died can exit 0 (vLLM's EngineDeadError path)
         if st.get("ActiveState") in ("failed", "inactive") or st.get("SubState") == "auto-restart":
-            tail = cx.conn(n).run(["journalctl", "-u", layout.UNIT_NAME, "-n", "4", "--no-pager", "-o", "cat"],
+            tail = cx.conn(n).run(["journalctl", "-u", cx.lay.unit, "-n", "4", "--no-pager", "-o", "cat"],
                                     check=False, timeout=20).stdout.strip().replace("\n", " | ")
             role = "worker" if n != cx.head else "head"
             raise Failed(f"{n} ({role}) failed to start or stopped on release {num}: unit "

@@ -1,6 +1,6 @@
 """The draft vocabulary on a node: a content-addressed store, one `current` pointer, and a history.
 
-On-node layout (`/var/lib/sparkdeploy/vocab`, mounted read-only at `/opt/sparkdeploy/vocab` in the engine):
+On-node layout (`/var/lib/sparkdeploy/vocab`, per service `layout.ServiceLayout.vocab_host_dir`, mounted read-only at `/opt/sparkdeploy/vocab` in the engine):
 
     <sha256>.txt        one list per version, named by the sha256 of its bytes; never rewritten
     <sha256>.json       what is known about it (source file name, size, tokenizer hash, when it arrived)
@@ -19,11 +19,9 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.layout import ETC_DIR, VOCAB_HOST_DIR, VOCAB_POINTER
+from sparkdeploy.layout import ServiceLayout
 from sparkdeploy.connection import Conn
 
-DIR = VOCAB_HOST_DIR
-POINTER = VOCAB_POINTER
 KEEP = 8  # stored versions kept besides the live one and those a kept release names
 
 
@@ -72,7 +70,7 @@ class LiveVocab:
         return dict(asdict(self), version=self.version, problem=self.problem())
 
 
-# One round trip. $1 = the vocab dir, $2 = the kit's /etc dir. The configured hash is the
+# One round trip. $1 = the vocab dir, $2 = the service's `current` link. The configured hash is the
 # `"sha256":"<hex>"` of the shortlist settings
 # inside the release's node-plan.json (JSON inside a JSON string, hence the escaped quotes in between).
 _STATE = r"""
@@ -80,8 +78,8 @@ d=$1
 echo "pointer $(readlink "$d/current.txt" 2>/dev/null)"
 echo "content $(sha256sum "$d/current.txt" 2>/dev/null | cut -d' ' -f1)"
 echo "stored $(cd "$d" 2>/dev/null && ls 2>/dev/null | grep -E '^[0-9a-f]{64}\.txt$' | cut -c1-64 | tr '\n' ' ')"
-echo "release $(readlink "$2/current" 2>/dev/null)"
-echo "configured $(grep -o 'sha256[^0-9a-f]\{1,8\}[0-9a-f]\{64\}' "$2/current/node-plan.json" 2>/dev/null | head -1 | grep -o '[0-9a-f]\{64\}$')"
+echo "release $(readlink "$2" 2>/dev/null)"
+echo "configured $(grep -o 'sha256[^0-9a-f]\{1,8\}[0-9a-f]\{64\}' "$2/node-plan.json" 2>/dev/null | head -1 | grep -o '[0-9a-f]\{64\}$')"
 """
 
 
@@ -104,56 +102,56 @@ def parse_state(node: str, out: str) -> LiveVocab:
     return lv
 
 
-def read_state(conn: Conn, vocab_dir: str = DIR, etc_dir: str = ETC_DIR) -> LiveVocab:
-    out = conn.query(["sh", "-c", _STATE, "vocab", vocab_dir, etc_dir], check=False, timeout=30).stdout
+def read_state(conn: Conn, lay: ServiceLayout) -> LiveVocab:
+    out = conn.query(["sh", "-c", _STATE, "vocab", lay.vocab_host_dir, lay.current_link], check=False, timeout=30).stdout
     return parse_state(conn.name, out)
 
 
-def read_list(conn: Conn, sha: str | None = None) -> bytes | None:
+def read_list(conn: Conn, lay: ServiceLayout, sha: str | None = None) -> bytes | None:
     """Bytes of a stored version (default: the live one); None if absent."""
-    return conn.get(f"{DIR}/{file_name(sha)}" if sha else f"{DIR}/current.txt")
+    return conn.get(f"{lay.vocab_host_dir}/{file_name(sha)}" if sha else f"{lay.vocab_host_dir}/current.txt")
 
 
-def has(conn: Conn, sha: str) -> bool:
+def has(conn: Conn, lay: ServiceLayout, sha: str) -> bool:
     """The stored file exists and hashes to its name."""
-    out = conn.query(["sha256sum", f"{DIR}/{file_name(sha)}"], check=False, timeout=30).stdout.split()
+    out = conn.query(["sha256sum", f"{lay.vocab_host_dir}/{file_name(sha)}"], check=False, timeout=30).stdout.split()
     return out[:1] == [sha]
 
 
-def store(conn: Conn, data: bytes, sha: str, meta: dict) -> bool:
+def store(conn: Conn, lay: ServiceLayout, data: bytes, sha: str, meta: dict) -> bool:
     """Put a version into the store (atomic write; skipped when present and intact). True if written."""
-    if has(conn, sha):
+    if has(conn, lay, sha):
         return False
-    conn.run(["mkdir", "-p", DIR])
-    conn.put(f"{DIR}/{file_name(sha)}", data, mode=0o644)
-    conn.put(f"{DIR}/{sha}.json", json.dumps(dict(meta, sha256=sha, stored_at=time.time()), sort_keys=True).encode()
+    conn.run(["mkdir", "-p", lay.vocab_host_dir])
+    conn.put(f"{lay.vocab_host_dir}/{file_name(sha)}", data, mode=0o644)
+    conn.put(f"{lay.vocab_host_dir}/{sha}.json", json.dumps(dict(meta, sha256=sha, stored_at=time.time()), sort_keys=True).encode()
              + b"\n", mode=0o644)
-    if not has(conn, sha):
-        raise RemoteError(f"{DIR}/{file_name(sha)} does not hash to {sha[:12]} after writing it", node=conn.name)
+    if not has(conn, lay, sha):
+        raise RemoteError(f"{lay.vocab_host_dir}/{file_name(sha)} does not hash to {sha[:12]} after writing it", node=conn.name)
     return True
 
 
-def point(conn: Conn, sha: str) -> None:
+def point(conn: Conn, lay: ServiceLayout, sha: str) -> None:
     """Switch current.txt to a stored version (atomic rename of a new relative symlink)."""
-    if not conn.exists(f"{DIR}/{file_name(sha)}"):
-        raise RemoteError(f"version {sha[:12]} is not stored in {DIR}; refusing to point current.txt at it",
+    if not conn.exists(f"{lay.vocab_host_dir}/{file_name(sha)}"):
+        raise RemoteError(f"version {sha[:12]} is not stored in {lay.vocab_host_dir}; refusing to point current.txt at it",
                           node=conn.name)
-    conn.symlink(f"{DIR}/current.txt", file_name(sha))
+    conn.symlink(f"{lay.vocab_host_dir}/current.txt", file_name(sha))
 
 
-def record(conn: Conn, entry: dict) -> None:
+def record(conn: Conn, lay: ServiceLayout, entry: dict) -> None:
     """Append one line to history.jsonl (read + atomic rewrite: no half-written line after a crash)."""
-    old = conn.get(f"{DIR}/history.jsonl") or b""
+    old = conn.get(f"{lay.vocab_host_dir}/history.jsonl") or b""
     if old and not old.endswith(b"\n"):
         old += b"\n"
     line = json.dumps(dict(entry, at=entry.get("at", time.time())), sort_keys=True).encode() + b"\n"
-    conn.run(["mkdir", "-p", DIR])
-    conn.put(f"{DIR}/history.jsonl", old + line, mode=0o644)
+    conn.run(["mkdir", "-p", lay.vocab_host_dir])
+    conn.put(f"{lay.vocab_host_dir}/history.jsonl", old + line, mode=0o644)
 
 
-def history(conn: Conn) -> list[dict]:
+def history(conn: Conn, lay: ServiceLayout) -> list[dict]:
     out = []
-    for line in (conn.get(f"{DIR}/history.jsonl") or b"").decode("utf-8", "replace").splitlines():
+    for line in (conn.get(f"{lay.vocab_host_dir}/history.jsonl") or b"").decode("utf-8", "replace").splitlines():
         try:
             out.append(json.loads(line))
         except ValueError:
@@ -161,23 +159,23 @@ def history(conn: Conn) -> list[dict]:
     return out
 
 
-def meta(conn: Conn, sha: str) -> dict:
-    data = conn.get(f"{DIR}/{sha}.json")
+def meta(conn: Conn, lay: ServiceLayout, sha: str) -> dict:
+    data = conn.get(f"{lay.vocab_host_dir}/{sha}.json")
     try:
         return json.loads(data) if data else {}
     except ValueError:
         return {}
 
 
-def prune(conn: Conn, state: LiveVocab, keep_shas: set[str], keep: int = KEEP) -> list[str]:
+def prune(conn: Conn, lay: ServiceLayout, state: LiveVocab, keep_shas: set[str], keep: int = KEEP) -> list[str]:
     """Drop stored versions beyond the newest `keep` (by history order), never one in `keep_shas` or live."""
-    order = [e.get("sha256") for e in history(conn) if e.get("sha256")]
+    order = [e.get("sha256") for e in history(conn, lay) if e.get("sha256")]
     rank = {s: i for i, s in enumerate(order)}  # later switches rank higher
     protected = set(keep_shas) | {s for s in (state.content, state.configured) if s}
     candidates = sorted((s for s in state.stored if s not in protected), key=lambda s: rank.get(s, -1), reverse=True)
     drop = candidates[keep:]
     if drop:
-        conn.run(["rm", "-f", *[f"{DIR}/{s}{ext}" for s in drop for ext in (".txt", ".json")]])
+        conn.run(["rm", "-f", *[f"{lay.vocab_host_dir}/{s}{ext}" for s in drop for ext in (".txt", ".json")]])
     return drop
 
 
@@ -210,17 +208,17 @@ def check(report, node: str, snap: dict) -> None:
                    + ": every rank must draft from the same list", node)
 
 
-def follow_release(conn: Conn) -> str | None:
+def follow_release(conn: Conn, lay: ServiceLayout) -> str | None:
     """Point current.txt at the list the current release expects, when it is stored here and not live yet.
 
     For release switches made outside a rollout (`rollback`, `up`'s automatic rollback): the release names
     its list by sha256, the pointer must follow or the engine's shortlist falls back to the stock head.
     Returns the sha256 switched to, or None when nothing changed (or the list is not stored here).
     """
-    st = read_state(conn)
+    st = read_state(conn, lay)
     if not st.configured or st.content == st.configured or st.configured not in st.stored:
         return None
-    point(conn, st.configured)
-    record(conn, {"action": "follow-release", "sha256": st.configured, "version": version_of(st.configured),
+    point(conn, lay, st.configured)
+    record(conn, lay, {"action": "follow-release", "sha256": st.configured, "version": version_of(st.configured),
                   "from": st.content, "release": st.release, "result": "live"})
     return st.configured

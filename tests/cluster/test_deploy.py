@@ -83,7 +83,7 @@ def comparable(res: dict) -> list[str]:
 
 
 def current(sim, node) -> str:
-    return sim.ssh(node, ["readlink", layout.CURRENT_LINK]).out.strip()
+    return sim.ssh(node, ["readlink", layout.PLAIN.current_link]).out.strip()
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +201,7 @@ def test_dry_run_shows_a_change_without_making_it(deployed, sim_cluster):
     res = json.loads(out)
     assert rc == 0 and res["changes"] >= 2 and res["new_release"]
     assert any("write release 2" in a for o in res["outcomes"] for a in o["actions"])
-    assert sim_cluster.ssh("node1", ["test", "-e", releases.rdir(2)]).rc != 0
+    assert sim_cluster.ssh("node1", ["test", "-e", releases.rdir(layout.PLAIN, 2)]).rc != 0
 
 
 def test_planted_old_stack_unit_is_reported_and_disabled(deployed, sim_cluster):
@@ -230,8 +230,8 @@ def test_dry_run_prints_the_exact_effects_up_then_makes(deployed, sim_cluster):
     sim_cluster.ssh("node2", ["sh", "-c", "printf '%s' \"$1\" > /etc/systemd/system/old-vllm2.service && "
                               "systemctl daemon-reload && systemctl enable --now old-vllm2.service && "
                               "echo '# edited' >> /usr/local/lib/sparkdeploy/rank-ctl", "x", unit], check=True)
-    sim_cluster.ssh("node1", ["sh", "-c", f"echo '# edited' >> {layout.UNIT_PATH}"], check=True)
-    before = {n.name: sim_cluster.ssh(n, ["sh", "-c", f"sha256sum {layout.UNIT_PATH} /usr/local/lib/sparkdeploy/* "
+    sim_cluster.ssh("node1", ["sh", "-c", f"echo '# edited' >> {layout.PLAIN.unit_path}"], check=True)
+    before = {n.name: sim_cluster.ssh(n, ["sh", "-c", f"sha256sum {layout.PLAIN.unit_path} /usr/local/lib/sparkdeploy/* "
                                           "; systemctl is-active old-vllm2.service"]).out for n in sim_cluster.nodes}
 
     def effects(res: dict) -> list[str]:
@@ -240,13 +240,13 @@ def test_dry_run_prints_the_exact_effects_up_then_makes(deployed, sim_cluster):
     rc, out, err = cli("up", "-i", str(deployed["inv"]), "--dry-run", "--json", *UP_FLAGS)
     dry = json.loads(out)
     assert rc == 0 and not dry["new_release"], dry["message"]
-    after = {n.name: sim_cluster.ssh(n, ["sh", "-c", f"sha256sum {layout.UNIT_PATH} /usr/local/lib/sparkdeploy/* "
+    after = {n.name: sim_cluster.ssh(n, ["sh", "-c", f"sha256sum {layout.PLAIN.unit_path} /usr/local/lib/sparkdeploy/* "
                                          "; systemctl is-active old-vllm2.service"]).out for n in sim_cluster.nodes}
     assert after == before  # the dry run changed nothing
     want = effects(dry)
     assert "node2: run systemctl disable --now old-vllm2.service" in want
     assert "node1: run systemctl daemon-reload" in want
-    assert any(e.startswith(f"node1: write {layout.UNIT_PATH} mode 0644 ") for e in want)
+    assert any(e.startswith(f"node1: write {layout.PLAIN.unit_path} mode 0644 ") for e in want)
     assert any(e.startswith(f"node2: write {layout.RANK_CTL} mode 0755 ") for e in want)
     for e in want:
         assert e in err, f"the dry run did not print {e!r}"
@@ -288,7 +288,7 @@ def test_fault_ssh_cut_mid_step_leaves_current_release(deployed, sim_cluster, mo
     assert "release" in res.message and "node2" in res.message
     # nothing switched, nothing restarted; the half-written release is incomplete and never run
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0001"
-    assert sim_cluster.ssh("node2", ["test", "-e", f"{releases.rdir(2)}/{layout.RELEASE_META}"]).rc != 0
+    assert sim_cluster.ssh("node2", ["test", "-e", f"{releases.rdir(layout.PLAIN, 2)}/{layout.RELEASE_META}"]).rc != 0
     assert health_json(deployed["inv"])[0] == 0
     monkeypatch.undo()
     # its dry run lists the exact commands, writes and links of the re-run, the restart's included (issue 15)
@@ -297,12 +297,12 @@ def test_fault_ssh_cut_mid_step_leaves_current_release(deployed, sim_cluster, mo
     assert rc == 0 and dry["new_release"] and "release 2 would be started" in dry["message"], dry["message"]
     restart_effects = [e for o in dry["outcomes"] if o["step"] == "start" for e in o["effects"]]
     for n in ("node1", "node2"):  # (the sim's model is in the image: no page cache to evict)
-        assert f"{n}: link {layout.CURRENT_LINK} -> releases/0002" in restart_effects
-        assert f"{n}: run systemctl start {layout.UNIT_NAME}" in restart_effects
-        assert f"{n}: run systemctl stop {layout.UNIT_NAME}" in restart_effects
+        assert f"{n}: link {layout.PLAIN.current_link} -> releases/0002" in restart_effects
+        assert f"{n}: run systemctl start {layout.PLAIN.unit}" in restart_effects
+        assert f"{n}: run systemctl stop {layout.PLAIN.unit}" in restart_effects
         assert all(e in err for e in restart_effects)  # printed, not only in the JSON
-    assert restart_effects.index(f"node2: run systemctl start {layout.UNIT_NAME}") < \
-        restart_effects.index(f"node1: run systemctl start {layout.UNIT_NAME}")  # workers first
+    assert restart_effects.index(f"node2: run systemctl start {layout.PLAIN.unit}") < \
+        restart_effects.index(f"node1: run systemctl start {layout.PLAIN.unit}")  # workers first
     assert current(sim_cluster, "node1") == "releases/0001"  # the dry run switched nothing
     # a re-run converges: release 2 written completely everywhere, switched, gated; exactly as the dry run said
     rc, res2, err = up_json(inv2)
@@ -331,7 +331,7 @@ def test_fault_disk_full_while_writing_a_file(deployed, sim_cluster):
         # open there, and a tmpfs left behind would hide the real releases from every later test
         sim_cluster.ssh("node1", ["umount", "-l", "/etc/sparkdeploy/releases"], check=True)
     for node in ("node1", "node2"):  # the releases the user had are all still there, complete
-        held = sim_cluster.ssh(node, ["sh", "-c", f"ls {layout.RELEASES_DIR}/*/{layout.RELEASE_META}"]).out
+        held = sim_cluster.ssh(node, ["sh", "-c", f"ls {layout.PLAIN.releases_dir}/*/{layout.RELEASE_META}"]).out
         assert f"0001/{layout.RELEASE_META}" in held and f"0002/{layout.RELEASE_META}" in held, (node, held)
     # re-run with the unchanged inventory: nothing to do
     rc, res, err = up_json(deployed["inv"])
@@ -348,7 +348,7 @@ def test_fault_health_gate_timeout_rolls_back(deployed, sim_cluster):
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0002"
     assert health_json(deployed["inv"])[0] == 0
     # the failed release stays on disk (unhealthy), and is not what `rollback` picks
-    listing = sim_cluster.ssh("node1", ["ls", layout.RELEASES_DIR]).out.split()
+    listing = sim_cluster.ssh("node1", ["ls", layout.PLAIN.releases_dir]).out.split()
     assert "0003" in listing and "0002" in listing
 
 

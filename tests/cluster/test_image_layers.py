@@ -129,7 +129,7 @@ def test_overlays_only_change_moves_less_than_twice_the_changed_layers(layered, 
 
 
 def _lose_images(sim, node) -> None:
-    sim.ssh(node, f"systemctl stop {layout.UNIT_NAME}; docker rm -f {layout.CONTAINER_NAME}; "
+    sim.ssh(node, f"systemctl stop {layout.PLAIN.unit}; docker rm -f {layout.PLAIN.container}; "
                   "docker image ls -q sparkdeploy/serving-sim | xargs -r docker image rm -f; docker image prune -f",
             timeout=300, check=True)
 

@@ -25,7 +25,12 @@ from tests.cluster.test_deploy import cli, up_json
 
 pytestmark = pytest.mark.cluster
 
-ENGINE = "sparkdeploy-engine"
+SERVICE_ON = {"node1": "s1", "node2": "s1", "node3": "s2", "node4": "s2"}  # as the module starts
+
+
+def engine(service: str) -> str:
+    """The engine container of a service (each service's names carry its name, so services can share a node)."""
+    return f"sparkdeploy-engine-{service}"
 
 
 def small_reserve(base: Path, tmp: Path) -> Path:
@@ -61,9 +66,9 @@ def quad(sim_node_image, sim_serving_image, tmp_path_factory):
             cluster.down()
 
 
-def started_at(quad, node: str) -> str:
-    return quad["cluster"].run_on(node, ["docker", "inspect", "-f", "{{.State.StartedAt}}", ENGINE],
-                                  check=False).out.strip()
+def started_at(quad, node: str, service: str | None = None) -> str:
+    return quad["cluster"].run_on(node, ["docker", "inspect", "-f", "{{.State.StartedAt}}",
+                                         engine(service or SERVICE_ON[node])], check=False).out.strip()
 
 
 def health(inv: Path, *service: str) -> tuple[int, dict]:
@@ -179,7 +184,7 @@ def test_a_killed_rank_restarts_its_own_service_while_the_other_never_stops_answ
         loop.start()
     try:
         time.sleep(3)
-        quad["cluster"].run_on("node2", ["docker", "kill", ENGINE], check=True)
+        quad["cluster"].run_on("node2", ["docker", "kill", engine("s1")], check=True)
         t0, rep = time.monotonic(), {}
         while time.monotonic() - t0 < 600:
             time.sleep(5)
@@ -209,15 +214,15 @@ def test_a_killed_rank_restarts_its_own_service_while_the_other_never_stops_answ
 
 def ray_cluster(quad) -> tuple[int, str]:
     """(nodes in s2's Ray cluster, the GPU line of `ray status` on its head)."""
-    out = quad["cluster"].run_on("node3", ["docker", "exec", ENGINE, "ray", "status"], check=False).out
+    out = quad["cluster"].run_on("node3", ["docker", "exec", engine("s2"), "ray", "status"], check=False).out
     active = out.split("Active:", 1)[-1].split("Pending:", 1)[0]
     return sum(1 for line in active.splitlines() if "node_" in line), \
         next((line.strip() for line in out.splitlines() if " GPU" in line), "")
 
 
 def test_the_ray_service_places_one_rank_on_each_of_its_nodes(quad):
-    cmd = json.loads(quad["cluster"].run_on("node4", ["docker", "inspect", "-f", "{{json .Config.Cmd}}", ENGINE],
-                                            check=True).out)
+    cmd = json.loads(quad["cluster"].run_on("node4", ["docker", "inspect", "-f", "{{json .Config.Cmd}}",
+                                                     engine("s2")], check=True).out)
     assert cmd[:4] == ["ray", "start", "--address", f"{quad['ip']['node3']}:29500"], cmd  # no vLLM of its own
     nodes, gpus = ray_cluster(quad)
     # each sim node declares one GPU: both in use means vLLM's placement group put a rank on node4 too
@@ -243,3 +248,73 @@ def test_the_ray_service_survives_a_reboot_of_both_its_nodes(quad):
         time.sleep(2)
     assert _complete(router_url(quad), quad["key"], "tiny-s2")[0] == 200  # through the router too
     assert started_at(quad, "node1") == before  # s1 was never touched
+
+
+def test_two_services_share_two_nodes_each_under_its_own_names(quad, tmp_path):
+    """s2 (Ray) moves onto s1's nodes, its head on node2, and one `up` converges both: s1 restarts once on its
+    half of the memory, s2 comes up beside it; both engines on each node, each its own unit, container, releases
+    and watchdog; both healthy directly and through the router, and a re-run changes nothing. Then s2's rank on node1 is killed: s2's watchdog restarts s2's ranks (through
+    `rank-ctl s2`), s1, on the same nodes, is never restarted and answers every request meanwhile."""
+    inv = quad["inv"]
+    rc, out, err = cli("down", "-i", str(inv), "--service", "s2")
+    assert rc == 0, err[-2000:]
+    data = yaml.safe_load(inv.read_text())
+    data["services"][1]["nodes"] = ["node2", "node1"]
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(yaml.safe_dump(data, sort_keys=False))
+    rc, res, err = up_json(shared)
+    assert rc == 0 and res["ok"], f"{json.dumps(res)[-3000:]}\n{err[-3000:]}"
+    s1, s2 = res["services"]["s1"], res["services"]["s2"]
+    # s1 first: its nodes are shared now, so its memory is half of them (a new release, restarted), then s2
+    assert s1["new_release"] and s1["restarted"] and s1["healthy"] and s2["healthy"], res
+    for node in ("node1", "node2"):
+        names = quad["cluster"].run_on(node, ["docker", "ps", "--format", "{{.Names}}"], check=True).out.split()
+        assert {engine("s1"), engine("s2")} <= set(names), (node, names)
+    plan_out = json.loads(cli("plan", "-i", str(shared), "--json")[1])["services"]
+    for service in ("s1", "s2"):
+        mem = next(n for n in plan_out[service]["nodes"] if n["name"] == "node1")["memory"]
+        assert mem["base"] == "MemTotal share (node shared by 2 services)", mem
+    rc, rep = health(shared)
+    assert rc == 0 and rep["healthy"], rep
+    rc, res, err = up_json(shared)
+    assert rc == 0 and res["ok"], err[-2000:]
+    assert {n: (r["changes"], r["restarted"]) for n, r in res["services"].items()} == \
+        {"s1": (0, False), "s2": (0, False)}, res  # neither service takes the other's units for stale ones
+    for model in ("tiny-s1", "tiny-s2"):
+        code, body = _complete(router_url(quad), quad["key"], model)
+        assert code == 200 and json.loads(body)["model"] == model, body
+
+    s1_before = {n: started_at(quad, n, "s1") for n in ("node1", "node2")}
+    s2_before = {n: started_at(quad, n, "s2") for n in ("node1", "node2")}
+    answered, failures, stop = [], [], threading.Event()
+
+    def ask_s1():
+        while not stop.is_set() and len(answered) + len(failures) < 5000:
+            code, body = _complete(f"http://{quad['ip']['node1']}:8000", quad["key"], "tiny-s1")
+            (answered if code == 200 else failures).append(body[:200])
+            time.sleep(0.2)
+
+    loop = threading.Thread(target=ask_s1, daemon=True)
+    loop.start()
+    try:
+        time.sleep(2)
+        quad["cluster"].run_on("node1", ["docker", "kill", engine("s2")], check=True)
+        t0, rep = time.monotonic(), {}
+        while time.monotonic() - t0 < 600:
+            time.sleep(5)
+            restarted = all(started_at(quad, n, "s2") not in ("", s2_before[n]) for n in ("node1", "node2"))
+            rc, rep = health(shared, "--service", "s2")
+            if restarted and rc == 0:
+                break
+        else:
+            raise AssertionError(f"s2 not restarted and healthy 600 s after its rank on node1 was killed: {rep}")
+        print(f"\ns2 healthy again {time.monotonic() - t0:.0f} s after its rank on shared node1 was killed; "
+              f"s1 answered {len(answered)} requests meanwhile")
+    finally:
+        stop.set()
+        loop.join(90)
+    assert not failures, failures[:5]
+    assert len(answered) >= 20
+    assert {n: started_at(quad, n, "s1") for n in ("node1", "node2")} == s1_before  # s1 never restarted
+    rc, rep = health(shared)
+    assert rc == 0 and rep["healthy"], rep

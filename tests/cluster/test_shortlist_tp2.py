@@ -27,7 +27,7 @@ from sparkdeploy import inventory as I
 from sparkdeploy import served_tokenizer
 from sparkdeploy.bench import metrics
 from sparkdeploy.health import bearer
-from sparkdeploy.layout import CONTAINER_NAME
+from sparkdeploy.layout import PLAIN
 from sparkdeploy.steps.deploy import Cluster, Options
 from tests.support.vllm_server import require_venv
 
@@ -92,7 +92,7 @@ def _deploy(sim, d: Path, name: str, ids: np.ndarray) -> dict:
     after = metrics.scrape(url)
     drafted = after.value(metrics.DRAFT_TOKENS) - before.value(metrics.DRAFT_TOKENS)
     accepted = after.value(metrics.ACCEPTED) - before.value(metrics.ACCEPTED)
-    logs = {n.name: sim.ssh(n, f"docker logs {CONTAINER_NAME} 2>&1", timeout=60).out for n in sim.nodes}
+    logs = {n.name: sim.ssh(n, f"docker logs {PLAIN.container} 2>&1", timeout=60).out for n in sim.nodes}
     return {"outputs": outputs, "drafted": drafted, "acceptance": accepted / drafted if drafted else None,
             "logs": logs, "size": len(ids)}
 

@@ -8,31 +8,30 @@ from types import SimpleNamespace
 import pytest
 
 from sparkdeploy import connection, remote
+from sparkdeploy.layout import ServiceLayout
 from sparkdeploy.steps import capture
 
 
 @pytest.fixture
-def node(tmp_path, monkeypatch):
+def node(tmp_path):
     cap, cur = tmp_path / "capture", tmp_path / "current"
     cur.mkdir()
-    monkeypatch.setattr(capture, "CAPTURE_DIR", str(cap))
-    monkeypatch.setattr(capture, "CAPTURE_SWITCH", str(cap / "on"))
-    monkeypatch.setattr(capture, "CURRENT_LINK", str(cur))
+    lay = ServiceLayout(etc_root=str(tmp_path), state_root=str(tmp_path))
     conn = remote.LocalConn(connection.Target("n1", "localhost", local=True))
-    cx = SimpleNamespace(names=["n1"], head="n1", conn=lambda n: conn, log=None,
+    cx = SimpleNamespace(names=["n1"], head="n1", conn=lambda n: conn, log=None, lay=lay,
                          each=lambda fn, what, names=None: {"n1": fn(conn)})
-    return SimpleNamespace(conn=conn, cx=cx, cap=cap, cur=cur)
+    return SimpleNamespace(conn=conn, cx=cx, cap=cap, cur=cur, lay=lay)
 
 
 def test_a_node_says_whether_capture_is_wired_on_and_what_it_counted(node):
-    assert capture.read(node.conn) == capture.NodeCapture("n1", wired=False, on=False, files={})
+    assert capture.read(node.conn, node.lay) == capture.NodeCapture("n1", wired=False, on=False, files={})
     (node.cur / "node-plan.json").write_text('{"serve_argv": ["--scheduler-cls", "spark_overlays.capture.scheduler"]}')
     node.cap.mkdir()
     (node.cap / "counts.npy").write_bytes(b"x" * 10)
     (node.cap / "counts.dp1.npy").write_bytes(b"y" * 3)
     (node.cap / "notes.txt").write_text("not counts")
     (node.cap / "on").touch()
-    assert capture.read(node.conn) == capture.NodeCapture(
+    assert capture.read(node.conn, node.lay) == capture.NodeCapture(
         "n1", wired=True, on=True, files={str(node.cap / "counts.dp1.npy"): 3, str(node.cap / "counts.npy"): 10})
 
 

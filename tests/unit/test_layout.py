@@ -15,7 +15,7 @@ def test_the_watchdog_state_path_is_the_layouts():
     tree = ast.parse((PACKAGE / "steps" / "node_files" / "watchdog.py").read_text())
     state = next(n.value.value for n in tree.body if isinstance(n, ast.Assign)
                  and any(getattr(t, "id", "") == "STATE" for t in n.targets))
-    assert state == layout.WATCHDOG_STATE
+    assert state == layout.PLAIN.watchdog_state
 
 
 def test_no_module_spells_an_on_node_path_of_its_own():

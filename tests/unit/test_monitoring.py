@@ -272,19 +272,20 @@ def test_a_node_that_is_no_longer_the_head_loses_its_exporter_and_the_head_gets_
     from types import SimpleNamespace
 
     from sparkdeploy import connection, remote
+    from sparkdeploy.layout import ServiceLayout
     unit = tmp_path / "sparkdeploy-exporter.service"
     unit.write_text("[Service]\n")
-    monkeypatch.setattr(monitoring, "UNIT_PATH", str(unit))
+    lay = ServiceLayout(systemd_dir=str(tmp_path))
     local = remote.LocalConn(connection.Target("n2", "localhost", local=True))
-    [removal] = monitoring.actions(local, None, "n2 is not the head")
+    [removal] = monitoring.actions(local, lay, None, "n2 is not the head")
     assert "remove sparkdeploy-exporter.service (n2 is not the head)" in removal.what
     unit.unlink()
-    assert monitoring.actions(local, None, "n2 is not the head") == []  # nothing there: nothing to do
+    assert monitoring.actions(local, lay, None, "n2 is not the head") == []  # nothing there: nothing to do
 
     calls = {}
     monkeypatch.setattr(monitoring, "actions",
-                        lambda conn, want, *why: calls.setdefault(conn, (want, *why)) and [])
-    cx = SimpleNamespace(names=["n1", "n2", "n3"], head="n1", conn=lambda n: n, log=None,
+                        lambda conn, lay, want, *why: calls.setdefault(conn, (want, *why)) and [])
+    cx = SimpleNamespace(names=["n1", "n2", "n3"], head="n1", conn=lambda n: n, log=None, lay=ServiceLayout(),
                          files={"n1/monitoring/sparkdeploy-exporter.service": b"unit"},
                          opts=SimpleNamespace(dry_run=False))
     out = []

@@ -116,10 +116,10 @@ def test_additional_config_shape_and_native_flags_on_033():
     assert set(cfg) == {"spark_overlays"}
     assert set(cfg["spark_overlays"]) == {"shortlist", "skinny_gemm", "fp8_gdn", "prefix_align", "capture"}
     # capture is wired into every release and counts only while its switch file exists (`vocab capture on`)
-    assert cfg["spark_overlays"]["capture"] == {"enabled": True, "path": layout.CAPTURE_COUNTS,
-                                                "switch": layout.CAPTURE_SWITCH, "flush_seconds": 10}
+    assert cfg["spark_overlays"]["capture"] == {"enabled": True, "path": layout.PLAIN.capture_counts,
+                                                "switch": layout.PLAIN.capture_switch, "flush_seconds": 10}
     assert p.capture and _arg(argv, "--scheduler-cls") == "spark_overlays.capture.scheduler"
-    assert f"{layout.CAPTURE_DIR}:{layout.CAPTURE_DIR}" in p.head.docker_argv  # read-write: the engine writes
+    assert f"{layout.PLAIN.capture_dir}:{layout.PLAIN.capture_dir}" in p.head.docker_argv  # read-write: the engine writes
     assert all("enabled" in v for v in cfg["spark_overlays"].values())
     assert cfg["spark_overlays"]["shortlist"]["sha256"] == inventory.load(paths.default_inventory()).vocab.sha256
     # The shipped checkpoint is ModelOpt NVFP4: pre-quantized, so no --quantization (FP8 GDN applies to BF16 only)

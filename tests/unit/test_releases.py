@@ -8,54 +8,58 @@ import pytest
 
 from sparkdeploy import connection, releases, remote
 from sparkdeploy.errors import RemoteError
+from sparkdeploy.layout import ServiceLayout
 
 
 @pytest.fixture
-def conn(tmp_path, monkeypatch):
-    monkeypatch.setattr(releases, "RELEASES_DIR", str(tmp_path / "releases"))
-    monkeypatch.setattr(releases, "CURRENT_LINK", str(tmp_path / "current"))
+def lay(tmp_path):
+    return ServiceLayout(etc_root=str(tmp_path))
+
+
+@pytest.fixture
+def conn():
     return remote.LocalConn(connection.Target("n", "localhost", local=True))
 
 
-def test_empty_node(conn):
-    nr = releases.scan(conn)
+def test_empty_node(conn, lay):
+    nr = releases.scan(conn, lay)
     assert nr.complete == {} and nr.current is None and nr.newest == 0
 
 
-def test_write_switch_scan_digests(conn, tmp_path):
+def test_write_switch_scan_digests(conn, lay, tmp_path):
     files = {"launch.sh": (b"#!/bin/sh\n", 0o755), "sub/engine.env": (b"A=1\n", 0o600)}
-    releases.write(conn, 1, files, {"fingerprint": "abc"})
-    releases.switch(conn, 1)
-    nr = releases.scan(conn)
+    releases.write(conn, lay, 1, files, {"fingerprint": "abc"})
+    releases.switch(conn, lay, 1)
+    nr = releases.scan(conn, lay)
     assert nr.current == 1 and nr.complete[1]["fingerprint"] == "abc" and not nr.healthy
     assert os.readlink(tmp_path / "current") == "releases/0001"
     assert oct(os.stat(tmp_path / "current" / "launch.sh").st_mode & 0o777) == "0o755"
-    assert releases.file_digests(conn, 1) == {n: releases.sha(b) for n, (b, _) in files.items()}
-    releases.mark_healthy(conn, 1, {"probe": "x"})
-    assert releases.scan(conn).healthy == {1}
-    assert releases.read_healthy(conn, 1) == {"probe": "x"}
+    assert releases.file_digests(conn, lay, 1) == {n: releases.sha(b) for n, (b, _) in files.items()}
+    releases.mark_healthy(conn, lay, 1, {"probe": "x"})
+    assert releases.scan(conn, lay).healthy == {1}
+    assert releases.read_healthy(conn, lay, 1) == {"probe": "x"}
 
 
-def test_incomplete_release_is_never_switched_and_is_pruned(conn, tmp_path):
-    releases.write(conn, 1, {"a": (b"1", 0o644)}, {})
-    releases.switch(conn, 1)
+def test_incomplete_release_is_never_switched_and_is_pruned(conn, lay, tmp_path):
+    releases.write(conn, lay, 1, {"a": (b"1", 0o644)}, {})
+    releases.switch(conn, lay, 1)
     (tmp_path / "releases" / "0002").mkdir()
     (tmp_path / "releases" / "0002" / "a").write_text("half")
-    nr = releases.scan(conn)
+    nr = releases.scan(conn, lay)
     assert nr.incomplete == [2] and nr.newest == 2
     with pytest.raises(RemoteError, match="incomplete"):
-        releases.switch(conn, 2)
-    assert releases.prune(conn, nr) == [2]
-    assert releases.scan(conn).incomplete == []
+        releases.switch(conn, lay, 2)
+    assert releases.prune(conn, lay, nr) == [2]
+    assert releases.scan(conn, lay).incomplete == []
 
 
-def test_prune_keeps_newest_and_current(conn):
+def test_prune_keeps_newest_and_current(conn, lay):
     for n in range(1, 9):
-        releases.write(conn, n, {"a": (str(n).encode(), 0o644)}, {})
-    releases.switch(conn, 2)
-    dropped = releases.prune(conn, releases.scan(conn), keep=5)
+        releases.write(conn, lay, n, {"a": (str(n).encode(), 0o644)}, {})
+    releases.switch(conn, lay, 2)
+    dropped = releases.prune(conn, lay, releases.scan(conn, lay), keep=5)
     assert dropped == [1, 3]
-    assert sorted(releases.scan(conn).complete) == [2, 4, 5, 6, 7, 8]
+    assert sorted(releases.scan(conn, lay).complete) == [2, 4, 5, 6, 7, 8]
 
 
 def test_last_healthy_is_common_to_all_nodes():
@@ -66,10 +70,10 @@ def test_last_healthy_is_common_to_all_nodes():
     assert releases.last_healthy({"a": a, "b": releases.NodeReleases()}) is None
 
 
-def test_scan_cut_short_is_an_error_not_an_incomplete_release(conn):
-    releases.write(conn, 1, {"a": (b"1", 0o644)}, {"fingerprint": "abc"})
-    releases.switch(conn, 1)
-    whole = conn.run(["sh", "-c", releases._SCAN, "scan", releases.RELEASES_DIR, releases.CURRENT_LINK]).stdout
+def test_scan_cut_short_is_an_error_not_an_incomplete_release(conn, lay):
+    releases.write(conn, lay, 1, {"a": (b"1", 0o644)}, {"fingerprint": "abc"})
+    releases.switch(conn, lay, 1)
+    whole = conn.run(["sh", "-c", releases._SCAN, "scan", lay.releases_dir, lay.current_link]).stdout
     assert releases.parse_scan(whole, "n").complete[1]["fingerprint"] == "abc"
     # the same output losing its tail (a META line read halfway, no CURR, no END) must not read as
     # "release 1 incomplete, none current": prune would delete the running release

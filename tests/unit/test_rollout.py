@@ -12,6 +12,7 @@ import pytest
 
 from sparkdeploy import cli, health, rollout, served_tokenizer, vocab_live
 from sparkdeploy.errors import VocabError
+from sparkdeploy.layout import ServiceLayout
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -242,25 +243,22 @@ def test_state_script_reads_pointer_content_and_the_release_hash(tmp_path):
     (etc / "releases" / "0003" / "node-plan.json").write_bytes(_rendered_node_plan(sha, tmp_path))
     (etc / "current").symlink_to("releases/0003")
     conn = LocalConn(Target("n1", "127.0.0.1", local=True))
-    lv = vocab_live.read_state(conn, str(vdir), str(etc))
+    lay = ServiceLayout(etc_root=str(etc), state_root=str(tmp_path))
+    lv = vocab_live.read_state(conn, lay)
     assert lv.pointer is None and lv.content is None and lv.configured == sha and lv.release == 3
     assert "missing" in lv.problem()
     conn.run(["mkdir", "-p", str(vdir)])
-    vocab_live.DIR, old = str(vdir), vocab_live.DIR
-    try:
-        assert vocab_live.store(conn, data, sha, {"source": "x.txt"}) is True
-        assert vocab_live.store(conn, data, sha, {"source": "x.txt"}) is False  # content-addressed: once
-        vocab_live.point(conn, sha)
-        vocab_live.record(conn, {"action": "rollout", "sha256": sha})
-        assert [e["action"] for e in vocab_live.history(conn)] == ["rollout"]
-        with pytest.raises(Exception, match="not stored"):
-            vocab_live.point(conn, "f" * 64)
-    finally:
-        vocab_live.DIR = old
-    lv = vocab_live.read_state(conn, str(vdir), str(etc))
+    assert vocab_live.store(conn, lay, data, sha, {"source": "x.txt"}) is True
+    assert vocab_live.store(conn, lay, data, sha, {"source": "x.txt"}) is False  # content-addressed: once
+    vocab_live.point(conn, lay, sha)
+    vocab_live.record(conn, lay, {"action": "rollout", "sha256": sha})
+    assert [e["action"] for e in vocab_live.history(conn, lay)] == ["rollout"]
+    with pytest.raises(Exception, match="not stored"):
+        vocab_live.point(conn, lay, "f" * 64)
+    lv = vocab_live.read_state(conn, lay)
     assert (lv.pointer, lv.content, lv.stored, lv.problem()) == (f"{sha}.txt", sha, [sha], None)
     (vdir / f"{sha}.txt").write_bytes(b"0\n1\n")  # altered in place
-    assert "does not hash to its name" in vocab_live.read_state(conn, str(vdir), str(etc)).problem()
+    assert "does not hash to its name" in vocab_live.read_state(conn, lay).problem()
 
 
 def test_health_flags_a_node_whose_list_differs():
@@ -287,22 +285,18 @@ def test_prune_keeps_live_and_protected(tmp_path):
     from sparkdeploy.remote import LocalConn
 
     conn = LocalConn(Target("n1", "127.0.0.1", local=True))
-    old = vocab_live.DIR
-    vocab_live.DIR = str(tmp_path)
-    try:
-        shas = []
-        for i in range(5):
-            data = f"{i}\n".encode()
-            sha = __import__("hashlib").sha256(data).hexdigest()
-            vocab_live.store(conn, data, sha, {})
-            vocab_live.record(conn, {"sha256": sha})
-            shas.append(sha)
-        state = vocab_live.LiveVocab("n1", content=shas[0], configured=shas[0], stored=sorted(shas))
-        dropped = vocab_live.prune(conn, state, {shas[1]}, keep=1)
-        assert set(dropped) == {shas[2], shas[3]}
-        assert sorted(p.name[:64] for p in tmp_path.glob("*.txt")) == sorted([shas[0], shas[1], shas[4]])
-    finally:
-        vocab_live.DIR = old
+    lay = ServiceLayout(state_root=str(tmp_path))
+    shas = []
+    for i in range(5):
+        data = f"{i}\n".encode()
+        sha = __import__("hashlib").sha256(data).hexdigest()
+        vocab_live.store(conn, lay, data, sha, {})
+        vocab_live.record(conn, lay, {"sha256": sha})
+        shas.append(sha)
+    state = vocab_live.LiveVocab("n1", content=shas[0], configured=shas[0], stored=sorted(shas))
+    dropped = vocab_live.prune(conn, lay, state, {shas[1]}, keep=1)
+    assert set(dropped) == {shas[2], shas[3]}
+    assert sorted(p.name[:64] for p in (tmp_path / "vocab").glob("*.txt")) == sorted([shas[0], shas[1], shas[4]])
 
 
 # ------------------------------------------------------------------------------- the derived release files
@@ -321,6 +315,7 @@ class _FakeCluster:
         self.conns = conns
         self.names = list(conns)
         self.head = self.names[0]
+        self.lay = ServiceLayout()
         self.rel = {n: NodeReleases(complete={4: dict(meta)}, current=4) for n in conns}
 
     def conn(self, n):
@@ -331,7 +326,7 @@ def _derive(monkeypatch, files, edit=None):
     from sparkdeploy import releases
 
     old, new = "a" * 64, "b" * 64
-    monkeypatch.setattr(releases, "file_digests", lambda c, num: {k: "x" for k in c.files})
+    monkeypatch.setattr(releases, "file_digests", lambda c, lay, num: {k: "x" for k in c.files})
     cl = _FakeCluster({"node1": _FakeConn("node1", files)}, {"number": 4, "files": {}, "fingerprint": "f00",
                                                             "image_id": "sha256:1", "facts": {"x": 1}})
     cand = rollout.Candidate("l.txt", b"0\n", np.arange(1), new, "sha256:t", None)
@@ -380,7 +375,7 @@ def test_downtime_is_the_longest_gap_between_successes():
     assert (gap, a, b) == (8, 2, 10)
 
 
-def test_follow_release_points_at_the_list_the_release_expects(tmp_path, monkeypatch):
+def test_follow_release_points_at_the_list_the_release_expects(tmp_path):
     from sparkdeploy.connection import Target
     from sparkdeploy.remote import LocalConn
 
@@ -391,12 +386,10 @@ def test_follow_release_points_at_the_list_the_release_expects(tmp_path, monkeyp
     (etc / "releases" / "0002").mkdir(parents=True)
     (etc / "releases" / "0002" / "node-plan.json").write_bytes(_rendered_node_plan(sa, tmp_path))
     (etc / "current").symlink_to("releases/0002")
-    monkeypatch.setattr(vocab_live, "DIR", str(vdir))
-    real = vocab_live.read_state
-    monkeypatch.setattr(vocab_live, "read_state", lambda c: real(c, str(vdir), str(etc)))
-    vocab_live.store(conn, a, sa, {})
-    vocab_live.store(conn, b, sb, {})
-    vocab_live.point(conn, sb)
-    assert vocab_live.follow_release(conn) == sa
-    assert vocab_live.read_state(conn).problem() is None
-    assert vocab_live.follow_release(conn) is None  # already following
+    lay = ServiceLayout(etc_root=str(etc), state_root=str(tmp_path))
+    vocab_live.store(conn, lay, a, sa, {})
+    vocab_live.store(conn, lay, b, sb, {})
+    vocab_live.point(conn, lay, sb)
+    assert vocab_live.follow_release(conn, lay) == sa
+    assert vocab_live.read_state(conn, lay).problem() is None
+    assert vocab_live.follow_release(conn, lay) is None  # already following

@@ -86,8 +86,8 @@ def _mutated(change):
 CASES = [
     ("missing-node", lambda d: d["services"][1]["nodes"].__setitem__(0, "node9"), "services[1].nodes[0]",
      "no node named 'node9'"),
-    ("node-in-two-services", lambda d: d["services"][1]["nodes"].__setitem__(1, "node2"), "services[1].nodes[1]",
-     "already in services[0] (a)"),
+    ("heads-share-a-node-and-a-port", lambda d: d["services"][1].update(nodes=["node1", "node2"], ports={
+        "api": 8001, "master": 29500}), "services[1].ports.master", "already service a's ports.master on node node1"),
     ("node-twice", lambda d: d["services"][0]["nodes"].__setitem__(1, "node1"), "services[0].nodes[1]",
      "twice in this service"),
     ("wrong-node-count", lambda d: d["services"][0]["nodes"].append("node3"), "services[0].nodes",
@@ -151,7 +151,7 @@ def test_example_four_nodes_plans_and_renders_both_services(tmp_path, capsys, mo
     assert json.loads(capsys.readouterr().out)["service"] == "super"
     assert main(["render", "--inventory", str(EXAMPLE), "--out", str(tmp_path / "out")]) == 0
     for service, head in (("chat", "spark1"), ("super", "spark3")):
-        unit = (tmp_path / "out" / service / head / "unit" / "sparkdeploy-engine.service").read_text()
+        unit = (tmp_path / "out" / service / head / "unit" / f"sparkdeploy-engine-{service}.service").read_text()
         assert f"spark-quad.{service} node {head}, rank 0 of 2 (head)" in unit
     assert (tmp_path / "out" / "router" / "sparkdeploy-router.service").is_file()
     assert main(["plan", "--inventory", str(EXAMPLE)]) == 0
@@ -159,3 +159,39 @@ def test_example_four_nodes_plans_and_renders_both_services(tmp_path, capsys, mo
     rp = plan_router(inventory.load_services(EXAMPLE))
     assert (rp.url, rp.models) == ("http://10.0.0.11:8080", ("chat", "super"))
     assert [w.url for w in rp.workers] == ["http://192.168.177.11:8000", "http://192.168.177.13:8001"]
+
+
+def test_services_sharing_nodes_get_their_own_names_and_split_the_memory(tmp_path):
+    """`a` and `b` both on node1 + node2 (b's head node2): each its own unit, container, release and vocab paths
+    and watchdog; each an equal part of what the reserve leaves; the ports may repeat where the heads differ."""
+    data = _sim_services()
+    data["services"][1].update(nodes=["node2", "node1"], ports={"api": 8000, "master": 29500, "metrics": 9466})
+    alone = plan_mod.plan(inventory.load_services(_write(tmp_path, _sim_services()))[0], None, None)
+    a, b = inventory.load_services(_write(tmp_path, data))
+    assert (a.shared_by("node1"), a.shared_by("node2"), a.shared_by("node3")) == (2, 2, 1)
+    pa, pb = (plan_mod.plan(v, None, None) for v in (a, b))
+    assert (pa.head.unit_name, pb.head.unit_name) == ("sparkdeploy-engine-a.service", "sparkdeploy-engine-b.service")
+    assert "--name sparkdeploy-engine-b " in pb.node("node1").docker_command
+    assert "/etc/sparkdeploy/services/b/current/engine.env" in pb.node("node1").docker_command
+    assert "/var/lib/sparkdeploy/services/b/vocab:/opt/sparkdeploy/vocab:ro" in pb.node("node1").docker_command
+    assert pb.layout.watchdog_timer == "sparkdeploy-watchdog-b.timer"
+    reserve, total = alone.head.memory.reserve_gib, alone.head.memory.mem_total_gib
+    for p in (pa, pb):
+        mem = p.node("node1").memory
+        assert mem.base_gib == pytest.approx(reserve + (total - reserve) / 2, abs=1e-3)
+        assert mem.base == "MemTotal share (node shared by 2 services)"
+
+
+def test_a_service_that_does_not_fit_its_share_of_a_node_exits_2_naming_it(tmp_path, capsys):
+    """Alone, each fits its nodes with a 15 GiB reserve (the nominal sim node: 20 GiB available of 24, 4.5 for
+    the engine); sharing node1 and node2, half of the 9 GiB the reserve leaves of MemTotal is too little."""
+    data = _sim_services()
+    for service in data["services"]:
+        service["memory"] = {"reserve_gib": 15.0}
+    assert main(["plan", "--inventory", str(_write(tmp_path, data))]) == 0
+    data["services"][1].update(nodes=["node2", "node1"], ports={"api": 8001, "master": 29501})
+    capsys.readouterr()
+    assert main(["plan", "--inventory", str(_write(tmp_path, data))]) == 2
+    err = capsys.readouterr().err
+    assert "service a (services[0]): node node1: memory.reserve_gib" in err, err
+    assert "shared by 2 services" in err, err

@@ -110,7 +110,7 @@ def test_release_files_head_carries_watchdog_config(cluster):
     assert set(head) == {"engine.env", "launch.sh", "node-plan.json", supervise.CONFIG}
     assert head["launch.sh"][1] == 0o755
     assert set(cluster.release_files("node2", 1)) == {"engine.env", "launch.sh", "node-plan.json"}
-    assert list(cluster.unit_files("node2")) == [layout.UNIT_PATH]
+    assert list(cluster.unit_files("node2")) == [layout.PLAIN.unit_path]
 
 
 def test_image_context_has_dockerfile_and_overlays_but_no_list(cluster):
@@ -168,3 +168,31 @@ def test_rank_watch_stops_the_wait_once_a_rank_is_gone():
     check()
     with pytest.raises(HealthError, match="node1: rank 0's engine unit was restarted"):
         check()
+
+
+def test_each_service_authorizes_its_own_watchdog_key_for_its_own_ranks_only(tmp_path, monkeypatch):
+    """A node shared by services s1 and s2: each head's watchdog key gets its own authorized_keys line whose
+    forced command is `rank-ctl <service>`; a second run changes nothing and keeps the other service's line; the
+    script refuses a name that is not a service name and any other verb (before it touches systemd or docker)."""
+    import os
+    import subprocess
+
+    monkeypatch.setattr(supervise, "AUTHORIZED_KEYS", str(tmp_path / "ssh" / "authorized_keys"))
+    monkeypatch.setattr(supervise, "RANK_CTL", str(tmp_path / "lib" / "rank-ctl"))
+    monkeypatch.setattr(supervise, "LIB_DIR", str(tmp_path / "lib"))
+    conn = LocalConn(Target("n2", "localhost", local=True))
+    keys = {"s1": "ssh-ed25519 AAAAone", "s2": "ssh-ed25519 AAAAtwo"}
+    for _ in range(2):
+        for service, key in keys.items():
+            for act in supervise.worker_actions(conn, layout.ServiceLayout(service), f"{key} made-on-head"):
+                act.do()
+    assert all(supervise.worker_actions(conn, layout.ServiceLayout(s), f"{k} x") == [] for s, k in keys.items())
+    rank_ctl = tmp_path / "lib" / "rank-ctl"
+    assert (tmp_path / "ssh" / "authorized_keys").read_text().splitlines() == [
+        f'restrict,command="{rank_ctl} s1" ssh-ed25519 AAAAone sparkdeploy-watchdog-s1',
+        f'restrict,command="{rank_ctl} s2" ssh-ed25519 AAAAtwo sparkdeploy-watchdog-s2']
+    for name, verb, words in (("s1;reboot", "status", "bad service name"), ("-x", "status", "bad service name"),
+                              ("s1", "reboot", "verb not allowed")):
+        res = subprocess.run(["sh", str(rank_ctl), name], capture_output=True, text=True,
+                             env={**os.environ, "SSH_ORIGINAL_COMMAND": verb})
+        assert res.returncode == 2 and words in res.stderr, (name, verb, res)

@@ -266,14 +266,14 @@ def check_release(cx, number: int, *, against: int | None = None, tokens: int = 
 
     head = cx.conn(cx.head)
     nrs = cx.scan()
-    raw = head.get(f"{releases.rdir(number)}/{layout.NODE_PLAN_FILE}")
+    raw = head.get(f"{releases.rdir(cx.lay, number)}/{layout.NODE_PLAN_FILE}")
     facts = release_facts(number, json.loads(raw) if raw else {}, nrs[cx.head].complete.get(number, {}))
     rec = measure(client.discover(cx.plan.api_url, model=served(cx.plan), api_key=cx.inv.auth.api_key()),
                   tokens=tokens, runs=runs, warmup=warmup, progress=progress, release=facts)
     before = against if against is not None else releases.last_healthy(nrs, before=number)
-    base = releases.read_sentinel(head, before) if before is not None else None
+    base = releases.read_sentinel(head, cx.lay, before) if before is not None else None
     rec["verdict"] = summary(compare(base, rec) if base else None, before if base else None)
-    releases.write_sentinel(head, number, rec)
+    releases.write_sentinel(head, cx.lay, number, rec)
     return rec["verdict"]
 
 

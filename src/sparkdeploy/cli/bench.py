@@ -271,8 +271,8 @@ def _cluster_records(inventory: str) -> tuple[dict, dict, str]:
         nrs = cl.scan([cl.head])
         cur = nrs[cl.head].current
         before = releases.last_healthy(nrs, before=cur) if cur is not None else None
-        cand = releases.read_sentinel(cl.conn(cl.head), cur) if cur is not None else None
-        base = releases.read_sentinel(cl.conn(cl.head), before) if before is not None else None
+        cand = releases.read_sentinel(cl.conn(cl.head), cl.lay, cur) if cur is not None else None
+        base = releases.read_sentinel(cl.conn(cl.head), cl.lay, before) if before is not None else None
     if cand is None:
         raise InputError(f"{inventory}: release {cur} on {cl.head} has no speed record: `sparkdeploy up` keeps one "
                          "(unless --no-sentinel), or make one with `sparkdeploy bench record`")

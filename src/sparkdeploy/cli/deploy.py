@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from sparkdeploy import layout, paths, releases
+from sparkdeploy import paths, releases
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.verdict import Status
 from sparkdeploy.cli.interrupts import interrupt_as_failure
@@ -89,7 +89,7 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
             with load_cluster(_inv(inventory), opts, name) as cluster, interrupt_as_failure("up", _log) as signalled:
                 res = cluster.up()
                 if sentinel and res.healthy and (res.restarted or
-                                                 not releases.read_sentinel(cluster.conn(cluster.head), res.release)):
+                                                 not releases.read_sentinel(cluster.conn(cluster.head), cluster.lay, res.release)):
                     speed = speed_after_gate(cluster, res.release, _log)
             res.message, interrupted = signalled.tell(res.message), signalled.fired
         _print_outcomes(res.outcomes)
@@ -230,7 +230,7 @@ def rollback(inventory, number, ready_timeout, trust_new_hosts, sentinel):
             interrupt_as_failure("rollback", _log) as signalled:
         res = cluster.rollback(number)
         if sentinel and res.healthy and res.restarted:
-            own = releases.read_sentinel(cluster.conn(cluster.head), res.release)
+            own = releases.read_sentinel(cluster.conn(cluster.head), cluster.lay, res.release)
             speed = speed_after_gate(cluster, res.release, _log, against=res.release if own else None)
     res.message = signalled.tell(res.message)
     err.print(("[green]" if res.healthy else "[red bold]") + res.message)
@@ -257,8 +257,8 @@ def logs(inventory, node, follow, lines, journal, trust_new_hosts):
             raise click.BadParameter(f"no node {name!r} in the inventory", param_hint="NODE") from None
         cluster.connect([], [name])
         c = cluster.conn(name)
-        argv = (["journalctl", "-u", layout.UNIT_NAME, "-n", str(lines), "--no-pager"] + (["-f"] if follow else [])
-                if journal else ["docker", "logs", "--tail", str(lines)] + (["-f"] if follow else []) + [layout.CONTAINER_NAME])
+        argv = (["journalctl", "-u", cluster.lay.unit, "-n", str(lines), "--no-pager"] + (["-f"] if follow else [])
+                if journal else ["docker", "logs", "--tail", str(lines)] + (["-f"] if follow else []) + [cluster.lay.container])
         if isinstance(c, LocalConn):
             subprocess.run(argv)
             return

@@ -66,7 +66,7 @@ def format_plan(p: plan_mod.Plan) -> str:
         *(f"  {f.name:<13} {_why(p, f)}" for f in p.features),
         "weights " + (f"{p.checkpoint.format} (from {p.checkpoint.source})" if p.checkpoint else "format unknown"),
         *(f"  path  {t}" for t in p.weights_transfers),
-        "secrets " + ("  ".join(f"{k} {v}" for k, v in p.secrets.items()) + f" in {layout.SECRETS_ENV} (0600)"
+        "secrets " + ("  ".join(f"{k} {v}" for k, v in p.secrets.items()) + f" in {p.layout.secrets_env} (0600)"
                       if p.secrets else "none: the API on port %d takes requests without a key" % p.api_port),
     ]
     for n in p.nodes:

@@ -1,7 +1,7 @@
 """Traffic capture on the nodes (`vocab capture on|off|clear|status`, and the counts `vocab learn` pulls).
 
 Every release is rendered with the capture overlay wired in (`plan._capture_wired`); whether the engine counts is
-one file, `layout.CAPTURE_SWITCH`, that the engine looks for every second. So switching costs no restart, and
+one file, the service's `capture_switch` (`layout.ServiceLayout`), that the engine looks for every second. So switching costs no restart, and
 clearing is deleting the counts files (the engine starts a new one at its next flush). Only a node that runs an
 engine core writes counts (the head with the mp backend; each replica's head with data parallelism), but the
 switch is set on every node so that a node that becomes a head counts the same way.
@@ -18,11 +18,11 @@ from pathlib import Path
 
 from sparkdeploy.connection import Conn
 from sparkdeploy.errors import SparkdeployError
-from sparkdeploy.layout import CAPTURE_COUNTS, CAPTURE_DIR, CAPTURE_SCHEDULER, CAPTURE_SWITCH, CURRENT_LINK
+from sparkdeploy.layout import CAPTURE_SCHEDULER, PLAIN, ServiceLayout
 from sparkdeploy.steps.base import Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
 
-COUNTS_GLOB = posixpath.basename(CAPTURE_COUNTS).replace(".npy", "*.npy")  # counts.npy, counts.dp1.npy, ...
+COUNTS_GLOB = posixpath.basename(PLAIN.capture_counts).replace(".npy", "*.npy")  # counts.npy, counts.dp1.npy, ...
 MODES = ("on", "off", "clear")
 OFF_SETTLE_S = 2.5  # > the engine's switch poll (spark_overlays.capture.SWITCH_POLL_S = 1 s) + one flush
 
@@ -53,9 +53,9 @@ true
 '''
 
 
-def read(conn: Conn) -> NodeCapture:
-    out = conn.query(["sh", "-c", _READ, "read-capture", CAPTURE_SCHEDULER, CURRENT_LINK, CAPTURE_SWITCH,
-                      CAPTURE_DIR, COUNTS_GLOB]).stdout.splitlines()
+def read(conn: Conn, lay: ServiceLayout) -> NodeCapture:
+    out = conn.query(["sh", "-c", _READ, "read-capture", CAPTURE_SCHEDULER, lay.current_link, lay.capture_switch,
+                      lay.capture_dir, COUNTS_GLOB]).stdout.splitlines()
     files = {}
     for line in out:
         if line.startswith("file "):
@@ -65,7 +65,7 @@ def read(conn: Conn) -> NodeCapture:
 
 
 def states(cx: Context) -> dict[str, NodeCapture]:
-    return cx.each(read, "reading the capture state")
+    return cx.each(lambda c: read(c, cx.lay), "reading the capture state")
 
 
 def switch(cx: Context, mode: str, *, dry_run: bool = False) -> list[Outcome]:
@@ -81,12 +81,12 @@ def switch(cx: Context, mode: str, *, dry_run: bool = False) -> list[Outcome]:
                                "`sparkdeploy up` first, then `vocab capture on`")
 
     def diff(n: str) -> list[Action]:
-        c, s = cx.conn(n), now[n]
+        c, s, lay = cx.conn(n), now[n], cx.lay
         if mode == "on" and not s.on:
-            return [Action(f"create {CAPTURE_SWITCH}", lambda: (c.run(["mkdir", "-p", CAPTURE_DIR]),
-                                                               c.put(CAPTURE_SWITCH, b"")))]
+            return [Action(f"create {lay.capture_switch}", lambda: (c.run(["mkdir", "-p", lay.capture_dir]),
+                                                                   c.put(lay.capture_switch, b"")))]
         if mode == "off" and s.on:
-            return [Action(f"remove {CAPTURE_SWITCH}", lambda: c.run(["rm", "-f", CAPTURE_SWITCH]))]
+            return [Action(f"remove {lay.capture_switch}", lambda: c.run(["rm", "-f", lay.capture_switch]))]
         if mode == "clear" and s.files:
             return [Action(f"remove {', '.join(s.files)}", lambda: c.run(["rm", "-f", *s.files]))]
         return []
@@ -102,7 +102,7 @@ def pull(cx: Context, dest: str | Path | None = None) -> list[Path]:
     found = {n: s.files for n, s in states(cx).items() if s.files}
     if not found:
         raise CaptureError("no counts on any node: turn capture on (`sparkdeploy vocab capture on`), let the "
-                           f"service answer traffic, and wait up to the flush interval; files: {CAPTURE_DIR}/"
+                           f"service answer traffic, and wait up to the flush interval; files: {cx.lay.capture_dir}/"
                            f"{COUNTS_GLOB}")
     out = Path(dest) if dest else Path(tempfile.mkdtemp(prefix="sparkdeploy-counts-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -123,8 +123,8 @@ def live_list(cx: Context) -> tuple[str, bytes]:
     from sparkdeploy import vocab_live
 
     head = cx.conn(cx.head)
-    state = vocab_live.read_state(head)
-    data = vocab_live.read_list(head, state.content) if state.content else None
+    state = vocab_live.read_state(head, cx.lay)
+    data = vocab_live.read_list(head, cx.lay, state.content) if state.content else None
     if data is None or hashlib.sha256(data).hexdigest() != state.content:
         raise CaptureError(f"{cx.head}: no readable live draft list ({state.problem() or 'current.txt missing'}); "
                            "pass --vocab")

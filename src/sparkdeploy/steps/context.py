@@ -11,7 +11,7 @@ from typing import Callable
 
 from sparkdeploy import facts as F
 from sparkdeploy import probes
-from sparkdeploy import gather, layout, paths, releases, render
+from sparkdeploy import gather, paths, releases, render
 from sparkdeploy import plan as P
 from sparkdeploy.errors import InventoryError, RemoteError
 from sparkdeploy.connection import Conn
@@ -56,6 +56,7 @@ class Context:
 
     def __init__(self, inventory, opts: Options):
         self.inv = inventory
+        self.lay = inventory.layout  # this service's names and paths on its nodes
         self.opts = opts
         self.log = opts.log
         chosen, _, _ = P._layout(inventory, opts.nodes)  # which nodes take part, head first
@@ -137,7 +138,7 @@ class Context:
 
     def scan(self, names: list[str] | None = None) -> dict[str, releases.NodeReleases]:
         names = names or self.names
-        res = self.pool.map(releases.scan, names)
+        res = self.pool.map(lambda c: releases.scan(c, self.lay), names)
         for n, r in res.items():
             if isinstance(r, Exception):
                 raise RemoteError(f"reading releases: {r}", node=n)
@@ -150,7 +151,7 @@ class Context:
             c = self.conn(name)
             nr = self.rel[name]
             meta = nr.complete.get(nr.current) if nr.current else None
-            running = c.query(["systemctl", "is-active", "--quiet", layout.UNIT_NAME], check=False).ok
+            running = c.query(["systemctl", "is-active", "--quiet", self.lay.unit], check=False).ok
             if meta and running and meta.get("facts"):
                 return facts_from_dict(meta["facts"]), f"re-used the facts of release {nr.current} (engine running)"
             return gather.gather(c, self.inv.node(name)), "measured"

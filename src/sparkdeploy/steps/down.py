@@ -3,8 +3,7 @@ the exporter disabled (the exporter also stopped) unless --keep-enabled."""
 
 from __future__ import annotations
 
-from sparkdeploy import layout
-from sparkdeploy.steps import engine, supervise
+from sparkdeploy.steps import engine
 from sparkdeploy.steps.base import CHANGED, Outcome
 from sparkdeploy.steps.context import Context
 
@@ -18,10 +17,10 @@ def down(cx: Context, keep_enabled: bool = False) -> list[Outcome]:
     for n in cx.names:
         acts = ["stopped"]
         if not keep_enabled:
-            cx.conn(n).run(["systemctl", "disable", layout.UNIT_NAME], check=False)
+            cx.conn(n).run(["systemctl", "disable", cx.lay.unit], check=False)
             if n == cx.head:
-                cx.conn(n).run(["systemctl", "disable", supervise.TIMER], check=False)
-                cx.conn(n).run(["systemctl", "disable", "--now", layout.EXPORTER_UNIT], check=False)
+                cx.conn(n).run(["systemctl", "disable", cx.lay.watchdog_timer], check=False)
+                cx.conn(n).run(["systemctl", "disable", "--now", cx.lay.exporter_unit], check=False)
             acts.append("disabled")
         out.append(Outcome("down", n, CHANGED, "", acts))
     return out

@@ -15,9 +15,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from sparkdeploy import connection, faults, health, layout, releases
+from sparkdeploy import connection, faults, health, releases
 from sparkdeploy.errors import HealthError, SparkdeployError
-from sparkdeploy.steps import supervise
 from sparkdeploy.steps.base import OK, Outcome
 from sparkdeploy.steps.context import Context, served
 
@@ -27,10 +26,10 @@ def watchdog(cx: Context, on: bool) -> None:
     """Stop the timer while we stop/start ranks ourselves; on start, the watchdog begins with a clean slate."""
     c = cx.conn(cx.head)
     if on:
-        c.run(["rm", "-f", layout.WATCHDOG_STATE], check=False)
-        c.run(["systemctl", "start", supervise.TIMER], check=False)
+        c.run(["rm", "-f", cx.lay.watchdog_state], check=False)
+        c.run(["systemctl", "start", cx.lay.watchdog_timer], check=False)
     else:
-        c.run(["systemctl", "stop", supervise.TIMER, supervise.SERVICE], check=False, timeout=330)
+        c.run(["systemctl", "stop", cx.lay.watchdog_timer, cx.lay.watchdog_service], check=False, timeout=330)
 
 
 def watchdog_again(cx: Context, on: bool = True) -> str:
@@ -45,7 +44,7 @@ def watchdog_again(cx: Context, on: bool = True) -> str:
 
 
 def watchdog_active(cx: Context) -> bool:
-    return cx.conn(cx.head).query(["systemctl", "is-active", "--quiet", supervise.TIMER], check=False).ok
+    return cx.conn(cx.head).query(["systemctl", "is-active", "--quiet", cx.lay.watchdog_timer], check=False).ok
 
 
 # ------------------------------------------------------------------------------------ stop, switch, start
@@ -54,17 +53,17 @@ def stop_all(cx: Context, names: list[str] | None = None) -> None:
     names = names or cx.names
     watchdog(cx, False)
     if cx.head in names:
-        cx.conn(cx.head).run(["systemctl", "stop", layout.UNIT_NAME], timeout=120)
+        cx.conn(cx.head).run(["systemctl", "stop", cx.lay.unit], timeout=120)
     rest = [n for n in names if n != cx.head]
-    cx.each(lambda c: c.run(["systemctl", "stop", layout.UNIT_NAME], timeout=120), "stopping the engine", rest)
+    cx.each(lambda c: c.run(["systemctl", "stop", cx.lay.unit], timeout=120), "stopping the engine", rest)
 
 
 def stop_and_disable(cx: Context) -> None:
     """Engine stopped everywhere, its unit and the watchdog timer disabled (what `down` leaves)."""
     stop_all(cx)
     for n in cx.names:
-        cx.conn(n).run(["systemctl", "disable", layout.UNIT_NAME], check=False)
-    cx.conn(cx.head).run(["systemctl", "disable", supervise.TIMER], check=False)
+        cx.conn(n).run(["systemctl", "disable", cx.lay.unit], check=False)
+    cx.conn(cx.head).run(["systemctl", "disable", cx.lay.watchdog_timer], check=False)
 
 
 def start_all(cx: Context) -> None:
@@ -79,10 +78,10 @@ def start_all(cx: Context) -> None:
     faults.hit("memory-guard")
     weights.enforce(guards)
     for node in cx.plan.start_order:
-        cx.conn(node.name).run(["systemctl", "reset-failed", layout.UNIT_NAME], check=False)
-        cx.conn(node.name).run(["systemctl", "start", layout.UNIT_NAME], timeout=120)
+        cx.conn(node.name).run(["systemctl", "reset-failed", cx.lay.unit], check=False)
+        cx.conn(node.name).run(["systemctl", "start", cx.lay.unit], timeout=120)
         if not connection.dry():
-            cx.log(f"{node.name}: started {layout.UNIT_NAME} ({node.role}, rank {node.rank})")
+            cx.log(f"{node.name}: started {cx.lay.unit} ({node.role}, rank {node.rank})")
 
 
 def switch(cx: Context, num: int, list_sha: str | None = None, what: str | None = None) -> None:
@@ -92,11 +91,11 @@ def switch(cx: Context, num: int, list_sha: str | None = None, what: str | None 
     from sparkdeploy import vocab_live
 
     if list_sha is not None:
-        cx.each(lambda c: (vocab_live.point(c, list_sha), releases.switch(c, num)),
+        cx.each(lambda c: (vocab_live.point(c, cx.lay, list_sha), releases.switch(c, cx.lay, num)),
                 what or f"switching to release {num}")
         return
-    cx.each(lambda c: releases.switch(c, num), what or f"switching to release {num}")
-    cx.each(vocab_live.follow_release, f"pointing the draft list at release {num}'s")
+    cx.each(lambda c: releases.switch(c, cx.lay, num), what or f"switching to release {num}")
+    cx.each(lambda c: vocab_live.follow_release(c, cx.lay), f"pointing the draft list at release {num}'s")
 
 
 def switch_and_restart(cx: Context, num: int, *, list_sha: str | None = None, what: str | None = None,
@@ -140,7 +139,7 @@ def wait_ready(cx: Context, timeout: float) -> str:
                                      api_key=cx.inv.auth.api_key(), every=rank_watch(cx))
     except health.NotAnswering as err:
         states = cx.map(lambda c: c.query(["docker", "inspect", "-f", "{{.State.Status}}",
-                                           layout.CONTAINER_NAME], check=False).stdout.strip() or "absent")
+                                           cx.lay.container], check=False).stdout.strip() or "absent")
         raise HealthError(f"not ready after {timeout:.0f} s: last saw {err.last} at {url}; containers: "
                           + ", ".join(f"{n} {s}" for n, s in states.items())) from None
 
@@ -154,7 +153,7 @@ def rank_watch(cx: Context) -> Callable[[], None]:
 
     def look(c) -> dict[str, str]:
         out = c.query(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "InvocationID", "-p",
-                       "ExecMainStatus", layout.UNIT_NAME], check=False, timeout=20).stdout
+                       "ExecMainStatus", cx.lay.unit], check=False, timeout=20).stdout
         return dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
 
     def check() -> None:
@@ -184,7 +183,7 @@ def gate(cx: Context, num: int, out: list[Outcome]) -> str:
         raise HealthError(f"temperature-0 probe is not deterministic: {text!r} then {again!r}")
     rec = {"probe": text, "prompt": health.PROBE_PROMPT, "max_tokens": health.PROBE_MAX_TOKENS, "at": time.time(),
            "seconds_to_ready": round(time.monotonic() - t0, 1)}
-    cx.each(lambda c: releases.mark_healthy(c, num, rec), "recording the health gate")
+    cx.each(lambda c: releases.mark_healthy(c, cx.lay, num, rec), "recording the health gate")
     out.append(Outcome("health gate", cx.head, OK, f"release {num} answered in {time.monotonic() - t0:.1f} s: {text!r}",
                        [], time.monotonic() - t0))
     return text

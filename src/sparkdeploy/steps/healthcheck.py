@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from sparkdeploy import facts as F
-from sparkdeploy import health, layout, releases
+from sparkdeploy import health, releases
 from sparkdeploy import plan as P
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.connection import Conn
-from sparkdeploy.steps import stale, supervise
+from sparkdeploy.steps import stale
 from sparkdeploy.steps.base import FAILED, Outcome
 from sparkdeploy.steps.context import Context, facts_from_dict, served
 from sparkdeploy.verdict import Status
@@ -27,7 +27,7 @@ def expect(cx: Context) -> health.ServiceExpect:
         if m and m.get("facts"):
             facts[n] = facts_from_dict(m["facts"])
     cx.plan = P.plan(cx.inv, facts or None, len(cx.names))
-    rec = releases.read_healthy(cx.conn(cx.head), cur) if cur else None
+    rec = releases.read_healthy(cx.conn(cx.head), cx.lay, cur) if cur else None
     exp_nodes = []
     for node in cx.plan.nodes:
         m = cx.rel.get(node.name, releases.NodeReleases()).complete.get(cur, {})
@@ -35,8 +35,8 @@ def expect(cx: Context) -> health.ServiceExpect:
         exp_nodes.append(health.NodeExpect(
             node.name, node.role, node.unit_name, node.container_name, m.get("image_id"), reserve, cur,
             (cx.plan.api_port, cx.plan.master_port),
-            ((supervise.TIMER, *((layout.EXPORTER_UNIT,) if cx.plan.metrics_port else ()))
-             if node.role == "head" else ())))
+            ((cx.lay.watchdog_timer, *((cx.lay.exporter_unit,) if cx.plan.metrics_port else ()))
+             if node.role == "head" else ()), (cx.lay.exporter_unit,)))
     return health.ServiceExpect(cx.plan.api_url, served(cx.plan), exp_nodes, rec.get("probe") if rec else None,
                                 api_key=cx.inv.auth.api_key())
 
@@ -58,12 +58,12 @@ def check(cx: Context) -> health.Report:
     if not exp.nodes[0].release:
         rep.add("release", False, "nothing deployed: run `sparkdeploy up` (no release is current on the head)")
         return rep
-    ours = [layout.UNIT_NAME, supervise.SERVICE, layout.EXPORTER_UNIT]
+    ours = cx.inv.our_units()
     ports = [cx.plan.api_port, cx.plan.master_port]
 
     def node_check(c: Conn):
         ne = next(e for e in exp.nodes if e.name == c.name)
-        return ne, health.node_snapshot(c, ne.unit, ne.container, ne.extra_units), stale.find(c, ours, ports)
+        return ne, health.node_snapshot(c, cx.lay, ne.extra_units), stale.find(c, ours, ports)
 
     res = cx.map(node_check, [e.name for e in exp.nodes if cx.connected(e.name)])
     for e in exp.nodes:
@@ -76,7 +76,7 @@ def check(cx: Context) -> health.Report:
         rep.add("ssh", True, "connected", e.name)
         health.check_node(rep, *r)
     health.check_api(rep, exp, probe_timeout=cx.opts.probe_timeout)
-    speed = releases.read_sentinel(cx.conn(cx.head), exp.nodes[0].release) or {}
+    speed = releases.read_sentinel(cx.conn(cx.head), cx.lay, exp.nodes[0].release) or {}
     if isinstance(speed.get("verdict"), dict):  # the sentinel's last word on this release (bench/sentinel.py)
         v = speed["verdict"]
         rep.add("speed", True, f"release {exp.nodes[0].release}: {v.get('text')}",

@@ -2,7 +2,8 @@
 
 The nodes have no Python packages of the kit's, and need none: the exporter is the kit's own code, copied to
 `layout.EXPORTER_CODE_DIR` on the head and run by the serving image's Python (vLLM depends on everything the
-exporter imports), in a container that `sparkdeploy-exporter.service` supervises. The unit names the serving
+exporter imports), in a container that the service's `sparkdeploy-exporter[-<service>].service` supervises
+(the code is one copy per node, whatever the services there). The unit names the serving
 image of the release `up` put live; a rollback leaves it on that newer image, which is still on the head.
 `ports.metrics: 0` removes it, and so does a node that is no longer the head (the head role moved).
 """
@@ -16,11 +17,10 @@ from pathlib import Path
 
 import sparkdeploy
 from sparkdeploy.connection import Conn
-from sparkdeploy.layout import EXPORTER_CODE_DIR, EXPORTER_CONTAINER, EXPORTER_UNIT
+from sparkdeploy.layout import EXPORTER_CODE_DIR, ServiceLayout
 from sparkdeploy.steps.base import Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
 
-UNIT_PATH = f"/etc/systemd/system/{EXPORTER_UNIT}"
 DIGEST_FILE = f"{EXPORTER_CODE_DIR}/DIGEST"
 
 
@@ -41,15 +41,19 @@ def code_archive() -> tuple[bytes, str, int]:
     return buf.getvalue(), digest.hexdigest(), len(files)
 
 
-def actions(head: Conn, unit: bytes | None, unwanted_because: str = "ports.metrics is 0") -> list[Action]:
-    """What makes this node's exporter match `unit` (None: no exporter wanted here, `unwanted_because`)."""
-    have_unit = head.get(UNIT_PATH)
+def actions(head: Conn, lay: ServiceLayout, unit: bytes | None,
+            unwanted_because: str = "ports.metrics is 0") -> list[Action]:
+    """What makes this node's exporter of the service `lay` match `unit` (None: no exporter wanted here,
+    `unwanted_because`). The code goes with the node's last exporter unit."""
+    name, unit_path = lay.exporter_unit, lay.exporter_unit_path
+    have_unit = head.get(unit_path)
     if unit is None:
         if have_unit is None:
             return []
-        return [Action(f"stop, disable and remove {EXPORTER_UNIT} ({unwanted_because})", lambda: head.sh(
-            f"systemctl disable --now {EXPORTER_UNIT}; docker rm -f {EXPORTER_CONTAINER} >/dev/null 2>&1; "
-            f"rm -rf {UNIT_PATH} {EXPORTER_CODE_DIR}; systemctl daemon-reload", timeout=120, check=False))]
+        return [Action(f"stop, disable and remove {name} ({unwanted_because})", lambda: head.sh(
+            f"systemctl disable --now {name}; docker rm -f {lay.exporter_container} >/dev/null 2>&1; "
+            f"rm -f {unit_path}; ls {lay.systemd_dir}/sparkdeploy-exporter*.service >/dev/null 2>&1 || "
+            f"rm -rf {EXPORTER_CODE_DIR}; systemctl daemon-reload", timeout=120, check=False))]
     acts = []
     archive, digest, count = code_archive()
     have_digest = (head.get(DIGEST_FILE) or b"").decode().strip()
@@ -62,13 +66,12 @@ def actions(head: Conn, unit: bytes | None, unwanted_because: str = "ports.metri
         acts.append(Action(f"install the exporter's code ({count} modules, {len(archive) // 1024} KiB) in "
                            f"{EXPORTER_CODE_DIR}", install_code))
     if have_unit != unit:
-        acts.append(Action(f"install {EXPORTER_UNIT} + daemon-reload",
-                           lambda: (head.put(UNIT_PATH, unit), head.run(["systemctl", "daemon-reload"]))))
-    if head.query(["systemctl", "is-enabled", EXPORTER_UNIT], check=False).stdout.strip() != "enabled":
-        acts.append(Action(f"enable {EXPORTER_UNIT}", lambda: head.run(["systemctl", "enable", EXPORTER_UNIT])))
-    if acts or not head.query(["systemctl", "is-active", "--quiet", EXPORTER_UNIT], check=False).ok:
-        acts.append(Action(f"(re)start {EXPORTER_UNIT}",
-                           lambda: head.run(["systemctl", "restart", EXPORTER_UNIT], timeout=120)))
+        acts.append(Action(f"install {name} + daemon-reload",
+                           lambda: (head.put(unit_path, unit), head.run(["systemctl", "daemon-reload"]))))
+    if head.query(["systemctl", "is-enabled", name], check=False).stdout.strip() != "enabled":
+        acts.append(Action(f"enable {name}", lambda: head.run(["systemctl", "enable", name])))
+    if acts or not head.query(["systemctl", "is-active", "--quiet", name], check=False).ok:
+        acts.append(Action(f"(re)start {name}", lambda: head.run(["systemctl", "restart", name], timeout=120)))
     return acts
 
 
@@ -76,6 +79,6 @@ def step_monitoring(cx: Context, out: list[Outcome]) -> None:
     """The head gets the exporter; every other node of the plan loses one it kept from a time it was the head."""
     def diff(n: str) -> list[Action]:
         if n == cx.head:
-            return actions(cx.conn(n), cx.files.get(f"{n}/monitoring/{EXPORTER_UNIT}"))
-        return actions(cx.conn(n), None, f"{n} is not the head")
+            return actions(cx.conn(n), cx.lay, cx.files.get(f"{n}/monitoring/{cx.lay.exporter_unit}"))
+        return actions(cx.conn(n), cx.lay, None, f"{n} is not the head")
     out += run_step("monitoring", cx.names, diff, dry_run=cx.opts.dry_run, log=cx.log)

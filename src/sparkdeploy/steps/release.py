@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from sparkdeploy import paths, registry, releases
 from sparkdeploy.connection import Conn
+from sparkdeploy.layout import ServiceLayout
 from sparkdeploy.steps.base import OK, Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
 
@@ -51,7 +52,7 @@ def step_release(cx: Context, out: list[Outcome]) -> int:
 
         def write():
             m = dict(meta, node=n, facts=cx.facts[n].to_dict(), reason=why.get(n, "another node changed"))
-            releases.write(cx.conn(n), num, files, m)
+            releases.write(cx.conn(n), cx.lay, num, files, m)
 
         return [Action(f"write release {num} ({', '.join(sorted(files))}): {why.get(n, 'another node changed')}",
                        write)]
@@ -62,23 +63,26 @@ def step_release(cx: Context, out: list[Outcome]) -> int:
 
 def prune(cx: Context) -> None:
     """Old releases (releases.prune keeps the newest healthy ones), the images no kept release names, on the
-    nodes and in the head's registry (its layers would otherwise grow with every image ever deployed)."""
-    nrs = cx.scan()
-    keep_images = set()
-    for n, nr in nrs.items():
-        releases.prune(cx.conn(n), nr)
-    for nr in cx.scan().values():
-        keep_images |= {m.get("image") for m in nr.complete.values() if m.get("image")}
+    nodes and in the head's registry (its layers would otherwise grow with every image ever deployed). A node
+    shared with other services keeps the images their releases name too (they can roll back to them)."""
+    for n, nr in cx.scan().items():
+        releases.prune(cx.conn(n), cx.lay, nr)
+    lays = [ServiceLayout(name) for name in cx.inv.services] or [cx.lay]
+
+    def kept(c: Conn) -> set[str]:
+        return {m["image"] for lay in lays for m in releases.scan(c, lay).complete.values() if m.get("image")}
+
+    keep_images = cx.each(kept, "reading the releases' images")
     repo = cx.plan.image.repository
 
     def drop_images(c: Conn):
         tags = c.query(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repo], check=False).stdout.split()
-        old = [t for t in tags if t not in keep_images and not t.endswith(":<none>")]
+        old = [t for t in tags if t not in keep_images[c.name] and not t.endswith(":<none>")]
         if old:
             c.run(["docker", "image", "rm", *old], check=False, timeout=300)
         c.run(["docker", "image", "prune", "-f"], check=False, timeout=300)
 
     cx.map(drop_images)
-    dropped = registry.collect(cx.conn(cx.head), repo, keep_images)
+    dropped = registry.collect(cx.conn(cx.head), repo, keep_images[cx.head])
     if dropped:
         cx.log(f"{cx.head}: registry: removed {', '.join(dropped)} and the layers only they used")

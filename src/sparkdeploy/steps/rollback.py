@@ -36,7 +36,7 @@ def rollback(cx: Context, to: int | None) -> UpResult:
             engine.switch_and_restart(cx, to)
             res.release, res.restarted = to, True
             res.rolled_back_to = to
-            rec = releases.read_healthy(cx.conn(cx.head), to)
+            rec = releases.read_healthy(cx.conn(cx.head), cx.lay, to)
             res.probe = engine.wait_ready(cx, cx.opts.ready_timeout)
             if not rec:
                 engine.gate(cx, to, res.outcomes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import posixpath
 
-from sparkdeploy import credentials, layout, releases
+from sparkdeploy import credentials, releases
 from sparkdeploy.steps.base import Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
 
@@ -14,7 +14,7 @@ def step_secrets(cx: Context, out: list[Outcome]) -> None:
     values = cx.inv.auth.engine_env()
     data = credentials.env_file(values)
     digest = releases.sha(data)
-    path = layout.SECRETS_ENV
+    path = cx.lay.secrets_env
     what = ", ".join(f"{k} {v}" for k, v in cx.plan.secrets.items())
 
     def diff(n: str) -> list[Action]:

@@ -1,52 +1,62 @@
 """Wiring of the coupled-rank watchdog (docs/supervision.md): files, units and the head->worker control key.
 
 Head: /usr/local/lib/sparkdeploy/watchdog.py (kit code), <release>/watchdog.json (config, part of the
-release), sparkdeploy-watchdog.{service,timer}, /etc/sparkdeploy/watchdog/{id_ed25519,known_hosts}.
-Workers: /usr/local/lib/sparkdeploy/rank-ctl and one line in root's authorized_keys that lets the head's
-watchdog key run only rank-ctl (restrict,command=...): status | restart | stop | start of the engine unit.
+release), sparkdeploy-watchdog.{service,timer}, /etc/sparkdeploy/watchdog/{id_ed25519,known_hosts}; with
+`services:`, each service its own (sparkdeploy-watchdog-<name>.*, under /etc/sparkdeploy/services/<name>).
+Workers: /usr/local/lib/sparkdeploy/rank-ctl and one line per service in root's authorized_keys that lets that
+service's watchdog key run only rank-ctl for that service (restrict,command="rank-ctl [<name>]"): status |
+restart | stop | start of its engine unit.
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 from pathlib import Path
 
 from sparkdeploy import render
-from sparkdeploy.layout import (CURRENT_LINK, LIB_DIR, RANK_CTL, SECRETS_ENV, WATCHDOG_CONFIG, WATCHDOG_DIR, WATCHDOG_PY,
-                                WATCHDOG_SERVICE, WATCHDOG_TIMER)
 from sparkdeploy.connection import Conn
+from sparkdeploy.layout import LIB_DIR, RANK_CTL, WATCHDOG_CONFIG, WATCHDOG_PY, ServiceLayout
 from sparkdeploy.steps.base import Action
 
-KEY_DIR = WATCHDOG_DIR
-KEY = f"{KEY_DIR}/id_ed25519"
-KNOWN = f"{KEY_DIR}/known_hosts"
-SERVICE = WATCHDOG_SERVICE
-TIMER = WATCHDOG_TIMER
 CONFIG = WATCHDOG_CONFIG
-SETTINGS = f"{KEY_DIR}/settings.json"  # knobs (grace, backoff, cap): not part of a release
-KEY_COMMENT = "sparkdeploy-watchdog"
+AUTHORIZED_KEYS = "/root/.ssh/authorized_keys"  # a worker's: the watchdog acts as root there
 
 _FILES = Path(__file__).parent / "node_files"
+
+
+def key(lay: ServiceLayout) -> str:
+    return f"{lay.watchdog_dir}/id_ed25519"
+
+
+def known_hosts(lay: ServiceLayout) -> str:
+    return f"{lay.watchdog_dir}/known_hosts"
+
+
+def settings_path(lay: ServiceLayout) -> str:  # knobs (grace, backoff, cap): not part of a release
+    return f"{lay.watchdog_dir}/settings.json"
 
 
 def node_file(name: str) -> bytes:
     return (_FILES / name).read_bytes()
 
 
-def unit_files() -> dict[str, bytes]:
+def unit_files(lay: ServiceLayout) -> dict[str, bytes]:
     env = render.environment()
-    ctx = {"watchdog": WATCHDOG_PY, "config": f"{CURRENT_LINK}/{CONFIG}"}
-    return {f"/etc/systemd/system/{SERVICE}": env.get_template(f"systemd/{SERVICE}.j2").render(**ctx).encode(),
-            f"/etc/systemd/system/{TIMER}": env.get_template(f"systemd/{TIMER}.j2").render(**ctx).encode()}
+    ctx = {"watchdog": WATCHDOG_PY, "config": f"{lay.current_link}/{CONFIG}", "state": lay.watchdog_state,
+           "service": lay.service}
+    return {f"/etc/systemd/system/{unit}": env.get_template(f"systemd/{template}.j2").render(**ctx).encode()
+            for unit, template in ((lay.watchdog_service, "sparkdeploy-watchdog.service"),
+                                   (lay.watchdog_timer, "sparkdeploy-watchdog.timer"))}
 
 
 def config(plan, release: str) -> bytes:
     """The release's part of the watchdog configuration (what to probe and whom to restart)."""
-    head = plan.head
+    head, lay = plan.head, plan.layout
     workers = [{"name": n.name, "host": n.ssh.host, "port": n.ssh.port, "user": "root"} for n in plan.nodes[1:]]
     cfg = {"api_url": f"http://127.0.0.1:{plan.api_port}", "model": _served(plan), "unit": head.unit_name,
-           "container": head.container_name, "workers": workers, "ssh_key": KEY, "known_hosts": KNOWN,
-           "release": release, "settings": SETTINGS, "secrets_env": SECRETS_ENV}
+           "container": head.container_name, "workers": workers, "ssh_key": key(lay), "known_hosts": known_hosts(lay),
+           "release": release, "settings": settings_path(lay), "secrets_env": lay.secrets_env}
     return (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode()
 
 
@@ -60,48 +70,55 @@ def _served(plan) -> str:
     return argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else argv[2]
 
 
-def ensure_key(head: Conn, *, dry_run: bool = False) -> str:
-    """The head's watchdog key pair (made on the head, never leaves it); returns the public line. A dry run
+def ensure_key(head: Conn, lay: ServiceLayout, *, dry_run: bool = False) -> str:
+    """The service's watchdog key pair (made on its head, never leaves it); returns the public line. A dry run
     makes none: it reads the key that exists, else names a placeholder (the workers would be authorized anew)."""
-    if not head.exists(KEY):
+    if not head.exists(key(lay)):
         if dry_run:
             return "ssh-ed25519 AAAA(made-by-up) x"
-        head.run(["mkdir", "-p", "-m", "0700", KEY_DIR])
-        head.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", KEY_COMMENT, "-f", KEY])
-    return (head.get(f"{KEY}.pub") or b"").decode().strip()
+        head.run(["mkdir", "-p", "-m", "0700", lay.watchdog_dir])
+        head.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", lay.watchdog_key_comment, "-f", key(lay)])
+    return (head.get(f"{key(lay)}.pub") or b"").decode().strip()
 
 
-def worker_actions(worker: Conn, pubkey: str) -> list[Action]:
+def worker_actions(worker: Conn, lay: ServiceLayout, pubkey: str) -> list[Action]:
+    """rank-ctl, and the service's key allowed to run it for this service's rank only (its name is rank-ctl's
+    argument: a service's watchdog never touches another's ranks on a shared node)."""
     acts = []
     want = node_file("rank-ctl.sh")
     if worker.get(RANK_CTL) != want:
         acts.append(Action(f"install {RANK_CTL}", lambda: (worker.run(["mkdir", "-p", LIB_DIR]),
                                                             worker.put(RANK_CTL, want, mode=0o755))))
-    line = f'restrict,command="{RANK_CTL}" {" ".join(pubkey.split()[:2])} {KEY_COMMENT}'
-    ak_path = "/root/.ssh/authorized_keys"
+    command = RANK_CTL if lay.service is None else f"{RANK_CTL} {lay.service}"
+    comment = lay.watchdog_key_comment
+    line = f'restrict,command="{command}" {" ".join(pubkey.split()[:2])} {comment}'
+    ak_path = AUTHORIZED_KEYS
     cur = (worker.get(ak_path) or b"").decode()
-    lines = [l for l in cur.splitlines() if KEY_COMMENT not in l]
+    lines = [l for l in cur.splitlines() if l.split()[-1:] != [comment]]
     if line not in cur.splitlines():
         new = "\n".join([*lines, line]) + "\n"
         acts.append(Action("authorize the head watchdog's key for rank-ctl only",
-                           lambda: (worker.run(["mkdir", "-p", "-m", "0700", "/root/.ssh"]),
+                           lambda: (worker.run(["mkdir", "-p", "-m", "0700", posixpath.dirname(ak_path)]),
                                     worker.put(ak_path, new.encode(), mode=0o600))))
     return acts
 
 
-def head_actions(head: Conn, known_lines: list[str], units: dict[str, bytes], knobs: bytes) -> list[Action]:
+def head_actions(head: Conn, lay: ServiceLayout, known_lines: list[str], knobs: bytes) -> list[Action]:
     acts = []
-    if head.get(SETTINGS) != knobs:
+    settings_file, known_file, units = settings_path(lay), known_hosts(lay), unit_files(lay)
+    if head.get(settings_file) != knobs:
         acts.append(Action(f"write watchdog settings {knobs.decode().strip()}",
-                           lambda: (head.run(["mkdir", "-p", "-m", "0700", KEY_DIR]), head.put(SETTINGS, knobs))))
+                           lambda: (head.run(["mkdir", "-p", "-m", "0700", lay.watchdog_dir]),
+                                    head.put(settings_file, knobs))))
     want_py = node_file("watchdog.py")
     if head.get(WATCHDOG_PY) != want_py:
         acts.append(Action(f"install {WATCHDOG_PY}", lambda: (head.run(["mkdir", "-p", LIB_DIR]),
                                                                head.put(WATCHDOG_PY, want_py, mode=0o755))))
     known = ("\n".join(known_lines) + "\n").encode() if known_lines else b""
-    if head.get(KNOWN) != known:
+    if head.get(known_file) != known:
         acts.append(Action("record the workers' host keys for the watchdog",
-                           lambda: (head.run(["mkdir", "-p", "-m", "0700", KEY_DIR]), head.put(KNOWN, known))))
+                           lambda: (head.run(["mkdir", "-p", "-m", "0700", lay.watchdog_dir]),
+                                    head.put(known_file, known))))
     changed = [p for p, data in units.items() if head.get(p) != data]
     if changed:
         def install():
@@ -109,6 +126,7 @@ def head_actions(head: Conn, known_lines: list[str], units: dict[str, bytes], kn
                 head.put(p, units[p])
             head.run(["systemctl", "daemon-reload"])
         acts.append(Action(f"install {', '.join(Path(p).name for p in changed)}", install))
-    if head.query(["systemctl", "is-enabled", TIMER], check=False).stdout.strip() != "enabled":
-        acts.append(Action(f"enable {TIMER}", lambda: head.run(["systemctl", "enable", TIMER])))
+    timer = lay.watchdog_timer
+    if head.query(["systemctl", "is-enabled", timer], check=False).stdout.strip() != "enabled":
+        acts.append(Action(f"enable {timer}", lambda: head.run(["systemctl", "enable", timer])))
     return acts

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import posixpath
 
-from sparkdeploy import layout
+from sparkdeploy.layout import PLAIN
 from sparkdeploy.remote import host_key_line
 from sparkdeploy.steps import stale, supervise
 from sparkdeploy.steps.base import Action, Outcome, run_step
@@ -13,10 +13,21 @@ from sparkdeploy.steps.context import Context
 
 
 def step_stale(cx: Context, out: list[Outcome]) -> None:
-    ours = [layout.UNIT_NAME, supervise.SERVICE, layout.EXPORTER_UNIT]
+    """Strangers on our ports or running vLLM; with `services:`, also what the kit ran under the plain names
+    before services had names of their own (the engine unit is found as running vLLM; its watchdog timer and
+    exporter by name). The units of the inventory's other services on a shared node are ours."""
+    ours = cx.inv.our_units()
     ports = [cx.plan.api_port, cx.plan.master_port]
-    out += run_step("stale units", cx.names, lambda n: stale.diff(cx.conn(n), ours, ports),
-                    dry_run=cx.opts.dry_run, log=cx.log)
+    legacy = [PLAIN.watchdog_timer, PLAIN.exporter_unit] if cx.lay.service else []
+
+    def diff(n: str) -> list[Action]:
+        c = cx.conn(n)
+        old = [u for u in legacy if c.query(["systemctl", "is-enabled", u], check=False).stdout.strip() == "enabled"]
+        return stale.diff(c, ours, ports) + [
+            Action(f"stop and disable {u} (the plain-named unit of a kit before services had their own names)",
+                   lambda u=u: c.run(["systemctl", "disable", "--now", u], timeout=120)) for u in old]
+
+    out += run_step("stale units", cx.names, diff, dry_run=cx.opts.dry_run, log=cx.log)
 
 
 def step_units(cx: Context, out: list[Outcome]) -> None:
@@ -31,8 +42,8 @@ def step_units(cx: Context, out: list[Outcome]) -> None:
                     c.put(p, units[p])
                 c.run(["systemctl", "daemon-reload"])
             acts.append(Action(f"install {', '.join(posixpath.basename(p) for p in changed)} + daemon-reload", install))
-        if c.query(["systemctl", "is-enabled", layout.UNIT_NAME], check=False).stdout.strip() != "enabled":
-            acts.append(Action(f"enable {layout.UNIT_NAME}", lambda c=c: c.run(["systemctl", "enable", layout.UNIT_NAME])))
+        if c.query(["systemctl", "is-enabled", cx.lay.unit], check=False).stdout.strip() != "enabled":
+            acts.append(Action(f"enable {cx.lay.unit}", lambda c=c: c.run(["systemctl", "enable", cx.lay.unit])))
         return acts
 
     out += run_step("units", cx.names, diff, dry_run=cx.opts.dry_run, log=cx.log)
@@ -41,15 +52,15 @@ def step_units(cx: Context, out: list[Outcome]) -> None:
 def step_supervision(cx: Context, out: list[Outcome]) -> None:
     head = cx.conn(cx.head)
     workers = cx.names[1:]
-    pub = supervise.ensure_key(head, dry_run=cx.opts.dry_run)
-    out += run_step("supervision", workers, lambda n: supervise.worker_actions(cx.conn(n), pub),
+    pub = supervise.ensure_key(head, cx.lay, dry_run=cx.opts.dry_run)
+    out += run_step("supervision", workers, lambda n: supervise.worker_actions(cx.conn(n), cx.lay, pub),
                     dry_run=cx.opts.dry_run, log=cx.log) if workers else []
     known = [host_key_line(cx.conn(n), cx.plan.node(n).ssh.host, cx.plan.node(n).ssh.port)
              for n in workers]
     knobs = supervise.settings(start_grace_s=cx.opts.watchdog_grace or cx.opts.ready_timeout,
                                backoff_base_s=cx.opts.watchdog_backoff_s, retry_cap=cx.opts.watchdog_cap)
     out += run_step("supervision", [cx.head],
-                    lambda n: supervise.head_actions(head, known, supervise.unit_files(), knobs),
+                    lambda n: supervise.head_actions(head, cx.lay, known, knobs),
                     dry_run=cx.opts.dry_run, log=cx.log)
 
 
@@ -61,11 +72,11 @@ def retire_others(cx: Context, out: list[Outcome]) -> None:
         c = cx.conn(n)
 
         def diff(n: str, c=c) -> list[Action]:
-            en = c.query(["systemctl", "is-enabled", layout.UNIT_NAME], check=False).stdout.strip()
-            act = c.query(["systemctl", "is-active", layout.UNIT_NAME], check=False).stdout.strip()
+            en = c.query(["systemctl", "is-enabled", cx.lay.unit], check=False).stdout.strip()
+            act = c.query(["systemctl", "is-active", cx.lay.unit], check=False).stdout.strip()
             if en != "enabled" and act != "active":
                 return []
-            return [Action(f"stop and disable {layout.UNIT_NAME} (node not in this {len(cx.names)}-node plan)",
-                           lambda: c.run(["systemctl", "disable", "--now", layout.UNIT_NAME], timeout=120))]
+            return [Action(f"stop and disable {cx.lay.unit} (node not in this {len(cx.names)}-node plan)",
+                           lambda: c.run(["systemctl", "disable", "--now", cx.lay.unit], timeout=120))]
 
         out += run_step("retire", [n], diff, dry_run=cx.opts.dry_run, log=cx.log)

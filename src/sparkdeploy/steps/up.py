@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import requests
 
-from sparkdeploy import faults, layout, releases
+from sparkdeploy import faults, releases
 from sparkdeploy.connection import dry_session, recording
 from sparkdeploy.errors import InputError, RemoteError, SparkdeployError
 from sparkdeploy.steps import engine
@@ -86,7 +86,7 @@ def _up(cx: Context) -> UpResult:
         res.release = num
         cur = {cx.rel[n].current for n in cx.names}
         res.new_release = cur != {num}
-        active = cx.map(lambda c: c.query(["systemctl", "is-active", "--quiet", layout.UNIT_NAME], check=False).ok)
+        active = cx.map(lambda c: c.query(["systemctl", "is-active", "--quiet", cx.lay.unit], check=False).ok)
         need_start = res.new_release or not all(v is True for v in active.values()) or any(
             o.step == "retire" and o.status in (CHANGED, WOULD) for o in out)
         if cx.opts.dry_run:
@@ -115,7 +115,7 @@ def _up(cx: Context) -> UpResult:
                 out.append(Outcome("start", cx.head, CHANGED, f"release {num} started workers-first",
                                    [f"restart on release {num}"], effects=made))
             stage = "health gate"
-            healthy_rec = releases.read_healthy(cx.conn(cx.head), num)
+            healthy_rec = releases.read_healthy(cx.conn(cx.head), cx.lay, num)
             if need_start or not healthy_rec:
                 res.probe = engine.gate(cx, num, out)
             else:
@@ -201,7 +201,7 @@ def back_to_last_good(cx: Context, what: str, good: int | None, res: UpResult,
         rec: dict = {}
 
         def ready() -> str:
-            rec.update(releases.read_healthy(cx.conn(cx.head), good) or {})
+            rec.update(releases.read_healthy(cx.conn(cx.head), cx.lay, good) or {})
             return engine.wait_ready(cx, cx.opts.rollback_timeout)
 
         text = engine.serve_again(cx, good, watchdog_was=watchdog_was,

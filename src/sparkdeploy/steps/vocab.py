@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkdeploy import layout, releases
+from sparkdeploy import releases
 from sparkdeploy.steps.base import OK, Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
 
@@ -14,7 +14,7 @@ def step_vocab(cx: Context, out: list[Outcome]) -> None:
         return
     data = open(src, "rb").read()
     digest = releases.sha(data)
-    d = layout.VOCAB_HOST_DIR
+    d = cx.lay.vocab_host_dir
 
     def diff(n: str) -> list[Action]:
         c = cx.conn(n)

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from sparkdeploy import layout
 from sparkdeploy.bench import client, sentinel
 from sparkdeploy.cli import main
 from sparkdeploy.errors import InputError
@@ -251,7 +252,7 @@ def test_check_release_keeps_the_record_with_its_verdict_against_the_last_health
                                           healthy={3, 4})}
     argv = ["vllm", "serve", "m", "--additional-config",
             json.dumps({"spark_overlays": {"shortlist": {"enabled": True, "sha256": "ab" * 32}}})]
-    head.files[f"{releases.rdir(4)}/node-plan.json"] = json.dumps({"image": "img:4", "node": {"serve_argv": argv}})
+    head.files[f"{releases.rdir(layout.PLAIN, 4)}/node-plan.json"] = json.dumps({"image": "img:4", "node": {"serve_argv": argv}})
     monkeypatch.setattr(context, "served", lambda plan: None)
     with FakeVllm() as fake:
         cx = SimpleNamespace(head="node1", conn=lambda n: head, scan=lambda: nrs, inv=SimpleNamespace(
@@ -260,12 +261,12 @@ def test_check_release_keeps_the_record_with_its_verdict_against_the_last_health
         second = sentinel.check_release(cx, 4, tokens=20, runs=2)
         again = sentinel.check_release(cx, 4, against=4, tokens=20, runs=2)  # a rollback to 4: its own record
     assert first["against"] is None and "first record" in first["text"]
-    assert releases.read_sentinel(head, 3)["release"] == {"number": 3, "list_sha": None, "image": "img:3",
+    assert releases.read_sentinel(head, layout.PLAIN, 3)["release"] == {"number": 3, "list_sha": None, "image": "img:3",
                                                           "flags": []}  # no node-plan.json: the meta's image
     assert second == {"against": 3, "regression": False, "categories": [],
                       "text": "no regression beyond noise against release 3"}
     assert again["against"] == 4 and not again["regression"]
-    kept = releases.read_sentinel(head, 4)
+    kept = releases.read_sentinel(head, layout.PLAIN, 4)
     assert kept["verdict"] == again and kept["release"] == {"number": 4, "list_sha": "ab" * 32, "image": "img:4",
                                                             "flags": argv}  # as the head's release files say
     sentinel.validate(kept, "release 4")
