@@ -45,6 +45,18 @@ def small_reserve(base: Path, tmp: Path) -> Path:
     return out
 
 
+def plain_on_first_pair(inv: Path) -> Path:
+    """An inventory without `services:` (plain names on the nodes) serving s1's model on node1 + node2."""
+    data = yaml.safe_load(inv.read_text())
+    s1 = data["services"][0]
+    nodes = [dict(n, role=role) for n, role in zip(data["nodes"][:2], ("head", "worker"))]
+    plain = {"cluster": data["cluster"], "nodes": nodes, "image": data["image"], "auth": data["auth"],
+             **{k: v for k, v in s1.items() if k not in ("name", "nodes")}}
+    out = inv.with_name("plain.yaml")
+    out.write_text(yaml.safe_dump(plain, sort_keys=False))
+    return out
+
+
 @pytest.fixture(scope="module")
 def quad(sim_node_image, sim_serving_image, tmp_path_factory):
     from sparkdeploy.sim.cluster import SimCluster
@@ -57,6 +69,8 @@ def quad(sim_node_image, sim_serving_image, tmp_path_factory):
         state = cluster.up(4, inventory=tmp / "inventory.sim.yaml")
         cluster.preload(sim_serving_image)
         inv = small_reserve(Path(state.inventory), tmp)
+        rc, res, err = up_json(plain_on_first_pair(inv))  # what s1's nodes ran before `services:`
+        assert rc == 0 and res["healthy"], f"plain up failed: {json.dumps(res)[-3000:]}\n{err[-3000:]}"
         rc, res, err = up_json(inv)
         assert rc == 0 and res["ok"], f"first up failed: {json.dumps(res)[-3000:]}\n{err[-3000:]}"
         key = Path(yaml.safe_load(inv.read_text())["auth"]["api_key_file"]).expanduser().read_text().strip()
@@ -101,6 +115,22 @@ def test_each_service_is_healthy_on_its_own_pair_and_a_rerun_changes_nothing(qua
     assert rc == 0 and dry["ok"], err[-2000:]
     assert {n: (r["changes"], sorted({o["node"] for o in r["outcomes"]})) for n, r in dry["services"].items()} == \
         {"s1": (0, ["node1", "node2"]), "s2": (0, ["node3", "node4"])}, dry
+
+
+def test_the_plain_named_deploy_that_ran_before_is_stopped_and_its_releases_kept(quad):
+    """node1 + node2 served an inventory without `services:` (plain unit names) before the first `up` of the
+    services: that `up` stopped and disabled its engine, watchdog timer and exporter (they would hold s1's ports
+    and memory, and start again at boot) and left its release where it was."""
+    stale = [a for o in quad["first"]["services"]["s1"]["outcomes"] if o["step"] == "stale units"
+             for a in o["actions"]]
+    assert any(a.startswith("stop and disable sparkdeploy-engine.service (plain-named") for a in stale), stale
+    for node in ("node1", "node2"):
+        state = quad["cluster"].run_on(node, ["sh", "-c", "systemctl is-enabled sparkdeploy-engine.service; "
+                                              "systemctl is-active sparkdeploy-engine.service; "
+                                              "ls /etc/sparkdeploy/releases"], check=False).out.split()
+        assert state == ["disabled", "inactive", "0001"], (node, state)
+    timer = quad["cluster"].run_on("node1", ["systemctl", "is-enabled", "sparkdeploy-watchdog.timer"], check=False)
+    assert timer.out.strip() == "disabled", timer.out
 
 
 def test_the_router_sends_each_request_to_the_service_serving_its_model(quad):

@@ -13,18 +13,20 @@ from sparkdeploy.steps.context import Context
 
 
 def step_stale(cx: Context, out: list[Outcome]) -> None:
-    """Strangers on our ports or running vLLM; with `services:`, also what the kit ran under the plain names
-    before services had names of their own (the engine unit is found as running vLLM; its watchdog timer and
-    exporter by name). The units of the inventory's other services on a shared node are ours."""
+    """Strangers on our ports or running vLLM; with `services:`, also the units under the plain names (an
+    inventory without `services:` deployed here before, or a kit before services had names of their own):
+    their engine would hold the service's ports and memory, their watchdog would start it again. The units of
+    the inventory's other services on a shared node are ours. Their releases stay in /etc/sparkdeploy."""
     ours = cx.inv.our_units()
     ports = [cx.plan.api_port, cx.plan.master_port]
-    legacy = [PLAIN.watchdog_timer, PLAIN.exporter_unit] if cx.lay.service else []
+    plain = [PLAIN.watchdog_timer, PLAIN.unit, PLAIN.exporter_unit] if cx.lay.service else []
 
     def diff(n: str) -> list[Action]:
         c = cx.conn(n)
-        old = [u for u in legacy if c.query(["systemctl", "is-enabled", u], check=False).stdout.strip() == "enabled"]
+        old = [u for u in plain if c.query(["sh", "-c", 'systemctl is-enabled --quiet "$1" || systemctl is-active '
+                                                  '--quiet "$1"', "plain", u], check=False).ok]
         return stale.diff(c, ours, ports) + [
-            Action(f"stop and disable {u} (the plain-named unit of a kit before services had their own names)",
+            Action(f"stop and disable {u} (plain-named: an inventory without services: ran here before)",
                    lambda u=u: c.run(["systemctl", "disable", "--now", u], timeout=120)) for u in old]
 
     out += run_step("stale units", cx.names, diff, dry_run=cx.opts.dry_run, log=cx.log)
