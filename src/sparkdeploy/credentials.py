@@ -1,7 +1,7 @@
 """Secrets the inventory points at (`auth.api_key_file`, `auth.hf_token_file`): read, checked, never shown.
 
 A secret lives only in its own file on this machine (0600, like an SSH key) and, on the nodes, in one
-root-owned 0600 env file (`SECRETS_ENV`) that docker reads with `--env-file`: vLLM takes `VLLM_API_KEY` from
+root-owned 0600 env file per service (`ServiceLayout.secrets_env`) that docker reads with `--env-file`: vLLM takes `VLLM_API_KEY` from
 its environment. It never reaches argv, `plan`/`render` output, logs or the release identity; the plan carries a
 fingerprint instead, so a changed key is a new release that restarts the engine with it.
 """
@@ -31,12 +31,12 @@ class Auth:
         return read_secret(self.hf_token_file, "auth.hf_token_file") if self.hf_token_file else None
 
     def engine_env(self) -> dict[str, str]:
-        """What the engine container gets from SECRETS_ENV."""
+        """What the engine container gets from its secrets env file."""
         key = self.api_key()
         return {"VLLM_API_KEY": key} if key else {}
 
     def fingerprints(self) -> dict[str, str]:
-        """{env name: sha256:<12 hex>} of what SECRETS_ENV holds: safe to show, changes when a secret does."""
+        """{env name: sha256:<12 hex>} of what the secrets env file holds: safe to show, changes when a secret does."""
         return {name: fingerprint(value) for name, value in self.engine_env().items()}
 
 
