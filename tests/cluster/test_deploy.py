@@ -363,7 +363,7 @@ def test_rollback_command(deployed, sim_cluster):
     assert rc == 0 and res["healthy"], res["message"]
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == f"releases/{res['release']:04d}"
     assert res["sentinel"]["against"] is None and "first record" in res["sentinel"]["text"], res["sentinel"]
-    record = json.loads(sim_cluster.ssh("node1", ["cat", f"{releases.rdir(res['release'])}/{layout.SENTINEL_RECORD}"]).out)
+    record = json.loads(sim_cluster.ssh("node1", ["cat", f"{releases.rdir(layout.PLAIN, res['release'])}/{layout.SENTINEL_RECORD}"]).out)
     assert record["release"]["number"] == res["release"] and record["verdict"] == res["sentinel"]
     assert set(record["categories"]) == {"code", "prose_en", "prose_zh_hant", "prose_zh_hans", "reasoning"}
     assert all(len(c["acceptance_length"]) >= 2 for c in record["categories"].values())  # repeats: noise measurable

@@ -255,7 +255,7 @@ def test_check_release_keeps_the_record_with_its_verdict_against_the_last_health
     head.files[f"{releases.rdir(layout.PLAIN, 4)}/node-plan.json"] = json.dumps({"image": "img:4", "node": {"serve_argv": argv}})
     monkeypatch.setattr(context, "served", lambda plan: None)
     with FakeVllm() as fake:
-        cx = SimpleNamespace(head="node1", conn=lambda n: head, scan=lambda: nrs, inv=SimpleNamespace(
+        cx = SimpleNamespace(head="node1", lay=layout.PLAIN, conn=lambda n: head, scan=lambda: nrs, inv=SimpleNamespace(
             auth=SimpleNamespace(api_key=lambda: None)), plan=SimpleNamespace(api_url=fake.url))
         first = sentinel.check_release(cx, 3, tokens=20, runs=2)
         second = sentinel.check_release(cx, 4, tokens=20, runs=2)
