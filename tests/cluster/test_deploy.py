@@ -266,7 +266,7 @@ def test_fault_ssh_cut_mid_step_leaves_current_release(deployed, sim_cluster, mo
     cluster = D.Cluster(I.load(inv2), D.Options(ready_timeout=float(READY), log=print))
     orig_write = releases.write
 
-    def write_then_cut(conn, number, files, meta):
+    def write_then_cut(conn, lay, number, files, meta):
         if conn.name == "node2" and not cut["done"]:
             nonlocal real_put
             real_put = conn.put
@@ -277,7 +277,7 @@ def test_fault_ssh_cut_mid_step_leaves_current_release(deployed, sim_cluster, mo
                 conn.client.get_transport().close()  # the SSH connection really goes away
 
             conn.put = put_and_cut
-        return orig_write(conn, number, files, meta)
+        return orig_write(conn, lay, number, files, meta)
 
     monkeypatch.setattr(releases, "write", write_then_cut)
     try:
