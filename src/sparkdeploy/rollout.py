@@ -190,7 +190,7 @@ class Rollout:
         return res
 
     def live(self) -> dict[str, vocab_live.LiveVocab]:
-        return self.c.each(vocab_live.read_state, "reading the live vocab")
+        return self.c.each(lambda c: vocab_live.read_state(c, self.c.lay), "reading the live vocab")
 
     def _prepare(self, res: RolloutResult) -> bool:
         """Read-only: releases, live lists, diff; False when there is nothing (more) to do."""
