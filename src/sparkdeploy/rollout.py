@@ -44,7 +44,7 @@ from sparkdeploy.vocab.formats import parse_list
 
 __all__ = ["Candidate", "Failed", "Golden", "Rollout", "RolloutError", "RolloutOptions", "RolloutResult", "capture",
            "check_candidate", "coverage_change", "golden_prompts", "history", "list_diff", "mismatches",
-           "pick_version", "rollback", "rollout", "validate_locally", "write_list_with_manifest"]
+           "pick_version", "rollout", "validate_locally", "write_list_with_manifest"]
 
 Log = Callable[[str], None]
 

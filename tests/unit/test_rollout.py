@@ -3,6 +3,7 @@ state script, and the health checks for the live list."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -381,8 +382,8 @@ def test_follow_release_points_at_the_list_the_release_expects(tmp_path):
 
     conn = LocalConn(Target("n1", "127.0.0.1", local=True))
     a, b = b"0\n1\n", b"0\n1\n2\n"
-    sa, sb = (__import__("hashlib").sha256(x).hexdigest() for x in (a, b))
-    vdir, etc = tmp_path / "vocab", tmp_path / "etc"
+    sa, sb = (hashlib.sha256(x).hexdigest() for x in (a, b))
+    etc = tmp_path / "etc"
     (etc / "releases" / "0002").mkdir(parents=True)
     (etc / "releases" / "0002" / "node-plan.json").write_bytes(_rendered_node_plan(sa, tmp_path))
     (etc / "current").symlink_to("releases/0002")
