@@ -173,6 +173,7 @@ def test_rank_watch_stops_the_wait_once_a_rank_is_gone():
 def test_each_service_authorizes_its_own_watchdog_key_for_its_own_ranks_only(tmp_path, monkeypatch):
     """A node shared by services s1 and s2: each head's watchdog key gets its own authorized_keys line whose
     forced command is `rank-ctl <service>`; a second run changes nothing and keeps the other service's line; the
+    plain-named watchdog's line (an inventory without `services:` ran here before) goes, the user's own stays; the
     script refuses a name that is not a service name and any other verb (before it touches systemd or docker)."""
     import os
     import subprocess
@@ -182,6 +183,10 @@ def test_each_service_authorizes_its_own_watchdog_key_for_its_own_ranks_only(tmp
     monkeypatch.setattr(supervise, "LIB_DIR", str(tmp_path / "lib"))
     conn = LocalConn(Target("n2", "localhost", local=True))
     keys = {"s1": "ssh-ed25519 AAAAone", "s2": "ssh-ed25519 AAAAtwo"}
+    (tmp_path / "ssh").mkdir()
+    (tmp_path / "ssh" / "authorized_keys").write_text(
+        "ssh-ed25519 AAAAuser nvidia@laptop\n"
+        f'restrict,command="{tmp_path}/lib/rank-ctl" ssh-ed25519 AAAAplain sparkdeploy-watchdog\n')
     for _ in range(2):
         for service, key in keys.items():
             for act in supervise.worker_actions(conn, layout.ServiceLayout(service), f"{key} made-on-head"):
@@ -189,6 +194,7 @@ def test_each_service_authorizes_its_own_watchdog_key_for_its_own_ranks_only(tmp
     assert all(supervise.worker_actions(conn, layout.ServiceLayout(s), f"{k} x") == [] for s, k in keys.items())
     rank_ctl = tmp_path / "lib" / "rank-ctl"
     assert (tmp_path / "ssh" / "authorized_keys").read_text().splitlines() == [
+        "ssh-ed25519 AAAAuser nvidia@laptop",
         f'restrict,command="{rank_ctl} s1" ssh-ed25519 AAAAone sparkdeploy-watchdog-s1',
         f'restrict,command="{rank_ctl} s2" ssh-ed25519 AAAAtwo sparkdeploy-watchdog-s2']
     for name, verb, words in (("s1;reboot", "status", "bad service name"), ("-x", "status", "bad service name"),

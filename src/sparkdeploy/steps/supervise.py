@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sparkdeploy import render
 from sparkdeploy.connection import Conn
-from sparkdeploy.layout import LIB_DIR, RANK_CTL, WATCHDOG_CONFIG, WATCHDOG_PY, ServiceLayout
+from sparkdeploy.layout import LIB_DIR, PLAIN, RANK_CTL, WATCHDOG_CONFIG, WATCHDOG_PY, ServiceLayout
 from sparkdeploy.steps.base import Action
 
 CONFIG = WATCHDOG_CONFIG
@@ -83,7 +83,9 @@ def ensure_key(head: Conn, lay: ServiceLayout, *, dry_run: bool = False) -> str:
 
 def worker_actions(worker: Conn, lay: ServiceLayout, pubkey: str) -> list[Action]:
     """rank-ctl, and the service's key allowed to run it for this service's rank only (its name is rank-ctl's
-    argument: a service's watchdog never touches another's ranks on a shared node)."""
+    argument: a service's watchdog never touches another's ranks on a shared node). A service also revokes the
+    plain-named watchdog's key: `up` disabled that watchdog (steps/units.py, step_stale), so the key only
+    opened the node to a retired head."""
     acts = []
     want = node_file("rank-ctl.sh")
     if worker.get(RANK_CTL) != want:
@@ -93,10 +95,11 @@ def worker_actions(worker: Conn, lay: ServiceLayout, pubkey: str) -> list[Action
     comment = lay.watchdog_key_comment
     line = f'restrict,command="{command}" {" ".join(pubkey.split()[:2])} {comment}'
     ak_path = AUTHORIZED_KEYS
-    cur = (worker.get(ak_path) or b"").decode()
-    lines = [l for l in cur.splitlines() if l.split()[-1:] != [comment]]
-    if line not in cur.splitlines():
-        new = "\n".join([*lines, line]) + "\n"
+    cur = (worker.get(ak_path) or b"").decode().splitlines()
+    replaced = {comment, PLAIN.watchdog_key_comment}  # by the comment at the end of the line
+    kept = [l for l in cur if not l.split() or l.split()[-1] not in replaced]
+    if line not in cur or len(kept) != len(cur) - 1:
+        new = "\n".join([*kept, line]) + "\n"
         acts.append(Action("authorize the head watchdog's key for rank-ctl only",
                            lambda: (worker.run(["mkdir", "-p", "-m", "0700", posixpath.dirname(ak_path)]),
                                     worker.put(ak_path, new.encode(), mode=0o600))))
