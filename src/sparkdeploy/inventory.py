@@ -146,6 +146,7 @@ class Inventory:
     backend: str = "mp"  # how the ranks of a multi-node service meet: vLLM's own (mp) or a Ray cluster (ray)
     services: tuple[str, ...] = ()  # every service of the inventory (`services:`), this one included
     tenants: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (node, the services on it) where several share one
+    elsewhere: tuple[Node, ...] = ()  # the inventory's nodes outside this service: `up` retires its units there
 
     def shared_by(self, node: str) -> int:
         """How many services of the inventory run on `node` (its memory is split between them)."""
@@ -367,7 +368,9 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
     tenants = _tenants(f, nodes, views)
     router = _router(f, nodes, views)
     names = tuple(v.service for v in views)
-    return tuple(_replace(v, router=router, services=names, tenants=tenants) for v in views)
+    return tuple(_replace(v, router=router, services=names, tenants=tenants,
+                          elsewhere=tuple(n for n in nodes if n.name not in {m.name for m in v.nodes}))
+                 for v in views)
 
 
 def _tenants(f: Fields, nodes: tuple[Node, ...], views: list[Inventory]) -> tuple[tuple[str, tuple[str, ...]], ...]:

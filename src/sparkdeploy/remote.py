@@ -358,9 +358,11 @@ class Pool:
     trust_new_hosts: bool = False
     conns: dict[str, Conn] = field(default_factory=dict)
 
-    def open(self) -> dict[str, Exception]:
-        """Connect to every target not yet connected; return {node: error} for those that failed."""
-        todo = [t for t in self.targets if t.name not in self.conns]
+    def open(self, names: Iterable[str] | None = None) -> dict[str, Exception]:
+        """Connect to every target (or those named) not yet connected; return {node: error} for those that
+        failed."""
+        wanted = None if names is None else set(names)
+        todo = [t for t in self.targets if t.name not in self.conns and (wanted is None or t.name in wanted)]
         res = parallel(todo, lambda t: connect(t, trust_new_hosts=self.trust_new_hosts))
         errors = {}
         for i, t in enumerate(todo):

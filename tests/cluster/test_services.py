@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sparkdeploy.steps.supervise import AUTHORIZED_KEYS
 from tests.cluster.test_deploy import cli, up_json
 
 pytestmark = pytest.mark.cluster
@@ -120,7 +121,8 @@ def test_each_service_is_healthy_on_its_own_pair_and_a_rerun_changes_nothing(qua
 def test_the_plain_named_deploy_that_ran_before_is_stopped_and_its_releases_kept(quad):
     """node1 + node2 served an inventory without `services:` (plain unit names) before the first `up` of the
     services: that `up` stopped and disabled its engine, watchdog timer and exporter (they would hold s1's ports
-    and memory, and start again at boot) and left its release where it was."""
+    and memory, and start again at boot), revoked the old watchdog's key on the worker and left its release where
+    it was."""
     stale = [a for o in quad["first"]["services"]["s1"]["outcomes"] if o["step"] == "stale units"
              for a in o["actions"]]
     assert any(a.startswith("stop and disable sparkdeploy-engine.service (plain-named") for a in stale), stale
@@ -131,6 +133,9 @@ def test_the_plain_named_deploy_that_ran_before_is_stopped_and_its_releases_kept
         assert state == ["disabled", "inactive", "0001"], (node, state)
     timer = quad["cluster"].run_on("node1", ["systemctl", "is-enabled", "sparkdeploy-watchdog.timer"], check=False)
     assert timer.out.strip() == "disabled", timer.out
+    comments = [line.split()[-1] for line in quad["cluster"].run_on(
+        "node2", ["cat", AUTHORIZED_KEYS], check=True).out.splitlines() if "rank-ctl" in line]
+    assert comments == ["sparkdeploy-watchdog-s1"], comments
 
 
 def test_the_router_sends_each_request_to_the_service_serving_its_model(quad):
@@ -281,13 +286,13 @@ def test_the_ray_service_survives_a_reboot_of_both_its_nodes(quad):
 
 
 def test_two_services_share_two_nodes_each_under_its_own_names(quad, tmp_path):
-    """s2 (Ray) moves onto s1's nodes, its head on node2, and one `up` converges both: s1 restarts once on its
-    half of the memory, s2 comes up beside it; both engines on each node, each its own unit, container, releases
-    and watchdog; both healthy directly and through the router, and a re-run changes nothing. Then s2's rank on node1 is killed: s2's watchdog restarts s2's ranks (through
-    `rank-ctl s2`), s1, on the same nodes, is never restarted and answers every request meanwhile."""
+    """s2 (Ray) moves off node3 + node4 onto s1's nodes, its head on node2, and one `up` converges both: s1
+    restarts once on its half of the memory; s2's units on node3 + node4 are stopped and disabled (its old head's
+    watchdog and exporter too) and it comes up beside s1; both engines on each node, each its own unit,
+    container, releases and watchdog; both healthy directly and through the router, and a re-run changes
+    nothing. Then s2's rank on node1 is killed: s2's watchdog restarts s2's ranks (through `rank-ctl s2`), s1, on
+    the same nodes, is never restarted and answers every request meanwhile."""
     inv = quad["inv"]
-    rc, out, err = cli("down", "-i", str(inv), "--service", "s2")
-    assert rc == 0, err[-2000:]
     data = yaml.safe_load(inv.read_text())
     data["services"][1]["nodes"] = ["node2", "node1"]
     shared = tmp_path / "shared.yaml"
@@ -297,6 +302,14 @@ def test_two_services_share_two_nodes_each_under_its_own_names(quad, tmp_path):
     s1, s2 = res["services"]["s1"], res["services"]["s2"]
     # s1 first: its nodes are shared now, so its memory is half of them (a new release, restarted), then s2
     assert s1["new_release"] and s1["restarted"] and s1["healthy"] and s2["healthy"], res
+    retired = {(o["node"], o["detail"]) for o in s2["outcomes"] if o["step"] == "retire" and o["status"] == "changed"}
+    assert {n for n, _ in retired} == {"node3", "node4"}, s2["outcomes"]
+    for node, units in (("node3", ("sparkdeploy-watchdog-s2.timer", "sparkdeploy-engine-s2.service",
+                                   "sparkdeploy-exporter-s2.service")), ("node4", ("sparkdeploy-engine-s2.service",))):
+        state = quad["cluster"].run_on(node, ["systemctl", "is-enabled", *units], check=False).out.split()
+        assert state == ["disabled"] * len(units), (node, state)
+        names = quad["cluster"].run_on(node, ["docker", "ps", "--format", "{{.Names}}"], check=True).out.split()
+        assert engine("s2") not in names, (node, names)
     for node in ("node1", "node2"):
         names = quad["cluster"].run_on(node, ["docker", "ps", "--format", "{{.Names}}"], check=True).out.split()
         assert {engine("s1"), engine("s2")} <= set(names), (node, names)

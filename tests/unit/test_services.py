@@ -59,11 +59,13 @@ def test_each_service_is_its_own_inventory_with_its_first_node_as_head(tmp_path)
     assert pb.service == "b" and pb.api_url == "http://172.30.97.13:8001"
     assert "--master-addr 172.30.97.13" in pb.head.serve_command
     assert {n.name for n in pa.nodes}.isdisjoint({n.name for n in pb.nodes})
+    # the nodes a service's `up` looks at to retire its units, should the service have moved off them
+    assert ([n.name for n in a.elsewhere], [n.name for n in b.elsewhere]) == (["node3", "node4"], ["node1", "node2"])
 
 
 def test_an_inventory_without_services_is_one_service_named_after_its_cluster():
     (only,) = inventory.load_services(FIXTURES / "inventory.sim.yaml")
-    assert only.service is None and only.cluster == "sim"
+    assert only.service is None and only.cluster == "sim" and only.elsewhere == ()
     assert inventory.load(FIXTURES / "inventory.sim.yaml", "sim") == only
     with pytest.raises(InventoryError, match="one service, named after its cluster"):
         inventory.load(FIXTURES / "inventory.sim.yaml", "chat")

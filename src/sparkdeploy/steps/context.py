@@ -61,8 +61,11 @@ class Context:
         self.log = opts.log
         chosen, _, _ = P._layout(inventory, opts.nodes)  # which nodes take part, head first
         self.names: list[str] = [n.name for n in chosen]
-        self.others: list[str] = [n.name for n in inventory.nodes if n.name not in self.names]
-        self.pool = Pool([target_of(n.name, n.ssh) for n in inventory.nodes], trust_new_hosts=opts.trust_new_hosts)
+        # the inventory's nodes outside this plan (`up --nodes 1`, or a service moved off them): `up` retires
+        # this service's units found there
+        self.others: list[str] = [n.name for n in (*inventory.nodes, *inventory.elsewhere) if n.name not in self.names]
+        self.pool = Pool([target_of(n.name, n.ssh) for n in (*inventory.nodes, *inventory.elsewhere)],
+                         trust_new_hosts=opts.trust_new_hosts)
         self.plan: P.Plan | None = None
         self.files: dict[str, bytes] = {}
         self.facts: dict[str, F.NodeFacts] = {}
@@ -108,7 +111,7 @@ class Context:
     def connect(self, out: list[Outcome], names: list[str] | None = None, required: bool = True) -> None:
         names = names or self.names
         t0 = time.monotonic()
-        errs = self.pool.open()
+        errs = self.pool.open(names)
         for n in names:
             if n in errs:
                 out.append(Outcome("connect", n, FAILED, str(errs[n]), [], time.monotonic() - t0))
@@ -130,7 +133,7 @@ class Context:
                         c.close()
                     except Exception:  # noqa: BLE001
                         pass
-            errs = {n: e for n, e in self.pool.open().items() if n in names}
+            errs = self.pool.open(names)
             if not errs or time.monotonic() > deadline:
                 return errs
             names = list(errs)

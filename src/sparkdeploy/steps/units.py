@@ -23,11 +23,8 @@ def step_stale(cx: Context, out: list[Outcome]) -> None:
 
     def diff(n: str) -> list[Action]:
         c = cx.conn(n)
-        old = [u for u in plain if c.query(["sh", "-c", 'systemctl is-enabled --quiet "$1" || systemctl is-active '
-                                                  '--quiet "$1"', "plain", u], check=False).ok]
-        return stale.diff(c, ours, ports) + [
-            Action(f"stop and disable {u} (plain-named: an inventory without services: ran here before)",
-                   lambda u=u: c.run(["systemctl", "disable", "--now", u], timeout=120)) for u in old]
+        return stale.diff(c, ours, ports) + disable_running(
+            c, plain, "plain-named: an inventory without services: ran here before")
 
     out += run_step("stale units", cx.names, diff, dry_run=cx.opts.dry_run, log=cx.log)
 
@@ -67,18 +64,20 @@ def step_supervision(cx: Context, out: list[Outcome]) -> None:
 
 
 def retire_others(cx: Context, out: list[Outcome]) -> None:
-    """Nodes of the inventory outside this plan (up --nodes 1): stop and disable our unit there."""
-    for n in cx.others:
-        if not cx.connected(n):
-            continue
-        c = cx.conn(n)
+    """The inventory's nodes outside this plan (`up --nodes 1`, or a service moved off them): stop and disable
+    this service's engine, watchdog timer and exporter there. Left running, they would hold the node's ports and
+    memory, and the old head's watchdog would start the engine again. Their releases stay."""
+    units = [cx.lay.watchdog_timer, cx.lay.unit, cx.lay.exporter_unit]  # the watchdog first: it would restart
+    why = (f"not one of service {cx.lay.service}'s nodes" if cx.lay.service else
+           f"node not in this {len(cx.names)}-node plan")
+    reached = [n for n in cx.others if cx.connected(n)]  # one that is down keeps its units until the next up
+    out += run_step("retire", reached, lambda n: disable_running(cx.conn(n), units, why), dry_run=cx.opts.dry_run,
+                    log=cx.log)
 
-        def diff(n: str, c=c) -> list[Action]:
-            en = c.query(["systemctl", "is-enabled", cx.lay.unit], check=False).stdout.strip()
-            act = c.query(["systemctl", "is-active", cx.lay.unit], check=False).stdout.strip()
-            if en != "enabled" and act != "active":
-                return []
-            return [Action(f"stop and disable {cx.lay.unit} (node not in this {len(cx.names)}-node plan)",
-                           lambda: c.run(["systemctl", "disable", "--now", cx.lay.unit], timeout=120))]
 
-        out += run_step("retire", [n], diff, dry_run=cx.opts.dry_run, log=cx.log)
+def disable_running(c, units: list[str], why: str) -> list[Action]:
+    """Stop and disable each of `units` that is enabled or active on the node, in the order given."""
+    on = [u for u in units if c.query(["sh", "-c", 'systemctl is-enabled --quiet "$1" || systemctl is-active '
+                                       '--quiet "$1"', "unit", u], check=False).ok]
+    return [Action(f"stop and disable {u} ({why})", lambda u=u: c.run(["systemctl", "disable", "--now", u],
+                                                                      timeout=120)) for u in on]
