@@ -6,15 +6,15 @@
   throughput   --concurrency clients for --seconds on each path, in --rounds pairs of adjacent windows (the
                order alternating, router-direct then direct-router): completed requests per second of each, the
                ratio router / direct of each pair, and per block of two pairs (each path once first, once
-               second), whose median is the figure (a noisy shared host drifts between pairs far more than
-               within one, and a window runs slower second than first)
+               second), whose median is the figure, with its distribution-free 95% interval (a noisy shared
+               host drifts between pairs far more than within one, and a window runs slower second than first)
   CPU          the router unit's CPU time per request it carried, and the router node's whole busy CPU time
                per request in the direct windows (both from /proc, read over SSH): their quotient is what the
                router can cost where the node's CPU is the bottleneck (a sim node shares this host's cores,
                so there it is the whole host's; a GB10 has 20 cores beside a GPU-bound engine)
 
 Goals (issue 16): p50 added <= 2 ms, throughput ratio >= 0.95. Usage:
-  bench/router.py --inventory INVENTORY [--model NAME] [--requests 200] [--concurrency 4] [--rounds 6] [--json]
+  bench/router.py --inventory INVENTORY [--model NAME] [--requests 200] [--concurrency 4] [--rounds 20] [--json]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from sparkdeploy import inventory, layout  # noqa: E402
+from sparkdeploy.bench.stats import median_ci95  # noqa: E402
 from sparkdeploy.health import bearer  # noqa: E402
 from sparkdeploy.remote import connect, target_of  # noqa: E402
 from sparkdeploy.router import plan_router  # noqa: E402
@@ -113,8 +114,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=200, help="latency: requests per path")
     ap.add_argument("--max-tokens", type=int, default=1)
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--seconds", type=float, default=10, help="throughput: per path per round")
-    ap.add_argument("--rounds", type=int, default=6, help="throughput: pairs of windows")
+    ap.add_argument("--seconds", type=float, default=5, help="throughput: per path per round")
+    ap.add_argument("--rounds", type=int, default=20, help="throughput: pairs of windows")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.rounds < 2 or args.rounds % 2:
@@ -159,6 +160,7 @@ def main() -> int:
     res["pair_ratios"] = [round(x, 3) for x in ratios]
     res["block_ratios"] = [round(x, 3) for x in blocks]
     res["throughput_ratio"] = round(statistics.median(blocks), 3)
+    res["throughput_ratio_ci95"] = [round(x, 3) for x in median_ci95(blocks)]
     per_request = {p: cpu[p][0] / cpu[p][1] / 1e6 if cpu[p][1] else None for p in cpu}
     res["router_cpu_ms_per_request"] = per_request["router"] and round(per_request["router"], 3)
     res["node_cpu_ms_per_request"] = per_request["direct"] and round(per_request["direct"], 3)
@@ -172,9 +174,10 @@ def main() -> int:
     print(f"{'path':<8} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
     for p in paths:
         print(f"{p:<8} {res[p]['p50_ms']:>8} {res[p]['p99_ms']:>8} {res[p]['rps']:>8}")
+    lo, hi = res["throughput_ratio_ci95"]
     print(f"p50 added by the router: {res['p50_added_ms']} ms (goal <= 2); throughput router/direct, median of "
-          f"{len(blocks)} blocks: {res['throughput_ratio']} (goal >= 0.95; blocks {res['block_ratios']}, pairs "
-          f"{res['pair_ratios']})")
+          f"{len(blocks)} blocks: {res['throughput_ratio']}, 95% interval {lo}-{hi} (goal >= 0.95; blocks "
+          f"{res['block_ratios']}, pairs {res['pair_ratios']})")
     print(f"CPU per request: the router's {res['router_cpu_ms_per_request']} ms, the router node's whole (direct "
           f"windows) {res['node_cpu_ms_per_request']} ms: the router's share {res['router_cpu_share']} (on a "
           "CPU-bound node, the throughput the router's CPU can cost)")

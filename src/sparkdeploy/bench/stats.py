@@ -57,6 +57,16 @@ class Summary:
         return asdict(self)
 
 
+def median_ci95(values: list[float]) -> tuple[float, float]:
+    """A distribution-free 95% confidence interval for the median of `values` (non-empty): the sorted v[j] and
+    v[n-1-j] for the largest j with P(Binomial(n, 1/2) <= j) <= 2.5%, so each tail misses the median at most that
+    often. No normality assumed: a shared host's ratios have long tails. Too few values (n < 6): their range."""
+    v, n = sorted(values), len(values)
+    tail = [sum(math.comb(n, i) for i in range(j + 1)) / 2 ** n for j in range(n)]  # P(Binomial(n, 1/2) <= j)
+    j = max([i for i in range(n) if tail[i] <= 0.025], default=0)
+    return v[j], v[n - 1 - j]
+
+
 def summarize(values: list[float]) -> Summary:
     vals = [float(v) for v in values if v is not None and not math.isnan(v)]
     if not vals:

@@ -16,6 +16,15 @@ def test_summarize_median_spread_stdev():
     assert stats.summarize([5.0]).stdev is None
 
 
+def test_median_ci95_is_the_binomial_order_statistic_interval_and_covers_the_median():
+    assert stats.median_ci95(list(range(10))) == (1, 8)  # the textbook ranks: 2nd and 9th of 10
+    assert stats.median_ci95(list(range(20))[::-1]) == (5, 14)  # 6th and 15th of 20, whatever the order
+    assert stats.median_ci95([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few for 95%: the range
+    rng = np.random.default_rng(7)
+    covered = sum(lo <= 0.0 <= hi for lo, hi in (stats.median_ci95(list(rng.standard_cauchy(20))) for _ in range(2000)))
+    assert 0.95 <= covered / 2000 <= 0.985  # long tails too; n = 20 gives 95.9% exactly
+
+
 def test_pooled_stdev_ignores_group_means():
     sd, dof = stats.pooled_stdev([[1.0, 2.0, 3.0], [101.0, 102.0, 103.0]])
     assert sd == pytest.approx(1.0)
