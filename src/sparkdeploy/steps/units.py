@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import posixpath
 
+from sparkdeploy.connection import Conn
 from sparkdeploy.layout import PLAIN
 from sparkdeploy.remote import host_key_line
 from sparkdeploy.steps import stale, supervise
@@ -75,7 +76,7 @@ def retire_others(cx: Context, out: list[Outcome]) -> None:
                     log=cx.log)
 
 
-def disable_running(c, units: list[str], why: str) -> list[Action]:
+def disable_running(c: Conn, units: list[str], why: str) -> list[Action]:
     """Stop and disable each of `units` that is enabled or active on the node, in the order given."""
     on = [u for u in units if c.query(["sh", "-c", 'systemctl is-enabled --quiet "$1" || systemctl is-active '
                                        '--quiet "$1"', "unit", u], check=False).ok]
