@@ -61,11 +61,11 @@ class Context:
         self.log = opts.log
         chosen, _, _ = P._layout(inventory, opts.nodes)  # which nodes take part, head first
         self.names: list[str] = [n.name for n in chosen]
+        reachable = (*inventory.nodes, *inventory.elsewhere)
         # the inventory's nodes outside this plan (`up --nodes 1`, or a service moved off them): `up` retires
         # this service's units found there
-        self.others: list[str] = [n.name for n in (*inventory.nodes, *inventory.elsewhere) if n.name not in self.names]
-        self.pool = Pool([target_of(n.name, n.ssh) for n in (*inventory.nodes, *inventory.elsewhere)],
-                         trust_new_hosts=opts.trust_new_hosts)
+        self.others: list[str] = [n.name for n in reachable if n.name not in self.names]
+        self.pool = Pool([target_of(n.name, n.ssh) for n in reachable], trust_new_hosts=opts.trust_new_hosts)
         self.plan: P.Plan | None = None
         self.files: dict[str, bytes] = {}
         self.facts: dict[str, F.NodeFacts] = {}

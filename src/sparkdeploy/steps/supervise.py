@@ -98,7 +98,7 @@ def worker_actions(worker: Conn, lay: ServiceLayout, pubkey: str) -> list[Action
     cur = (worker.get(ak_path) or b"").decode().splitlines()
     replaced = {comment, PLAIN.watchdog_key_comment}  # by the comment at the end of the line
     kept = [l for l in cur if not l.split() or l.split()[-1] not in replaced]
-    if line not in cur or len(kept) != len(cur) - 1:
+    if line not in cur or len(kept) != len(cur) - 1:  # ours is missing, or another line of ours is there
         new = "\n".join([*kept, line]) + "\n"
         acts.append(Action("authorize the head watchdog's key for rank-ctl only",
                            lambda: (worker.run(["mkdir", "-p", "-m", "0700", posixpath.dirname(ak_path)]),
