@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+
+from sparkdeploy import timing
 
 REPO = Path(__file__).resolve().parent
 TINY_MODEL_SCRIPT = REPO / "images" / "sim-engine" / "make_tiny_models.py"
@@ -65,3 +68,25 @@ def pytest_xdist_make_scheduler(config, log):
             return "cluster" if _needs_cluster(REPO / module) else module
 
     return ClusterModulesTogether(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Module and session fixtures that take a second or more are logged as "fixture" spans (sparkdeploy.timing):
+    the cluster, image and deploy fixtures are where a CI run's time goes (scripts/ci_summary.py)."""
+    t0 = time.monotonic()
+    try:
+        return (yield)
+    finally:
+        seconds = time.monotonic() - t0
+        if seconds >= 1 and fixturedef.scope in ("module", "session"):
+            timing.record("fixture", f"{fixturedef.argname} @ {request.node.nodeid or 'session'}", seconds)
+
+
+def pytest_runtest_logreport(report):
+    """Each test's setup, call and teardown of half a second or more, logged once (by xdist's controller, or
+    the only process) with the worker that ran it: the per-worker totals show the run's critical path."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or report.duration < 0.5:
+        return
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main")
+    timing.record(f"test {report.when}", f"{worker} {report.nodeid}", report.duration, ok=not report.failed)

