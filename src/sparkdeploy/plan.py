@@ -171,6 +171,25 @@ class Plan:
                 return n
         raise KeyError(name)
 
+    def served_as(self) -> dict[str, Any]:
+        """What judges a release once it is kept: where it answers, under which name, what memory each rank was
+        budgeted, which checkpoint it evicts. Recorded in its release.json (steps/release.py) so that a rollback,
+        the automatic one included, judges it by this and never by a later inventory (`as_served`)."""
+        return {"api_port": self.api_port, "model_host_dir": self.model_host_dir,
+                "nodes": {n.name: {"data_ip": n.data_ip, "serve_argv": list(n.serve_argv),
+                                   "memory": dataclasses.asdict(n.memory)} for n in self.nodes}}
+
+    def as_served(self, record: Mapping[str, Any] | None) -> "Plan":
+        """This plan with what `record` (a release's `served_as()`) says that release was judged by; unchanged
+        for a release from a kit that recorded none, or one recorded on other nodes."""
+        if not record or set(record.get("nodes", {})) != {n.name for n in self.nodes}:
+            return self
+        nodes = tuple(dataclasses.replace(n, data_ip=r["data_ip"], serve_argv=tuple(r["serve_argv"]),
+                                          memory=MemoryBudget(**r["memory"]))
+                      for n, r in ((n, record["nodes"][n.name]) for n in self.nodes))
+        return dataclasses.replace(self, api_port=record["api_port"], model_host_dir=record["model_host_dir"],
+                                   nodes=nodes)
+
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["api_url"] = self.api_url
@@ -385,7 +404,7 @@ def _ray_start(inv: Inventory, node: Node, role: str) -> tuple[str, ...]:
 
 
 def _docker_argv(inv: Inventory, node: Node, role: str, image_tag: str, serve_argv: tuple[str, ...],
-                 secrets: Mapping[str, str], capture: bool) -> tuple[str, ...]:
+                 capture: bool) -> tuple[str, ...]:
     p, lay = inv.profile, inv.layout
     argv = ["docker", "run", "--name", lay.container, "--init", "--stop-timeout", str(stop_timeout_s(role)),
             "--network", "host", "--ipc", "host"]
@@ -395,7 +414,9 @@ def _docker_argv(inv: Inventory, node: Node, role: str, image_tag: str, serve_ar
         argv += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1"]
     argv += ["--ulimit", "stack=67108864", "--shm-size", p.shm_size,
              "--env-file", f"{lay.current_link}/{ENV_FILE}",
-             *(("--env-file", lay.secrets_env) if secrets else ()),
+             # Always named, whether or not the inventory has a key: the key is current state (steps/secrets.py
+             # keeps this file, empty without one), so any kept release starts, and runs with today's key.
+             "--env-file", lay.secrets_env,
              "--label", f"io.sparkdeploy.release={_RELEASE_PLACEHOLDER}",
              "--label", f"io.sparkdeploy.node={node.name}",
              "--label", f"io.sparkdeploy.role={role}",
@@ -548,7 +569,7 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
             # a ray head starts Ray's head first; the shell execs vLLM, so the container ends with it
             command = (("sh", "-c", f'{shlex.join(_ray_start(inv, node, role))} && exec "$@"', "ray-head") + serve
                        if ray else serve)
-        docker = _docker_argv(inv, node, role, image.tag, command, secrets, capture)
+        docker = _docker_argv(inv, node, role, image.tag, command, capture)
         files = {f"{node.name}/release/{name}": f"{{release}}/{name}" for name in (ENV_FILE, LAUNCH_FILE, NODE_PLAN_FILE)}
         files[f"{node.name}/unit/{inv.layout.unit}"] = inv.layout.unit_path
         start_order = nnodes - 1 if rank == 0 else rank - 1

@@ -228,7 +228,34 @@ def test_a_new_key_is_a_new_release(tmp_path):
         "api_key_file": str(_key_file(tmp_path, text="another-key\n"))})))
     none = plan.plan(inventory.load(_inventory(tmp_path)))
     assert len({one.release_id, two.release_id, none.release_id}) == 3
-    assert "--env-file" in none.head.docker_argv and "/etc/sparkdeploy/secrets.env" not in none.head.docker_argv
+    # The key is current state: every release names the secrets env file (empty without a key), so a release
+    # kept from before a key change still starts, and serves with today's key (steps/secrets.py).
+    for p in (one, two, none):
+        argv = p.head.docker_argv
+        assert argv[argv.index("/etc/sparkdeploy/current/engine.env") + 1:][:2] == \
+            ("--env-file", "/etc/sparkdeploy/secrets.env")
+
+
+def test_a_rollback_is_judged_by_the_plan_its_release_recorded(tmp_path):
+    """A release records where it answers, under which name, with which memory budgets (Plan.served_as); the
+    plan of a later inventory, applied to that record, judges the old release by the record, not by today."""
+    import dataclasses
+
+    old = plan.plan(inventory.load(_inventory(tmp_path)))
+    record = json.loads(json.dumps(old.served_as()))  # as release.json holds it
+    raw = yaml.safe_load(paths.default_inventory().read_text())
+    today = plan.plan(inventory.load(_inventory(tmp_path, ports=dict(raw["ports"], api=8123),
+                                                memory=dict(raw.get("memory") or {}, reserve_gib=11.0))))
+    assert today.api_url != old.api_url and today.head.memory != old.head.memory
+    judged = today.as_served(record)
+    assert judged.api_url == old.api_url
+    assert [n.memory for n in judged.nodes] == [n.memory for n in old.nodes]
+    assert [n.serve_argv for n in judged.nodes] == [n.serve_argv for n in old.nodes]
+    assert judged.model_host_dir == old.model_host_dir
+    # a release from a kit that recorded nothing, or one recorded on other nodes: today's plan, as before
+    assert today.as_served(None) is today
+    assert today.as_served(dict(record, nodes={"elsewhere": record["nodes"]["spark1"]})) is today
+    assert dataclasses.replace(judged, api_port=today.api_port).api_url == today.api_url
 
 
 @pytest.mark.parametrize("mode, text, expect", [

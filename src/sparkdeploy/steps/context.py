@@ -188,9 +188,11 @@ class Context:
         return ckpt
 
     def release_plan(self, num: int) -> P.Plan:
-        """The plan a recorded release ran under: this inventory with the facts that release recorded."""
+        """The plan a recorded release ran under: this inventory with the facts that release recorded, judged
+        by what it recorded (Plan.served_as: its port, served name, memory budgets, checkpoint dir)."""
+        meta = self.rel[self.head].complete[num]
         return P.plan(self.inv, {n: facts_from_dict(self.rel[n].complete[num]["facts"]) for n in self.names},
-                      self.opts.nodes)
+                      self.opts.nodes).as_served(meta.get("served_as"))
 
     # ------------------------------------------------------------------------------------------ desired
     def release_files(self, name: str, number: int) -> dict[str, tuple[bytes, int]]:

@@ -17,6 +17,7 @@ from typing import Callable
 
 from sparkdeploy import connection, faults, health, releases
 from sparkdeploy.errors import HealthError, SparkdeployError
+from sparkdeploy.layout import LAUNCH_FILE
 from sparkdeploy.steps.base import OK, Outcome
 from sparkdeploy.steps.context import Context, served
 
@@ -71,7 +72,7 @@ def start_all(cx: Context) -> None:
     field's OOM cascades); then workers first (they wait for the head's rendezvous), the head last."""
     from sparkdeploy import weights
 
-    _, guards = weights.evict_and_guard(cx.pool, cx.plan, cx.inv.profile.host_dir)
+    _, guards = weights.evict_and_guard(cx.pool, cx.plan, cx.plan.model_host_dir)
     for g in guards:
         if g.status.value != "ok":
             cx.log(f"{g.node}: memory guard {g.status.value}: {g.reason}")
@@ -125,6 +126,16 @@ def serve_again(cx: Context, good: int, *, plan_of_release: bool = True, list_sh
     if watchdog_was is not None:
         watchdog(cx, watchdog_was)
     return wait() if wait else wait_ready(cx, cx.opts.rollback_timeout)
+
+
+def opens_without_key(cx: Context, num: int) -> bool:
+    """Would release `num` serve without the key the inventory names? Only a release made by a kit before the
+    key became current state (its launch does not read the secrets env file) can: never start one then."""
+    if cx.inv.auth.api_key_file is None:
+        return False
+    launch = f"{releases.rdir(cx.lay, num)}/{LAUNCH_FILE}"
+    return not cx.conn(cx.head).query(["grep", "-qF", "--", f"--env-file {cx.lay.secrets_env}", launch],
+                                      check=False).ok
 
 
 # ----------------------------------------------------------------------------------- readiness + gate

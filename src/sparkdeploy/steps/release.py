@@ -45,7 +45,8 @@ def step_release(cx: Context, out: list[Outcome]) -> int:
     reuse = newest and all(nr.current != newest and newest not in nr.healthy for nr in cx.rel.values())
     num = newest if reuse else newest + 1
     meta = {"fingerprint": cx.plan.release_id, "image": cx.plan.image.tag, "image_id": cx.image_id,
-            "nodes": cx.names, "kit_version": cx.plan.kit_version, "git_commit": paths.git_commit()}
+            "nodes": cx.names, "kit_version": cx.plan.kit_version, "git_commit": paths.git_commit(),
+            "served_as": cx.plan.served_as()}
 
     def diff(n: str) -> list[Action]:
         files = cx.release_files(n, num)

@@ -9,6 +9,7 @@ from sparkdeploy import faults, releases
 from sparkdeploy.errors import HealthError, SparkdeployError
 from sparkdeploy.steps import engine
 from sparkdeploy.steps.context import Context
+from sparkdeploy.steps.secrets import step_secrets
 from sparkdeploy.steps.up import ENGINE_ERRORS, UpResult, back_to_last_good
 
 
@@ -29,8 +30,12 @@ def rollback(cx: Context, to: int | None) -> UpResult:
             raise HealthError(f"release {to} is not complete on every node: "
                               + "; ".join(f"{n} holds {h}" for n, h in lacking.items())
                               + f" (complete everywhere: {sorted(common)})")
+        if engine.opens_without_key(cx, to):
+            raise HealthError(f"release {to} was made by a kit that started it without the secrets env file: it "
+                              f"would serve without the key auth.api_key_file names; pick a newer release")
         meta = cx.rel[cx.head].complete[to]
         cx.plan = cx.release_plan(to)
+        step_secrets(cx, res.outcomes)  # the key is current state: the release starts with today's
         watchdog_was = engine.watchdog_active(cx)
         try:
             engine.switch_and_restart(cx, to)

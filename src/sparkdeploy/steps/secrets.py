@@ -1,5 +1,11 @@
-"""The secrets step of `up`: the engine's secrets in their own root-owned 0600 env file (never in a release,
-argv or a log line); removed when the inventory names none."""
+"""The secrets step of `up` and `rollback`: the engine's secrets in their own root-owned 0600 env file (never in a
+release, argv or a log line).
+
+The rule: a key is current state, the inventory's, not release state. Every release's launch names this file
+(plan._docker_argv), and this step keeps it holding exactly what the inventory names, empty when it names
+nothing. So a kept release always finds the file it needs, a rollback serves with today's key (never a key the
+inventory no longer lists), and a rollback to a release gated without a key still requires today's key.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +21,12 @@ def step_secrets(cx: Context, out: list[Outcome]) -> None:
     data = credentials.env_file(values)
     digest = releases.sha(data)
     path = cx.lay.secrets_env
-    what = ", ".join(f"{k} {v}" for k, v in cx.plan.secrets.items())
+    what = ", ".join(f"{k} {v}" for k, v in cx.inv.auth.fingerprints().items()) or \
+        "empty: the inventory names no auth.api_key_file"
 
     def diff(n: str) -> list[Action]:
         c = cx.conn(n)
         have = c.query(["sha256sum", path], check=False)
-        if not values:
-            return [Action(f"remove {path} (no auth.api_key_file)", lambda: c.run(["rm", "-f", path]))] \
-                if have.ok else []
         mode = c.query(["stat", "-c", "%a %U", path], check=False).stdout.split()
         if have.stdout.split()[:1] == [digest] and mode == ["600", "root"]:
             return []

@@ -197,6 +197,12 @@ def back_to_last_good(cx: Context, what: str, good: int | None, res: UpResult,
             res.message = (f"{what}; no healthy release to go back to: the service is STOPPED and disabled; "
                            "fix and re-run `up`")
             return None
+        if engine.opens_without_key(cx, good):
+            engine.stop_and_disable(cx)
+            res.message = (f"{what}; release {good}, the last that passed its gate, would serve without the key "
+                           "auth.api_key_file names (a kit before keys were current state made it): the service is "
+                           "STOPPED and disabled rather than open; fix and re-run `up`")
+            return None
         cx.log(f"{what}: rolling back to release {good}")
         rec: dict = {}
 

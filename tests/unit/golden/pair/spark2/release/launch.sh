@@ -1,6 +1,6 @@
 #!/bin/bash
 # Rendered by sparkdeploy 0.1.0; do not edit (sparkdeploy render).
-# Engine of node spark2: rank 1 of 2 (worker), release d6892274160c.
+# Engine of node spark2: rank 1 of 2 (worker), release 5f572b7d67a5.
 # Run by sparkdeploy-engine.service as /etc/sparkdeploy/current/launch.sh, in the foreground: systemd supervises
 # `docker run` (no -d, no --rm, no docker restart policy), docker supervises vLLM (--init).
 set -euo pipefail
@@ -42,7 +42,8 @@ exec docker run \
   --ulimit stack=67108864 \
   --shm-size 16g \
   --env-file /etc/sparkdeploy/current/engine.env \
-  --label io.sparkdeploy.release=d6892274160c \
+  --env-file /etc/sparkdeploy/secrets.env \
+  --label io.sparkdeploy.release=5f572b7d67a5 \
   --label io.sparkdeploy.node=spark2 \
   --label io.sparkdeploy.role=worker \
   -v /var/lib/sparkdeploy/vocab:/opt/sparkdeploy/vocab:ro \

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Rendered by sparkdeploy 0.1.0; do not edit (sparkdeploy render).
-# Engine of node node1: rank 0 of 2 (head), release 81f10d091815.
+# Engine of node node1: rank 0 of 2 (head), release 12398b0b936a.
 # Run by sparkdeploy-engine.service as /etc/sparkdeploy/current/launch.sh, in the foreground: systemd supervises
 # `docker run` (no -d, no --rm, no docker restart policy), docker supervises vLLM (--init).
 set -euo pipefail
@@ -17,7 +17,8 @@ exec docker run \
   --ulimit stack=67108864 \
   --shm-size 1g \
   --env-file /etc/sparkdeploy/current/engine.env \
-  --label io.sparkdeploy.release=81f10d091815 \
+  --env-file /etc/sparkdeploy/secrets.env \
+  --label io.sparkdeploy.release=12398b0b936a \
   --label io.sparkdeploy.node=node1 \
   --label io.sparkdeploy.role=head \
   -v /var/lib/sparkdeploy/vocab:/opt/sparkdeploy/vocab:ro \

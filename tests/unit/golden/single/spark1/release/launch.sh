@@ -1,6 +1,6 @@
 #!/bin/bash
 # Rendered by sparkdeploy 0.1.0; do not edit (sparkdeploy render).
-# Engine of node spark1: rank 0 of 1 (head), release c025dc2139fd.
+# Engine of node spark1: rank 0 of 1 (head), release fa7f812c6dcb.
 # Run by sparkdeploy-engine.service as /etc/sparkdeploy/current/launch.sh, in the foreground: systemd supervises
 # `docker run` (no -d, no --rm, no docker restart policy), docker supervises vLLM (--init).
 set -euo pipefail
@@ -42,7 +42,8 @@ exec docker run \
   --ulimit stack=67108864 \
   --shm-size 16g \
   --env-file /etc/sparkdeploy/current/engine.env \
-  --label io.sparkdeploy.release=c025dc2139fd \
+  --env-file /etc/sparkdeploy/secrets.env \
+  --label io.sparkdeploy.release=fa7f812c6dcb \
   --label io.sparkdeploy.node=spark1 \
   --label io.sparkdeploy.role=head \
   -v /var/lib/sparkdeploy/vocab:/opt/sparkdeploy/vocab:ro \
