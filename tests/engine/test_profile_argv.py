@@ -32,7 +32,11 @@ SOURCE_033 = Path(os.environ.get("SPARKDEPLOY_VLLM_033_SRC", "/opt/sparkdeploy/v
 # argvs vLLM must refuse: proof that the parser run here can fail
 PLANTED = {"planted: misspelt flag": ["vllm", "serve", "/m", "--tool-call-parsr", "hermes"],
            "planted: unknown tool-call parser": ["vllm", "serve", "/m", "--enable-auto-tool-choice",
-                                                 "--tool-call-parser", "herms"]}
+                                                 "--tool-call-parser", "herms"],
+           # only the pin's config classes can judge these (up's launch check in the new image)
+           "planted: unknown compilation-config key": ["vllm", "serve", "/m", "--compilation-config", '{"level": 3}'],
+           "planted: unknown speculative-config key": ["vllm", "serve", "/m", "--speculative-config",
+                                                       '{"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}']}
 
 
 def vllm_for(series: str) -> tuple[list[str], dict[str, str]] | str:
@@ -137,3 +141,5 @@ def test_flag_catalogue_matches_its_vllm_and_the_parser_refuses_planted_mistakes
     assert report["catalogue"]["rc"] == 0, report["catalogue"]["output"]
     assert "unrecognized arguments: --tool-call-parsr" in report["errors"]["planted: misspelt flag"]
     assert "invalid tool call parser: herms" in report["errors"]["planted: unknown tool-call parser"]
+    assert "CompilationConfig" in report["errors"]["planted: unknown compilation-config key"]
+    assert "lookahead" in report["errors"]["planted: unknown speculative-config key"]

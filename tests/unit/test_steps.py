@@ -202,3 +202,26 @@ def test_each_service_authorizes_its_own_watchdog_key_for_its_own_ranks_only(tmp
         res = subprocess.run(["sh", str(rank_ctl), name], capture_output=True, text=True,
                              env={**os.environ, "SSH_ORIGINAL_COMMAND": verb})
         assert res.returncode == 2 and words in res.stderr, (name, verb, res)
+
+
+# ------------------------------------------------------------------------------------------ launch check
+def test_a_refused_launch_names_the_profile_key_or_the_owning_field():
+    from sparkdeploy.steps.launch_check import LaunchRefused, judge, source_of
+
+    out = ('vllm logs go to stderr\n{"vllm_version": "0.32.0", "refused": {"flag": "--compilation-config", '
+           '"error": "CompilationConfig mode Input should be 0, 1, 2 or 3"}}\n')
+    with pytest.raises(LaunchRefused, match=r"node1: vLLM 0\.32\.0 .* mode Input should be .* fix "
+                                            r"engine_args\.compilation-config; the old release still serves"):
+        judge("node1", out, 1, "", "0.32")
+    assert source_of("0.32", "--max-model-len") == "engine.max_model_len"  # a flag the kit owns: its field
+    assert source_of("0.32", "--no-such-flag") == "engine_args.no-such-flag"
+    assert source_of("0.32", None) == "the profile's engine_args or the inventory"
+    judge("node1", '{"vllm_version": "0.32.0", "refused": null}\n', 0, "", "0.32")  # accepted: no error
+
+
+def test_a_launch_check_that_could_not_run_is_a_node_error_not_a_refusal():
+    from sparkdeploy.errors import RemoteError
+    from sparkdeploy.steps.launch_check import judge
+
+    with pytest.raises(RemoteError, match=r"did not run \(exit 125\): docker: Unable to find image"):
+        judge("node2", "", 125, "docker: Unable to find image 'x:1' locally", "0.32")

@@ -1,7 +1,8 @@
 """`up`: converge the nodes on the plan; its automatic rollback; the result it reports (UpResult, `up --json`).
 
     connect -> facts -> plan + render -> stale units -> image -> vocab -> secrets -> release files -> units
-    -> supervision wiring -> exporter -> retire -> [switch + restart] -> wait for readiness -> health gate -> prune
+    -> supervision wiring -> exporter -> retire -> [launch check in the new image -> switch + restart]
+    -> wait for readiness -> health gate -> prune
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sparkdeploy.steps import engine
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD, Outcome, StepFailed
 from sparkdeploy.steps.context import Context
+from sparkdeploy.steps.launch_check import step_launch_check
 from sparkdeploy.steps.monitoring import step_monitoring
 from sparkdeploy.steps.release import prune, step_release
 from sparkdeploy.steps.secrets import step_secrets
@@ -89,6 +91,8 @@ def _up(cx: Context) -> UpResult:
         active = cx.map(lambda c: c.query(["systemctl", "is-active", "--quiet", cx.lay.unit], check=False).ok)
         need_start = res.new_release or not all(v is True for v in active.values()) or any(
             o.step == "retire" and o.status in (CHANGED, WOULD) for o in out)
+        if need_start and not (num in cx.rel[cx.head].healthy):
+            step_launch_check(cx, num, out)  # before anything stops: a refusal leaves the old release serving
         if cx.opts.dry_run:
             if need_start:
                 with recording(dry=True) as made:
