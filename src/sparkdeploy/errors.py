@@ -18,6 +18,10 @@ class InputError(SparkdeployError):
     exit_code = 2
 
 
+class ExtraMissing(InputError):
+    """A command needs an optional part of sparkdeploy (`pip install 'sparkdeploy[EXTRA]'`) that is not installed."""
+
+
 class InventoryError(InputError):
     """An inventory, profile or facts file is invalid; names the file and the field path."""
 

@@ -4,15 +4,19 @@ throughput over concurrency. Bars are medians; whiskers span the kept repeats (m
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
-import matplotlib
+from sparkdeploy import extras
+from sparkdeploy.bench import compare as compare_mod
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
-from sparkdeploy.bench import compare as compare_mod  # noqa: E402
+@functools.cache
+def _pyplot():
+    """matplotlib's pyplot, drawing into files only (no display needed); matplotlib is the `bench` extra."""
+    extras.require("bench", "matplotlib").use("Agg")
+    return extras.require("bench", "matplotlib.pyplot")
 
 
 def _label(result: dict, path: str) -> str:
@@ -48,11 +52,12 @@ def _bars(ax, results: list[tuple[str, dict]], name: str, groups: list[str]) -> 
 def _save(fig, out: Path, name: str, written: list[str]) -> None:
     fig.tight_layout()
     fig.savefig(out / name, dpi=100)
-    plt.close(fig)
+    _pyplot().close(fig)
     written.append(name)
 
 
 def plots(results: list[tuple[str, dict]], out: Path) -> list[str]:
+    plt = _pyplot()
     written: list[str] = []
     union = lambda name, excl=(): list(dict.fromkeys(g for _, r in results for g in _groups(r, name, excl)))  # noqa: E731
 
@@ -247,6 +252,7 @@ def write(paths: list[str], out: str | Path, *, title: str = "sparkdeploy bench 
     (loading files not listed in `paths`); `with_comparison` compares the first two files."""
     from sparkdeploy.bench import results as results_mod
 
+    _pyplot()  # before anything is written: without the `bench` extra the command stops here, exit 2
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     loaded = loaded or [results_mod.load(p) for p in paths]

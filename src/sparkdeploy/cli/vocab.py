@@ -10,7 +10,7 @@ import click
 import numpy as np
 
 from sparkdeploy.cli.options import inventory_option
-from sparkdeploy.errors import VocabError
+from sparkdeploy.errors import ExtraMissing, VocabError
 
 
 def _console():
@@ -278,7 +278,7 @@ def inspect(list_arg, spec, as_json) -> None:
     tok = None
     try:
         tok = _tokenizer_for(manifest, spec, path)
-    except VocabError:
+    except (VocabError, ExtraMissing):  # the histogram only: the rest needs no tokenizer (nor the vocab extra)
         if spec:
             raise
     if tok is not None:

