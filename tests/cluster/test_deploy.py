@@ -63,15 +63,35 @@ def wait_healthy(inv: Path, timeout: float) -> float:
     raise AssertionError(f"not healthy after {timeout:.0f} s; last failures: {last}")
 
 
-def variant(base: Path, tmp: Path, name: str, reserve: float) -> Path:
-    """A copy of the inventory whose plan differs only in the memory reserve (-> a new release, same image)."""
+def variant_of(base: Path, tmp: Path, name: str, *, engine_args: dict | None = None, **top) -> Path:
+    """A copy of the inventory with top-level fields replaced (None drops one) and, given `engine_args`, a copy
+    of its profile with those merged into its engine_args."""
     data = yaml.safe_load(base.read_text())
-    data["memory"] = {"reserve_gib": reserve}
-    data["profile"] = str(Path(__file__).parents[2] / "deploy/profiles" / f"{data['profile']}.yaml") \
-        if not str(data["profile"]).endswith(".yaml") else data["profile"]
+    profile = Path(data["profile"]) if str(data["profile"]).endswith(".yaml") else \
+        Path(__file__).parents[2] / "deploy/profiles" / f"{data['profile']}.yaml"
+    if engine_args:
+        raw = yaml.safe_load(profile.read_text())
+        raw["engine_args"] = {**(raw.get("engine_args") or {}), **engine_args}
+        profile = tmp / f"{name}.profile.yaml"
+        profile.write_text(yaml.safe_dump(raw, sort_keys=False))
+    data["profile"] = str(profile)
+    for key, value in top.items():
+        data.pop(key, None) if value is None else data.__setitem__(key, value)
     out = tmp / f"{name}.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
+
+
+def variant(base: Path, tmp: Path, name: str, reserve: float) -> Path:
+    """A copy of the inventory whose plan differs only in the memory reserve (-> a new release, same image)."""
+    return variant_of(base, tmp, name, memory={"reserve_gib": reserve})
+
+
+def api_status(sim, path: str = "/v1/models", key: str | None = None, port: int = 8000) -> int:
+    import requests
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return requests.get(f"http://{sim.head.ip}:{port}{path}", headers=headers, timeout=30).status_code
 
 
 def comparable(res: dict) -> list[str]:
@@ -339,12 +359,16 @@ def test_fault_disk_full_while_writing_a_file(deployed, sim_cluster):
 
 
 def test_fault_health_gate_timeout_rolls_back(deployed, sim_cluster):
-    inv4 = variant(deployed["inv"], deployed["tmp"], "gate", 3.5)
+    # The failed release also moves the API port and the served name: the rollback must judge release 2 by
+    # the plan it recorded (its port and name), not by this inventory, or it reports a good rollback failed.
+    inv4 = variant_of(deployed["inv"], deployed["tmp"], "gate", memory={"reserve_gib": 3.5},
+                      ports={"api": 8010, "master": 29500}, served_name="renamed")
     rc, out, err = cli("up", "-i", str(inv4), "--json", "--ready-timeout", "3", "--watchdog-grace", "180",
                        "--watchdog-backoff", "10", "--watchdog-cap", "2")
     res = json.loads(out)
     assert rc == 1 and not res["healthy"]
     assert res["rolled_back_to"] == 2 and "ROLLED BACK to release 2" in res["message"], res["message"]
+    assert "healthy again" in res["message"], res["message"]
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0002"
     assert health_json(deployed["inv"])[0] == 0
     # the failed release stays on disk (unhealthy), and is not what `rollback` picks
@@ -371,6 +395,79 @@ def test_rollback_command(deployed, sim_cluster):
     assert rc == 0 and any(c["name"] == "speed" and "first record" in c["reason"] for c in rep["checks"]["service"])
     rc, out, err = cli("bench", "sentinel", "-i", str(deployed["inv"]))
     assert rc == 2 and "no older healthy release with a speed record" in err, err[-1500:]
+
+
+def test_a_launch_the_new_image_refuses_never_stops_the_old_release(deployed, sim_cluster):
+    """A value only the pin's config classes can judge (CompilationConfig's mode, an enum: the offline catalogue
+    knows the key, not its values) is refused by the new image's vLLM on the nodes, before anything stops: the
+    old release answers every request throughout, and `up` exits non-zero naming the profile key."""
+    import requests
+
+    bad = variant_of(deployed["inv"], deployed["tmp"], "bad-launch", engine_args={"compilation-config": {"mode": 7}})
+    key = I.load(deployed["inv"]).auth.api_key()
+    serving = current(sim_cluster, "node1")
+    started = {n.name: sim_cluster.ssh(n, ["docker", "inspect", "-f", "{{.State.StartedAt}}",
+                                           "sparkdeploy-engine"]).out for n in sim_cluster.nodes}
+    answered, failed, stop = [0], [], threading.Event()
+
+    def client():
+        while not stop.is_set():
+            try:
+                r = requests.post(f"http://{sim_cluster.head.ip}:8000/v1/completions", timeout=60,
+                                  headers={"Authorization": f"Bearer {key}"},
+                                  json={"model": "tiny", "prompt": "hello", "max_tokens": 2})
+                (answered.__setitem__(0, answered[0] + 1) if r.status_code == 200 else failed.append(r.status_code))
+            except requests.RequestException as err:
+                failed.append(type(err).__name__)
+            time.sleep(0.5)
+
+    t = threading.Thread(target=client, daemon=True)
+    t.start()
+    try:
+        rc, res, err = up_json(bad)
+    finally:
+        stop.set()
+        t.join(90)
+    print(f"\nduring the refused up: {answered[0]} requests answered, {len(failed)} failed")
+    assert rc != 0 and not res["healthy"] and not res["restarted"], res["message"]
+    assert "engine_args.compilation-config" in res["message"] and "old release still serves" in res["message"], \
+        res["message"]
+    assert answered[0] > 0 and not failed, failed
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == serving
+    assert started == {n.name: sim_cluster.ssh(n, ["docker", "inspect", "-f", "{{.State.StartedAt}}",
+                                                   "sparkdeploy-engine"]).out for n in sim_cluster.nodes}
+
+
+def test_the_key_is_current_state_through_up_and_rollback(deployed, sim_cluster):
+    """Issue 33: a kept release always starts, and serves with the key the inventory names today. Key removed
+    then `rollback` to the keyed release: it starts (before, docker could not find its --env-file: exit 125) and
+    serves without a key; key rotated then `rollback` to the release gated without a key: today's key is
+    required (the old one gets 401, none gets 401)."""
+    keyed = int(current(sim_cluster, "node1").rsplit("/", 1)[1])
+    old_key = I.load(deployed["inv"]).auth.api_key()
+    open_inv = variant_of(deployed["inv"], deployed["tmp"], "no-key", auth=None)
+    rc, res, err = up_json(open_inv)
+    assert rc == 0 and res["healthy"] and res["new_release"], res["message"]
+    unkeyed = res["release"]
+    assert api_status(sim_cluster) == 200
+    rc, out, err = cli("rollback", "-i", str(open_inv), str(keyed), "--ready-timeout", READY, "--no-sentinel")
+    assert rc == 0, err[-2000:]
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == f"releases/{keyed:04d}"
+    assert api_status(sim_cluster) == 200  # the key the inventory no longer lists is not brought back
+    for node in sim_cluster.nodes:
+        assert sim_cluster.ssh(node, ["stat", "-c", "%a %U %s", "/etc/sparkdeploy/secrets.env"]).out.split() == \
+            ["600", "root", "0"]
+    rotated = deployed["tmp"] / "rotated.key"
+    rotated.write_text("sk-rotated-" + "5e1f" * 8 + "\n")
+    rotated.chmod(0o600)
+    rot_inv = variant_of(deployed["inv"], deployed["tmp"], "rotated", auth={"api_key_file": str(rotated)})
+    rc, out, err = cli("rollback", "-i", str(rot_inv), str(unkeyed), "--ready-timeout", READY, "--no-sentinel")
+    assert rc == 0, err[-2000:]
+    assert current(sim_cluster, "node1") == f"releases/{unkeyed:04d}"
+    new_key = I.load(rot_inv).auth.api_key()
+    assert (api_status(sim_cluster), api_status(sim_cluster, key=old_key), api_status(sim_cluster, key=new_key)) \
+        == (401, 401, 200)
+    assert health_json(rot_inv)[0] == 0
 
 
 def test_fault_node_rebooted_during_up(deployed, sim_cluster):
