@@ -168,6 +168,18 @@ def exporter_service(plan: Plan) -> str:
     return plan.service or plan.cluster
 
 
+PROMETHEUS_TARGETS = "prometheus-targets.json"
+
+
+def prometheus_targets(plans: list[Plan]) -> bytes:
+    """Prometheus' file_sd list of every service head's exporter (`render` writes it as PROMETHEUS_TARGETS;
+    deploy/monitoring/prometheus.yml reads it): one target per service, addressed as the kit reaches the head
+    (its ssh host), labelled with the service and the head, as the exporter labels its own series."""
+    return _json_bytes([{"targets": [f"{p.head.ssh.host}:{p.metrics_port}"],
+                         "labels": {"service": exporter_service(p), "node": p.head.name}}
+                        for p in plans if p.metrics_port])
+
+
 def overlays_digest() -> str | None:
     """Identity of the overlays package copied into the image build context (feeds the image tag)."""
     return paths.tree_digest(paths.overlays_dir())

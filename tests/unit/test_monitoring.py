@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sparkdeploy import exporter, paths
 from sparkdeploy.bench import client, metrics, sentinel
+from sparkdeploy.cli import main
 from sparkdeploy.steps import monitoring
 from tests.support.vllm_server import free_port, venv_python
 from tests.unit.bench.fake_vllm import FakeVllm
@@ -234,11 +235,60 @@ def test_promtool_accepts_the_scrape(scrape):
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
 
 
+def _render_example(tmp_path, monkeypatch):
+    """`sparkdeploy render` of the four-node example (two services) into tmp_path/out."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # the example reads its API key from ~/.config/sparkdeploy/api_key
+    key = tmp_path / ".config" / "sparkdeploy" / "api_key"
+    key.parent.mkdir(parents=True)
+    key.write_text("sk-example-0123456789\n")
+    key.chmod(0o600)
+    out = tmp_path / "out"
+    assert main(["render", "--inventory", str(paths.repo_root() / "examples" / "inventory.4node.yaml"),
+                 "--out", str(out)]) == 0
+    return out
+
+
+def test_render_writes_a_prometheus_target_per_service_head(tmp_path, monkeypatch):
+    out = _render_example(tmp_path, monkeypatch)
+    assert json.loads((out / "prometheus-targets.json").read_text()) == [
+        {"targets": ["10.0.0.11:9466"], "labels": {"service": "chat", "node": "spark1"}},
+        {"targets": ["10.0.0.13:9467"], "labels": {"service": "super", "node": "spark3"}}]
+
+
 @needs_promtool
-def test_promtool_accepts_the_scrape_config():
-    r = subprocess.run([PROMTOOL or "promtool", "check", "config", str(MONITORING / "prometheus.yml")],
+def test_promtool_accepts_the_scrape_config_with_the_rendered_targets_and_rules(tmp_path, monkeypatch):
+    out = _render_example(tmp_path, monkeypatch)
+    for name in ("prometheus.yml", "rules.yml"):
+        shutil.copy(MONITORING / name, out / name)
+    r = subprocess.run([PROMTOOL or "promtool", "check", "config", str(out / "prometheus.yml")],
                        capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 0 and "WARNING" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "SUCCESS: 1 rule files found" in r.stdout
+
+
+@needs_promtool
+def test_the_shipped_alert_rules_pass_promtool_check_and_their_tests():
+    """rules.test.yml: each alert (sentinel regression, watchdog gave up, rank down, busy at low power, memory
+    margin low) fires for the service and node whose series raise it and not before its `for`; the recorded
+    live acceptance and joules per token compute from the counters."""
+    r = subprocess.run([PROMTOOL or "promtool", "check", "rules", "rules.yml"], capture_output=True, text=True,
+                       cwd=MONITORING)
+    assert r.returncode == 0 and "SUCCESS: 7 rules found" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([PROMTOOL or "promtool", "test", "rules", "rules.test.yml"], capture_output=True, text=True,
+                       cwd=MONITORING)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
+def test_every_alert_reads_series_the_exporter_publishes(scrape):
+    import yaml
+
+    rules = yaml.safe_load((MONITORING / "rules.yml").read_text())
+    names = published(scrape)
+    read = {n for g in rules["groups"] for rule in g["rules"] for n in metric_names(rule["expr"])}
+    assert read and read <= names, read - names
+    alerts = {rule["alert"] for g in rules["groups"] for rule in g["rules"] if "alert" in rule}
+    assert alerts == {"SparkdeploySentinelRegression", "SparkdeployWatchdogGaveUp", "SparkdeployRankDown",
+                      "SparkdeployBusyAtLowPower", "SparkdeployMemoryMarginLow"}
 
 
 # ------------------------------------------------------------------------------------------ the dashboard
