@@ -3,6 +3,7 @@
 import importlib.util
 
 from sparkdeploy import paths
+from tests.support import fake_nvidia_smi
 
 _spec = importlib.util.spec_from_file_location(
     "wd", paths.repo_root() / "src/sparkdeploy/steps/node_files/watchdog.py")
@@ -73,32 +74,20 @@ def test_started_at_parse():
 
 
 # ------------------------------------------------------------------------- busy at low power (issue 36 point 4)
-def fake_nvidia_smi(bin_dir, line: str, rc: int = 0):
-    """A test double for GB10's nvidia-smi (no GB10 here): answers the watchdog's query with `line` and checks
-    that it was asked for exactly power, SM clock and utilization (GB10 has no memory fields)."""
-    bin_dir.mkdir(exist_ok=True)
-    script = bin_dir / "nvidia-smi"
-    script.write_text("#!/bin/sh\n"
-                      '[ "$1" = "--query-gpu=power.draw,clocks.sm,utilization.gpu" ] || { echo "bad query $1" >&2; exit 9; }\n'
-                      '[ "$2" = "--format=csv,noheader,nounits" ] || exit 9\n'
-                      f"echo '{line}'\nexit {rc}\n")
-    script.chmod(0o755)
-    return bin_dir
-
-
 def test_gpu_sample_reads_nvidia_smi_and_says_none_where_it_cannot(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path / "bin", "18.52, 2405, 95")))
+    """nvidia-smi here is a test double for GB10's (tests/support/fake_nvidia_smi.py)."""
+    monkeypatch.setenv("PATH", str(fake_nvidia_smi.install(tmp_path / "bin", "18.52, 2405, 95")))
     assert wd.gpu_sample() == {"power_w": 18.52, "sm_clock_mhz": 2405.0, "util_pct": 95.0}
-    fake_nvidia_smi(tmp_path / "bin", "[N/A], 2405, 95")
+    fake_nvidia_smi.install(tmp_path / "bin", "[N/A], 2405, 95")
     assert wd.gpu_sample() == {"power_w": None, "sm_clock_mhz": 2405.0, "util_pct": 95.0}
-    fake_nvidia_smi(tmp_path / "bin", "NVIDIA-SMI has failed", rc=9)
+    fake_nvidia_smi.install(tmp_path / "bin", "NVIDIA-SMI has failed", rc=9)
     assert wd.gpu_sample() is None
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # the sim: no nvidia-smi at all
     assert wd.gpu_sample() is None
 
 
 def test_busy_at_low_power_for_long_enough_restarts_the_pair_though_the_probe_answers(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path / "bin", "18.5, 2405, 95")))
+    monkeypatch.setenv("PATH", str(fake_nvidia_smi.install(tmp_path / "bin", "18.5, 2405, 95")))
     wedged = dict(OK, gpu=wd.gpu_sample())
     cfg = dict(CFG, wedge_for_s=120)
     s, t = {}, 5000.0
