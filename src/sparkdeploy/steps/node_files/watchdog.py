@@ -131,7 +131,6 @@ def gpu_sample(timeout: float = 10) -> dict | None:
     return sample if any(v is not None for v in sample.values()) else None
 
 
-
 def _load(path: str) -> dict:
     try:
         with open(path) as f:
