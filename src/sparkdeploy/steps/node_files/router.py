@@ -80,6 +80,10 @@ def front_server(cfg: dict, key: str, created: int, registered: threading.Event)
             self.wfile.write(body)
 
         def _handle(self) -> None:
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():  # OpenAI clients send a length
+                self.close_connection = True
+                return self._json(411, openai_error("send the request body with a Content-Length",
+                                                    "invalid_request_error", "length_required"))
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected):
                 return self._json(401, openai_error("a valid API key is required (Authorization: Bearer KEY)",
