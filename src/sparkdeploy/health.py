@@ -302,7 +302,7 @@ def check_router(rp, api_key: str | None, *, probe_timeout: float = 30) -> Repor
         report.add("router key", code == 401, "a request without the key is refused (HTTP 401)" if code == 401 else
                    f"a request without the key got HTTP {code}, expected 401", where)
         r = requests.get(f"{rp.url}/v1/models", timeout=5, headers=bearer(api_key))
-        listed = r.json().get("models", []) if r.status_code == 200 else []
+        listed = [m.get("id") for m in r.json().get("data", [])] if r.status_code == 200 else []
         missing = [m for m in rp.models if m not in listed]
         report.add("router models", not missing, f"lists {listed}" + (f"; MISSING {missing}" if missing else ""),
                    where)

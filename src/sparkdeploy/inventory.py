@@ -22,12 +22,13 @@ Inventory shape (see the top-level `inventory.yaml` and `tests/unit/fixtures/inv
     vocab:      vocabs/x.txt            # draft vocab list, relative to this file; null only if shortlist is off
     ports:      {api: 8000, master: 29501, metrics: 9466}   # metrics: the head's exporter, 0 = none
     memory:     {reserve_gib: 28, gpu_memory_utilization: null}   # see memory.py
+    watchdog:   {wedge_util_pct: 90, wedge_power_w: 30, wedge_for_s: 120}   # busy at low power = wedged
     speculative_tokens: 2               # optional override of the profile's MTP depth (0 = off)
     served_name: chat                   # optional: the model name requests ask for (default: the profile's)
 
 Several services (`examples/inventory.4node.yaml`): the nodes once, without `role`, then `services:`, each entry
 with `name`, `nodes` (names, its head first) and the per-service keys above (profile, image, patches, vocab, ports,
-memory, speculative_tokens, served_name; `image` merges over the top-level one). Each service loads as its own
+memory, watchdog, speculative_tokens, served_name; `image` merges over the top-level one). Each service loads as its own
 `Inventory`; services may share a node (own names there, an equal part of its memory, their own ports).
 `router: {node: spark1, port: 8080}` puts vLLM's router on that node:
 one OpenAI endpoint that sends each request to the service serving its `model` (steps/router.py).
@@ -123,6 +124,16 @@ class MemoryConfig:
 
 
 @dataclass(frozen=True)
+class WatchdogConfig:
+    """When the watchdog takes a busy GPU at low power for a hung kernel (where nvidia-smi answers): utilization
+    at or above `wedge_util_pct` at under `wedge_power_w` for `wedge_for_s`. Defaults from the field report
+    (a hung GB10 kernel reads ~95 % at 16-27 W, a healthy one ~45 W: eugr/spark-vllm-docker#260)."""
+    wedge_util_pct: float = 90.0
+    wedge_power_w: float = 30.0
+    wedge_for_s: float = 120.0
+
+
+@dataclass(frozen=True)
 class RouterConfig:
     """`router:` (with `services:`): vLLM's router on `node`, one OpenAI endpoint for every service's model."""
     node: Node
@@ -141,6 +152,7 @@ class Inventory:
     ports: Ports
     memory: MemoryConfig
     auth: Auth = Auth()
+    watchdog: WatchdogConfig = WatchdogConfig()
     service: str | None = None  # its name in `services:`; None: the inventory is one service (no `services:`)
     router: RouterConfig | None = None  # the same on every service's view
     backend: str = "mp"  # how the ranks of a multi-node service meet: vLLM's own (mp) or a Ray cluster (ray)
@@ -241,10 +253,10 @@ def _node(raw: Any, index: int, file: str, *, in_services: bool) -> Node:
 
 # ------------------------------------------------------------------------------------------------ load
 _TOP_KEYS = ("cluster", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
-             "auth", "services", "served_name", "router", "backend")
+             "auth", "services", "served_name", "router", "backend", "watchdog")
 # One service: at the top level of an inventory without `services:`, else in each entry of `services:`
 _SERVICE_KEYS = ("name", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
-                 "served_name", "backend")
+                 "served_name", "backend", "watchdog")
 BACKENDS = ("mp", "ray")
 
 
@@ -477,6 +489,14 @@ def _service(f: Fields, cluster: str, nodes: tuple[Node, ...], inventory_file: P
                                          what="a fraction 0.05..0.99 (or null to derive it)"),
     )
 
+    wd = f.sub("watchdog", ("wedge_util_pct", "wedge_power_w", "wedge_for_s"), required=False)
+    watchdog = WatchdogConfig(
+        wedge_util_pct=wd.number("wedge_util_pct", 1.0, 100.0, 90.0, what="a GPU utilization in % (1..100)"),
+        wedge_power_w=wd.number("wedge_power_w", 1.0, 1000.0, 30.0,
+                                what="watts (1..1000): busy under this draw is a hung kernel"),
+        wedge_for_s=wd.number("wedge_for_s", 10.0, 86400.0, 120.0, what="seconds (10..86400) busy at low power"),
+    )
+
     if len(nodes) > 1 and profile.world_size != len(nodes):  # one node listed: the single-box layout
         raise InventoryError(
             f"profile {profile.name!r} needs tp x pp x dp = {profile.tp} x {profile.pp} x {profile.dp} = "
@@ -493,7 +513,8 @@ def _service(f: Fields, cluster: str, nodes: tuple[Node, ...], inventory_file: P
 
     vocab = _vocab(f, inventory_file, required=patches.shortlist, vocab_size=known_vocab_size(profile.model_id))
     return Inventory(file=file, cluster=cluster, nodes=nodes, profile=profile, image=image, patches=patches,
-                     vocab=vocab, ports=ports, memory=memory, auth=auth, service=service, backend=backend)
+                     vocab=vocab, ports=ports, memory=memory, auth=auth, watchdog=watchdog, service=service,
+                     backend=backend)
 
 
 def _series(image: ImageConfig, file: str) -> str:

@@ -156,3 +156,4 @@ ROUTER_CONFIG = f"{ETC_DIR}/router/router.json"
 ROUTER_SECRETS = f"{ETC_DIR}/router/secrets.env"  # root-only 0600: the services' API key, which it requires
 ROUTER_METRICS_PORT = 29080  # its Prometheus endpoint, on loopback
 ROUTER_KEY_CHECK_PORT = 29081  # the launcher's key check the router asks, on loopback
+ROUTER_CORE_PORT = 29082  # the router core, on loopback: the launcher's OpenAI front (router.port) forwards to it

@@ -144,7 +144,8 @@ def render(plan: Plan) -> dict[str, bytes]:
 
 def exporter_argv(plan: Plan) -> list[str]:
     """`docker run` of the exporter in the serving image: host network (it reads the engine on loopback and
-    serves Prometheus), the kit's code and the state it reads mounted read-only, as nobody, no capabilities.
+    serves Prometheus), the kit's code and the state it reads mounted read-only, as nobody, no capabilities;
+    every series labelled with the service and the head's name.
     --init: python as the container's PID 1 ignores SIGTERM, so every stop (each new image tag restarts it)
     waited out `docker stop --time 5` and killed it."""
     python, lay = shlex.split(plan.image.python), plan.layout
@@ -156,7 +157,27 @@ def exporter_argv(plan: Plan) -> list[str]:
             "-v", f"{lay.state_dir}:{lay.state_dir}:ro", "--entrypoint", python[0], plan.image.tag, *python[1:],
             "-m", "sparkdeploy.exporter", "--listen", f"0.0.0.0:{plan.metrics_port}",
             "--engine", f"http://127.0.0.1:{plan.api_port}", "--state", lay.watchdog_state,
-            "--current", lay.current_link, "--sentinel", f"{lay.current_link}/{SENTINEL_RECORD}"]
+            "--current", lay.current_link, "--sentinel", f"{lay.current_link}/{SENTINEL_RECORD}",
+            "--service", exporter_service(plan), "--node", plan.head.name,
+            "--memory-reserve-gib", f"{plan.head.memory.reserve_gib:g}"]
+
+
+def exporter_service(plan: Plan) -> str:
+    """The `service` label of the exporter's series: the service's name, or the cluster's for an inventory
+    without `services:`."""
+    return plan.service or plan.cluster
+
+
+PROMETHEUS_TARGETS = "prometheus-targets.json"
+
+
+def prometheus_targets(plans: list[Plan]) -> bytes:
+    """Prometheus' file_sd list of every service head's exporter (`render` writes it as PROMETHEUS_TARGETS;
+    deploy/monitoring/prometheus.yml reads it): one target per service, addressed as the kit reaches the head
+    (its ssh host), labelled with the service and the head, as the exporter labels its own series."""
+    return _json_bytes([{"targets": [f"{p.head.ssh.host}:{p.metrics_port}"],
+                         "labels": {"service": exporter_service(p), "node": p.head.name}}
+                        for p in plans if p.metrics_port])
 
 
 def overlays_digest() -> str | None:

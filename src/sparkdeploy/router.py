@@ -4,6 +4,9 @@ vLLM's router (`vllm-router`, its Rust core `vllm_router_rs`) in inference-gatew
 a worker registered for the request's `model`, round robin among several; the workers are the services' heads
 (their API on the data-plane address), registered with their served model name. Clients reach the router on
 the node's SSH address (the network they reach the nodes on). steps/router.py installs and supervises it.
+In front of it, on the router's port, the launcher answers `/v1/models` as OpenAI lists models and a request
+for a model no service serves with OpenAI's 404 (the router core lists `{"models": [...]}` and sends an unknown
+model to any worker); everything else, streams included, it passes to the core on loopback.
 
 Why these health settings: the router's defaults (a check every 60 s, 3 failures) keep a dead engine in its
 rotation for about three minutes; every 5 s with 2 failures it is out in about 10 s. Its circuit breaker takes
@@ -50,9 +53,12 @@ class RouterPlan:
 
     def config(self) -> bytes:
         """The launcher's config (steps/node_files/router.py), stable bytes: a change means a restart."""
-        cfg = {"host": "0.0.0.0", "port": self.port, "key_check_port": layout.ROUTER_KEY_CHECK_PORT,
+        cfg = {"host": "0.0.0.0", "port": self.port, "core_port": layout.ROUTER_CORE_PORT,
+               "key_check_port": layout.ROUTER_KEY_CHECK_PORT,
                "metrics_port": layout.ROUTER_METRICS_PORT, "request_timeout_s": REQUEST_TIMEOUT_S,
-               "health": HEALTH, "workers": [{"url": w.url, "model_id": w.model} for w in self.workers]}
+               "health": HEALTH, "workers": [{"url": w.url, "model_id": w.model} for w in self.workers],
+               "models": [{"id": m, "owned_by": next(w.service for w in self.workers if w.model == m)}
+                          for m in self.models]}
         return (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode()
 
 

@@ -168,7 +168,9 @@ def test_the_heads_exporter_serves_prometheus_from_the_engine_image(deployed, si
               for f in text_string_to_metric_families(text) for s in f.samples}
     up_of = {dict(k[1])["source"]: v for k, v in values.items() if k[0] == "sparkdeploy_exporter_source_up"}
     assert up_of["release"] == 1 and up_of["engine"] == 1, up_of
-    assert values[("sparkdeploy_release_number", ())] == 1
+    [(labels, release)] = [(dict(k[1]), v) for k, v in values.items() if k[0] == "sparkdeploy_release_number"]
+    assert release == 1 and labels["node"] == "node1" and labels["service"].startswith("sim-")
+    assert all(dict(k[1]).get("service") == labels["service"] for k in values)  # every series names its service
     if sim_cluster.ssh("node1", "test -e /var/lib/sparkdeploy/watchdog.json").rc == 0:
         assert up_of["watchdog_state"] == 1, up_of  # readable by nobody
     user = sim_cluster.ssh("node1", "docker inspect -f '{{.Config.User}}' sparkdeploy-exporter").out.strip()

@@ -148,7 +148,9 @@ def test_the_router_sends_each_request_to_the_service_serving_its_model(quad):
     auth = {"Authorization": f"Bearer {quad['key']}"}
     assert _get(f"{router_url(quad)}/v1/models", {})[0] == 401
     code, listed = _get(f"{router_url(quad)}/v1/models", auth)
-    assert code == 200 and sorted(json.loads(listed)["models"]) == ["tiny-s1", "tiny-s2"], listed
+    assert code == 200 and sorted(m["id"] for m in json.loads(listed)["data"]) == ["tiny-s1", "tiny-s2"], listed
+    code, body = _complete(router_url(quad), quad["key"], "no-such-model")  # OpenAI's 404, not another model
+    assert code == 404 and json.loads(body)["error"]["code"] == "model_not_found" and "no-such-model" in body, body
     for _ in range(3):
         for model in ("tiny-s1", "tiny-s2"):
             code, body = _complete(router_url(quad), quad["key"], model)

@@ -3,6 +3,7 @@
 import importlib.util
 
 from sparkdeploy import paths
+from tests.support import fake_nvidia_smi
 
 _spec = importlib.util.spec_from_file_location(
     "wd", paths.repo_root() / "src/sparkdeploy/steps/node_files/watchdog.py")
@@ -70,3 +71,47 @@ def test_disabled_service_is_left_alone():
 def test_started_at_parse():
     assert wd._started("2026-11-30T12:00:00.123456789Z") == 1796040000.0
     assert wd._started("0001-01-01T00:00:00Z") is None
+
+
+# ------------------------------------------------------------------------- busy at low power (issue 36 point 4)
+def test_gpu_sample_reads_nvidia_smi_and_says_none_where_it_cannot(tmp_path, monkeypatch):
+    """nvidia-smi here is a test double for GB10's (tests/support/fake_nvidia_smi.py)."""
+    monkeypatch.setenv("PATH", str(fake_nvidia_smi.install(tmp_path / "bin", "18.52, 2405, 95")))
+    assert wd.gpu_sample() == {"power_w": 18.52, "sm_clock_mhz": 2405.0, "util_pct": 95.0}
+    fake_nvidia_smi.install(tmp_path / "bin", "[N/A], 2405, 95")
+    assert wd.gpu_sample() == {"power_w": None, "sm_clock_mhz": 2405.0, "util_pct": 95.0}
+    fake_nvidia_smi.install(tmp_path / "bin", "NVIDIA-SMI has failed", rc=9)
+    assert wd.gpu_sample() is None
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # the sim: no nvidia-smi at all
+    assert wd.gpu_sample() is None
+
+
+def test_busy_at_low_power_for_long_enough_restarts_the_pair_though_the_probe_answers(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(fake_nvidia_smi.install(tmp_path / "bin", "18.5, 2405, 95")))
+    wedged = dict(OK, gpu=wd.gpu_sample())
+    cfg = dict(CFG, wedge_for_s=120)
+    s, t = {}, 5000.0
+    a, s, _ = wd.decide(s, wedged, cfg, t)
+    assert a == "none" and s["busy_low_power_since"] == t  # busy at low power, not yet for long
+    a, s, _ = wd.decide(s, wedged, cfg, t + 120)
+    assert a == "wait" and s["failures"] == 1  # a failure like any other: the threshold applies
+    a, s, why = wd.decide(s, wedged, cfg, t + 135)
+    assert a == "restart" and "GPU busy at low power for 135 s (95 % at 18.5 W" in why
+    assert s["restarts_total"] == 1 and "busy_low_power_since" not in s  # the restarted pair is judged afresh
+
+
+def test_busy_at_healthy_power_idle_or_unreadable_gpu_is_no_wedge():
+    s = {}
+    for gpu in ({"power_w": 45.0, "sm_clock_mhz": 2400.0, "util_pct": 95.0},  # healthy decode
+                {"power_w": 12.0, "sm_clock_mhz": 500.0, "util_pct": 0.0},    # idle
+                {"power_w": None, "sm_clock_mhz": 2400.0, "util_pct": 95.0},  # power not reported
+                None):                                                          # no nvidia-smi
+        for t in (0, 500, 1000):
+            a, s, _ = wd.decide(s, dict(OK, gpu=gpu), CFG, 5000.0 + t)
+            assert a == "none" and "busy_low_power_since" not in s, gpu
+
+
+def test_the_restart_count_is_a_counter_that_a_stable_period_does_not_reset():
+    s = {"restarts": [10.0, 50.0], "last_restart": 50.0, "failures": 0, "restarts_total": 5}
+    a, s, _ = wd.decide(s, OK, CFG, 400)
+    assert s["restarts"] == [] and s["restarts_total"] == 5

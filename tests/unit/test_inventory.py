@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,10 @@ CASES = [
     ("gmu-out-of-range", _sim, _set("memory.gpu_memory_utilization", 1.5), "memory.gpu_memory_utilization"),
     ("reserve-string", _sim, _set("memory.reserve_gib", "lots"), "memory.reserve_gib"),
     ("memory-unknown-key", _sim, _set("memory.reserve", 8), "memory.reserve"),
+    ("wedge-power-not-a-number", _sim, _set("watchdog", {"wedge_power_w": "low"}), "watchdog.wedge_power_w"),
+    ("wedge-util-over-100", _sim, _set("watchdog", {"wedge_util_pct": 150}), "watchdog.wedge_util_pct"),
+    ("wedge-for-too-short", _sim, _set("watchdog", {"wedge_for_s": 1}), "watchdog.wedge_for_s"),
+    ("watchdog-unknown-key", _sim, _set("watchdog", {"wedge_watts": 30}), "watchdog.wedge_watts"),
     ("vocab-missing-file", _sim, _set("vocab", "/nonexistent/vocab.txt"), "vocab"),
     ("vocab-required", _sim, _set("vocab", _DEL), "vocab"),
     ("image-unknown-key", _sim, _set("image.tag", "x"), "image.tag"),
@@ -220,3 +225,18 @@ def test_speculative_override_and_image_id_base(tmp_path):
     inv = inventory.load(_write(tmp_path, yaml.safe_dump(data)))
     assert inv.profile.speculative.config() is None
     assert inv.image.base.startswith("sha256:")
+
+
+def test_watchdog_thresholds_default_from_the_field_report_and_reach_the_watchdogs_settings(tmp_path):
+    """Busy at low power (issue 36): the inventory's `watchdog:` thresholds become the watchdog's knobs, under the
+    names its decide() reads."""
+    from sparkdeploy.steps import supervise
+    from sparkdeploy.steps.node_files import watchdog
+
+    assert inventory.load(_write(tmp_path, yaml.safe_dump(_sim()))).watchdog == inventory.WatchdogConfig(90, 30, 120)
+    data = dict(_sim(), watchdog={"wedge_power_w": 25, "wedge_for_s": 300})
+    inv = inventory.load(_write(tmp_path, yaml.safe_dump(data)))
+    knobs = json.loads(supervise.settings(start_grace_s=900, backoff_base_s=30, retry_cap=4, wedge=inv.watchdog))
+    assert {k: knobs[k] for k in ("wedge_util_pct", "wedge_power_w", "wedge_for_s")} == {
+        "wedge_util_pct": 90.0, "wedge_power_w": 25.0, "wedge_for_s": 300.0}
+    assert set(knobs) <= set(watchdog.DEFAULTS)

@@ -28,6 +28,7 @@ from sparkdeploy.cli import main
 from sparkdeploy.router import plan_router, router_files
 from sparkdeploy.steps import router as router_step
 
+from tests.support.vllm_server import venv_python
 from tests.unit.test_services import FIXTURES, _sim_services, _write
 
 KEY = "sk-test-0123456789"
@@ -108,6 +109,17 @@ class _Engine:
             def do_POST(self):
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 engine.seen.append(self.headers.get("Authorization"))
+                if req.get("stream"):  # three server-sent events half a second apart, as a slow decode sends them
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                    for i in range(3):
+                        self.wfile.write(f"data: {json.dumps({'served_by': engine.model, 'i': i})}\n\n".encode())
+                        self.wfile.flush()
+                        time.sleep(0.5)
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.close_connection = True
+                    return
                 self._json(200, {"model": req["model"], "served_by": engine.model, "choices": [{"text": "x"}]})
 
             def log_message(self, *args):
@@ -136,29 +148,59 @@ def router_code(tmp_path_factory):
     return dest
 
 
+SDK_CLIENT = """
+import sys, openai
+client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key=sys.argv[2])
+ids = " ".join(m.id for m in client.models.list())
+try:
+    client.completions.create(model="model-z", prompt="hi", max_tokens=1)
+    print(ids + "; answered")
+except openai.APIStatusError as err:
+    print(ids + "; " + type(err).__name__ + " " + err.body["code"])
+"""
+
+
+def _openai_sdk(url: str) -> str | None:
+    """What OpenAI's own SDK (from the vLLM venv: a dependency of vLLM) makes of the router: the ids its
+    models.list() parses, and the error a request for an unknown model raises; None without that venv."""
+    python = venv_python()
+    if python is None:
+        return None
+    r = subprocess.run([str(python), "-c", SDK_CLIENT, url, KEY], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip()
+
+
 @pytest.mark.slow
 def test_the_launcher_routes_by_model_behind_the_key_and_stops_sending_to_a_dead_engine(router_code, tmp_path):
     a, b = _Engine("model-a"), _Engine("model-b")
     port = _free_port()
-    cfg = {"host": "127.0.0.1", "port": port, "key_check_port": _free_port(), "metrics_port": _free_port(),
-           "request_timeout_s": 60, "health": {"interval_s": 1, "timeout_s": 1, "failures": 1, "successes": 1},
-           "workers": [{"url": a.url, "model_id": "model-a"}, {"url": b.url, "model_id": "model-b"}]}
+    cfg = {"host": "127.0.0.1", "port": port, "core_port": _free_port(), "key_check_port": _free_port(),
+           "metrics_port": _free_port(), "request_timeout_s": 60,
+           "health": {"interval_s": 1, "timeout_s": 1, "failures": 1, "successes": 1},
+           "workers": [{"url": a.url, "model_id": "model-a"}, {"url": b.url, "model_id": "model-b"}],
+           "models": [{"id": "model-a", "owned_by": "svc-a"}, {"id": "model-b", "owned_by": "svc-b"}]}
     (tmp_path / "router.json").write_text(json.dumps(cfg))
     proc = subprocess.Popen([sys.executable, str(router_code / "router.py"), str(tmp_path / "router.json")],
                             env={**os.environ, "VLLM_API_KEY": KEY, "PYTHONPATH": str(router_code)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {KEY}"}
     try:
-        listed = []
+        listed = {}
         for _ in range(100):
             try:
-                listed = requests.get(f"{url}/v1/models", headers=auth, timeout=2).json()["models"]
-            except (requests.RequestException, ValueError, KeyError):
+                listed = requests.get(f"{url}/v1/models", headers=auth, timeout=2).json()
+            except (requests.RequestException, ValueError):
                 pass
-            if len(listed) == 2:
+            if listed.get("data"):
                 break
             time.sleep(0.2)
-        assert sorted(listed) == ["model-a", "model-b"]
+        # OpenAI's list, as its SDK's models.list() parses it
+        assert listed["object"] == "list" and [(m["id"], m["object"], m["owned_by"]) for m in listed["data"]] == [
+            ("model-a", "model", "svc-a"), ("model-b", "model", "svc-b")]
+        assert all(isinstance(m["created"], int) for m in listed["data"])
+        assert requests.get(f"{url}/v1/models/model-b", headers=auth, timeout=5).json()["id"] == "model-b"
+        assert _openai_sdk(url) in (None, "model-a model-b; NotFoundError model_not_found")
         # every route needs the key, the admin API that adds workers too
         assert requests.get(f"{url}/v1/models", timeout=5).status_code == 401
         assert requests.get(f"{url}/workers", headers={"Authorization": "Bearer wrong"}, timeout=5).status_code == 401
@@ -174,6 +216,23 @@ def test_the_launcher_routes_by_model_behind_the_key_and_stops_sending_to_a_dead
                 r = ask(model)
                 assert r.status_code == 200 and r.json()["served_by"] == model
         assert a.seen == [f"Bearer {KEY}"] * 3 and b.seen == [f"Bearer {KEY}"] * 3  # the key reaches the engine
+
+        # a model nobody serves: OpenAI's 404 naming it, sent to no engine
+        r = ask("model-z")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        assert "`model-z`" in r.json()["error"]["message"] and r.json()["error"]["param"] == "model"
+        assert requests.get(f"{url}/v1/models/model-z", headers=auth, timeout=5).status_code == 404
+        assert len(a.seen) == len(b.seen) == 3
+
+        # a stream passes through event by event: the first arrives before the engine sends the last
+        t0 = time.monotonic()
+        with requests.post(f"{url}/v1/chat/completions", headers=auth, stream=True, timeout=10,
+                           json={"model": "model-b", "messages": [], "stream": True}) as r:
+            assert r.headers["Content-Type"] == "text/event-stream"
+            events = [(time.monotonic() - t0, line) for line in r.iter_lines() if line]
+        assert [json.loads(e[len(b"data: "):])["i"] for _, e in events[:3]] == [0, 1, 2]
+        assert events[-1][1] == b"data: [DONE]" and events[0][0] < 0.4 < 1.0 < events[-1][0], events
+        b.seen.pop()
 
         a.stop()
         codes = []

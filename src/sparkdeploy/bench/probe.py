@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sparkdeploy.bench import results
+from sparkdeploy.bench import power, results
 from sparkdeploy.bench.client import Service, stream_chat
 from sparkdeploy.bench.prompts import Category
 from sparkdeploy.bench.run import measured_run
@@ -62,16 +62,42 @@ def _say(progress: Progress | None, group: str, what: str, outcome) -> None:
 
 def probe(service: Service, categories: list[Category], *, tokens: int = 256, runs: int = 3, warmup: int = 1,
           prompt_index: int = 0, ignore_eos: bool = True, context: dict | None = None,
-          on_run_start: Hook | None = None, progress: Progress | None = None) -> dict:
+          on_run_start: Hook | None = None, progress: Progress | None = None, energy: bool = True) -> dict:
+    """Each category's runs; with `energy`, where this machine can read the service's GPU power
+    (`power.why_unreadable`), each run also gets the GPU's mean power and joules per generated token;
+    `result["power"]` says which."""
     settings = {"tokens": tokens, "runs": runs, "warmup": warmup, "prompt_index": prompt_index,
                 "ignore_eos": ignore_eos, "temperature": 0, "categories": [c.name for c in categories]}
     result = results.new("probe", service.to_dict(), context or {}, settings)
+    why_not = power.why_unreadable(service.url) if energy else "not asked"
+    result["power"] = {"source": "nvidia-smi", "measured": why_not is None, "why_not": why_not}
+    watts: list[float | None] = []  # the last run's mean power (runs are one after another)
+
+    def with_energy(outcome) -> dict:
+        values = results.run_values(outcome)
+        done = [r for r in outcome.requests if r.ok]
+        if watts and watts[-1] is not None and done:
+            values["gpu_power_w"] = watts[-1]
+            jpt = power.joules_per_token(watts[-1], done[0].total_s, done[0].completion_tokens)
+            if jpt is not None:
+                values["joules_per_token"] = jpt
+        return values
+
     for cat in categories:
         messages = cat.messages(prompt_index)
 
         def make_send(_attempt: int, messages=messages):
-            return [lambda: stream_chat(service, messages, tokens, ignore_eos=ignore_eos)]
+            if why_not is not None:
+                return [lambda: stream_chat(service, messages, tokens, ignore_eos=ignore_eos)]
 
-        repeat(result, cat.name, runs, warmup, make_send, on_run_start=on_run_start, progress=progress)
+            def metered():
+                with power.Meter() as meter:
+                    got = stream_chat(service, messages, tokens, ignore_eos=ignore_eos)
+                watts.append(meter.watts)
+                return got
+            return [metered]
+
+        repeat(result, cat.name, runs, warmup, make_send, on_run_start=on_run_start, progress=progress,
+               values=with_energy if why_not is None else None)
     results.summarize_runs(result)
     return result

@@ -21,6 +21,7 @@ Schema `sparkdeploy.bench/1`:
       "metrics": {"<group>/<metric>": {"group", "name", "unit", "higher_is_better",
                                       "values": [kept, non-warm-up runs], "n", "median", "min", "max", "stdev"}},
       "discarded": [{"group", "index", "warmup", "reason"}],
+      "power": {"source": "nvidia-smi", "measured": bool, "why_not": str | null},   # probe: energy per token
       "peak_check": {"cK": {"concurrency", "peak_running", "min_samples_per_run", "state", "reached"}}  # harness
     }
 
@@ -56,6 +57,8 @@ METRICS: dict[str, tuple[str, bool | None]] = {
     "prefix_hit_rate_turn2": ("fraction", True),
     "prompt_tokens": ("tokens", None),
     "peak_running": ("requests", None),
+    "gpu_power_w": ("W", None),
+    "joules_per_token": ("J/token", False),
 }
 
 

@@ -75,7 +75,8 @@ def measure(service: Service, *, categories: tuple[str, ...] | list[str] = CATEG
     Meant to run right after a release's health gate, so the defaults are short: a few seconds a category.
     """
     cats = prompts.select(prompts.load(prompt_file), list(categories))
-    result = probe(service, cats, tokens=tokens, runs=runs, warmup=warmup, progress=progress)
+    # no energy sampling: nvidia-smi every quarter second would add its own load to the speed judged here
+    result = probe(service, cats, tokens=tokens, runs=runs, warmup=warmup, progress=progress, energy=False)
     return from_probe(result, release)
 
 

@@ -19,7 +19,10 @@ from sparkdeploy.errors import SparkdeployError
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="sparkdeploy")
 def cli() -> None:
-    """Deploy and supervise vLLM on one or two NVIDIA DGX Spark boxes (or the simulated cluster)."""
+    """Deploy and supervise vLLM on one or two NVIDIA DGX Spark boxes (or the simulated cluster).
+
+    Exit codes: 0 ok, 1 failure, 2 invalid input, 3 a release that `up`, `rollback` or `vocab rollout` put live
+    serves but its speed sentinel found it slower beyond noise (`--allow-slower` accepts it: exit 0)."""
 
 
 def _register_commands() -> None:

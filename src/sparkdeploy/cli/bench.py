@@ -117,7 +117,8 @@ def bench() -> None:
 @click.option("--tokens", default=256, show_default=True, type=click.IntRange(2), help="Output tokens per request.")
 @_run_options
 def probe_cmd(url, api_key_file, inventory, model, categories, prompt_file, prompt_index, tokens, runs, warmup, out, as_json):
-    """One stream at temperature 0: decode tok/s, TTFT, acceptance per position."""
+    """One stream at temperature 0: decode tok/s, TTFT, acceptance per position, and joules per generated token
+    where this machine reads the service's GPU power (nvidia-smi; else it says why not)."""
     from sparkdeploy.bench.probe import probe
 
     cats = prompts.select(prompts.load(prompt_file), list(categories) or ["code"])
@@ -125,6 +126,18 @@ def probe_cmd(url, api_key_file, inventory, model, categories, prompt_file, prom
     result = probe(svc, cats, tokens=tokens, runs=runs, warmup=warmup, prompt_index=prompt_index, context=ctx,
                    progress=_progress)
     _finish(result, out, as_json)
+    _err.print(energy_line(result), soft_wrap=True)
+
+
+def energy_line(result: dict) -> str:
+    """What the probe found about energy: joules per generated token per category, or why it was not measured."""
+    if not result["power"]["measured"]:
+        return f"energy: not measured: {result['power']['why_not']}"
+    found = [f"{m['group']} {m['median']:.3g} J/token at {result['metrics'][m['group'] + '/gpu_power_w']['median']:.1f} W"
+             for m in result["metrics"].values() if m["name"] == "joules_per_token" and m["median"] is not None]
+    nodes = len(result["context"].get("nodes") or [])
+    share = f" (this node's GPU only: the service spans {nodes} nodes)" if nodes > 1 else ""
+    return "energy: " + ("; ".join(found) if found else "no run measured it") + share
 
 
 @bench.command("harness")

@@ -14,8 +14,8 @@ from sparkdeploy import paths, releases
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.verdict import Status
 from sparkdeploy.cli.interrupts import interrupt_as_failure
-from sparkdeploy.cli.options import (chosen_service, inventory_option, print_speed, selected_services, sentinel_option,
-                                     speed_after_gate)
+from sparkdeploy.cli.options import (chosen_service, deploy_exit_code, inventory_option, print_speed, selected_services,
+                                     sentinel_option, speed_after_gate)
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD
 from sparkdeploy.steps.deploy import Options, dry_run_services, load_cluster
 
@@ -68,10 +68,10 @@ def _print_outcomes(outcomes) -> None:
 @click.option("--watchdog-cap", type=int, default=4, show_default=True, help="coupled restarts before the watchdog stops")
 @sentinel_option
 def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watchdog_grace, watchdog_backoff,
-       watchdog_cap, sentinel):
+       watchdog_cap, sentinel, allow_slower):
     """Converge the nodes on the plan: image, files, units, then start workers-first and gate on health. With
     `services:` and no --service, every service in turn (a signal stops the turn at the service it hit); a dry
-    run reads them side by side."""
+    run reads them side by side. Exit 0 served, 1 failed, 3 served but slower than before beyond noise."""
     opts = Options(nodes=nodes, dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout,
                    watchdog_grace=watchdog_grace, watchdog_backoff_s=watchdog_backoff, watchdog_cap=watchdog_cap,
                    log=_log)
@@ -96,7 +96,7 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
         done = res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes))
         style = "green" if done else "red bold"
         err.print(f"[{style}]{res.message}[/{style}]  ({res.changes} change(s), {res.seconds:.1f} s)")
-        print_speed(err, speed)
+        print_speed(err, speed, allow_slower)
         results[name] = dict(res.to_dict(), sentinel=speed)
         ok = ok and done
         if interrupted:
@@ -107,7 +107,7 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
     if as_json:
         payload = dict(next(iter(results.values()))) if len(results) == 1 else {"ok": ok, "services": results}
         click.echo(json.dumps({**payload, **({"router": router} if router else {})}, indent=2))
-    raise click.exceptions.Exit(0 if ok else 1)
+    raise click.exceptions.Exit(deploy_exit_code(ok, [r["sentinel"] for r in results.values()], allow_slower))
 
 
 def _router_up(inventory: str, dry_run: bool, trust_new_hosts: bool) -> tuple[dict, bool]:
@@ -220,10 +220,11 @@ def status(inventory, as_json, trust_new_hosts):
 @click.option("--ready-timeout", type=float, default=900, show_default=True)
 @_trust_option
 @sentinel_option
-def rollback(inventory, number, ready_timeout, trust_new_hosts, sentinel):
+def rollback(inventory, number, ready_timeout, trust_new_hosts, sentinel, allow_slower):
     """Switch every node back to release NUMBER (default: the last healthy one before the current) and restart.
 
-    The sentinel compares the release with its own earlier speed record (how fast it was when it served)."""
+    The sentinel compares the release with its own earlier speed record (how fast it was when it served).
+    Exit 0 served, 1 failed, 3 served but slower than that record beyond noise."""
     speed = None
     with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log),
                       chosen_service()) as cluster, \
@@ -234,8 +235,8 @@ def rollback(inventory, number, ready_timeout, trust_new_hosts, sentinel):
             speed = speed_after_gate(cluster, res.release, _log, against=res.release if own else None)
     res.message = signalled.tell(res.message)
     err.print(("[green]" if res.healthy else "[red bold]") + res.message)
-    print_speed(err, speed)
-    raise click.exceptions.Exit(0 if res.healthy else 1)
+    print_speed(err, speed, allow_slower)
+    raise click.exceptions.Exit(deploy_exit_code(res.healthy, [speed], allow_slower))
 
 
 @click.command()

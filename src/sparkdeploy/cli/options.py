@@ -38,12 +38,30 @@ def selected_services(inventory: str | None) -> tuple:
     return (inventory_mod.load(path, chosen_service()),) if chosen_service() else inventory_mod.load_services(path)
 
 
+SLOWER = 3
+"""Exit code of `up`, `rollback`, `vocab rollout`/`rollback` when the release serves but its sentinel found it slower
+beyond noise: a scripted deploy must notice (issue 17: a slower draft list went unnoticed for five days)."""
+
+
 def sentinel_option(f):
-    """`--sentinel/--no-sentinel` for the commands that put a release live (`up`, `rollback`, `vocab rollout`)."""
+    """`--sentinel/--no-sentinel` and `--allow-slower` for the commands that put a release live (`up`, `rollback`,
+    `vocab rollout`, `vocab rollback`)."""
+    f = click.option("--allow-slower", is_flag=True,
+                     help=f"exit 0 when the sentinel finds the release slower beyond noise (else exit {SLOWER}; "
+                          "the release serves either way)")(f)
     return click.option("--sentinel/--no-sentinel", default=True, show_default=True,
                         help="after the gate of a (re)started release, a short speed probe per prompt category, "
                              "kept with the release and compared with the previous healthy release's "
                              "(docs/monitoring.md)")(f)
+
+
+def deploy_exit_code(served: bool, speeds, allow_slower: bool) -> int:
+    """1 when the release does not serve; SLOWER when it serves but a sentinel verdict of `speeds` (None: not
+    measured) is a regression beyond noise and `--allow-slower` was not given; else 0."""
+    if not served:
+        return 1
+    slower = any(speed and speed.get("regression") for speed in speeds)
+    return SLOWER if slower and not allow_slower else 0
 
 
 def speed_after_gate(cluster, number: int, log, *, against: int | None = None) -> dict:
@@ -61,12 +79,15 @@ def speed_after_gate(cluster, number: int, log, *, against: int | None = None) -
         return {"regression": False, "text": f"not measured: {e}", "against": None}
 
 
-def print_speed(console, speed: dict | None) -> None:
+def print_speed(console, speed: dict | None, allow_slower: bool = False) -> None:
     if speed:
         from rich.markup import escape
 
         console.print(("[yellow bold]" if speed.get("regression") else "[green]") + "sentinel: "
                       + escape(speed["text"]))
+        if speed.get("regression"):
+            console.print("[yellow]the release serves; " + ("accepted (--allow-slower)" if allow_slower else
+                          f"exit {SLOWER} (--allow-slower accepts a slower release)") + "[/yellow]")
 
 
 def connected(inventory: str | None, trust_new_hosts: bool):

@@ -120,7 +120,8 @@ def _router(inventory_file: str | Path | None):
 @_inventory_option
 @_facts_option
 def render_command(out_dir: Path, nodes: int | None, inventory_file: str | None, facts_file: Path | None) -> None:
-    """Write every artifact (Dockerfile, env files, launch scripts, units, plan.json) under DIR."""
+    """Write every artifact (Dockerfile, env files, launch scripts, units, plan.json) under DIR, and
+    prometheus-targets.json: every service head's exporter, for deploy/monitoring/prometheus.yml."""
     plans = build_plans(inventory_file, facts_file, nodes)
     for p in plans:
         where = out_dir / p.service if len(plans) > 1 else out_dir
@@ -128,6 +129,10 @@ def render_command(out_dir: Path, nodes: int | None, inventory_file: str | None,
             click.echo(str(path))
         click.echo(f"{'service ' + p.service + ': ' if p.service else ''}release {p.release_id}: {p.nnodes} node(s) "
                    f"rendered to {where}", err=True)
+    if any(p.metrics_port for p in plans):
+        targets = out_dir / render_mod.PROMETHEUS_TARGETS
+        targets.write_bytes(render_mod.prometheus_targets(plans))
+        click.echo(str(targets))
     router = _router(inventory_file)
     if router:
         for name, data in router_files(router).items():

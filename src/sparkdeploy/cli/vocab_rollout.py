@@ -16,7 +16,8 @@ from rich.console import Console
 from sparkdeploy import inventory as I
 from sparkdeploy import paths
 from sparkdeploy.cli.interrupts import interrupt_as_failure
-from sparkdeploy.cli.options import chosen_service, inventory_option, print_speed, sentinel_option, speed_after_gate
+from sparkdeploy.cli.options import (chosen_service, deploy_exit_code, inventory_option, print_speed, sentinel_option,
+                                     speed_after_gate)
 from sparkdeploy.cli.vocab import vocab
 
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
@@ -96,7 +97,7 @@ def _report(res, as_json: bool) -> None:
 @_common
 @sentinel_option
 def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, spec, ready_timeout, max_tokens, categories,
-                inventory, trust_new_hosts, as_json, sentinel):
+                inventory, trust_new_hosts, as_json, sentinel, allow_slower):
     """Put LIST live on every node: validate, golden outputs, new release, restart workers-first, verify;
     any failure rolls back to the previous list and release."""
     from sparkdeploy import rollout as R
@@ -107,12 +108,13 @@ def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, spec, ready_time
     tok, cand = R.validate_locally(inv, list_path, tokenizer_spec=spec, allow_no_manifest=allow_no_manifest)
     err.print(f"[green]valid[/green] {list_path}: {cand.size} ids for {tok.name} ({tok.content_hash[:19]}), "
               f"version {cand.version}")
-    _roll(R._cluster(inv, opts, trust_new_hosts), lambda c: cand, opts, tok, "vocab rollout", sentinel, as_json)
+    _roll(R._cluster(inv, opts, trust_new_hosts), lambda c: cand, opts, tok, "vocab rollout", sentinel, allow_slower,
+          as_json)
 
 
-def _roll(cluster, candidate, opts, tok, what: str, sentinel: bool, as_json: bool) -> None:
+def _roll(cluster, candidate, opts, tok, what: str, sentinel: bool, allow_slower: bool, as_json: bool) -> None:
     """Roll out `candidate(cluster)` (a Ctrl-C or SIGTERM rolls back), then the speed sentinel on the new
-    release; report; exit 0 or 1."""
+    release; report; exit 0, 1, or 3 (live but slower beyond noise, unless --allow-slower)."""
     from sparkdeploy import rollout as R
 
     speed = None
@@ -126,8 +128,8 @@ def _roll(cluster, candidate, opts, tok, what: str, sentinel: bool, as_json: boo
     res.message = signalled.tell(res.message)
     res.sentinel = speed
     _report(res, as_json)
-    print_speed(err, speed)
-    raise click.exceptions.Exit(0 if res.ok else 1)
+    print_speed(err, speed, allow_slower)
+    raise click.exceptions.Exit(deploy_exit_code(res.ok, [speed], allow_slower))
 
 
 @vocab.command("rollback")
@@ -136,7 +138,7 @@ def _roll(cluster, candidate, opts, tok, what: str, sentinel: bool, as_json: boo
 @_common
 @sentinel_option
 def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, inventory, trust_new_hosts, as_json,
-                 sentinel):
+                 sentinel, allow_slower):
     """Put a stored list back (VERSION = a sha256 prefix from `vocab history`; default: the one live before)."""
     from sparkdeploy import rollout as R
     from sparkdeploy import served_tokenizer
@@ -146,7 +148,7 @@ def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, inventory
                             require_golden=False, log=_log, action="rollback")
     tok = served_tokenizer.resolve(inv, spec)
     _roll(R._cluster(inv, opts, trust_new_hosts), lambda c: R.stored_candidate(c, version, tok), opts, tok,
-          "vocab rollback", sentinel, as_json)
+          "vocab rollback", sentinel, allow_slower, as_json)
 
 
 @vocab.command("history")

@@ -149,7 +149,8 @@ def wait_listing(rp: RouterPlan, api_key: str | None, timeout: float = READY_TIM
 
 
 def listed_models(rp: RouterPlan, api_key: str | None) -> list[str]:
-    """The router's /v1/models: in its gateway mode `{"models": [...]}`, not OpenAI's list."""
+    """The model ids of the router's /v1/models (OpenAI's list, which the launcher's front serves once the
+    workers are registered)."""
     r = requests.get(f"{rp.url}/v1/models", headers=health.bearer(api_key), timeout=5)
     r.raise_for_status()
-    return list(r.json()["models"])
+    return [m["id"] for m in r.json()["data"]]

@@ -10,6 +10,7 @@ restart | stop | start of its engine unit.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import posixpath
 from pathlib import Path
@@ -60,9 +61,13 @@ def config(plan, release: str) -> bytes:
     return (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode()
 
 
-def settings(*, start_grace_s: float, backoff_base_s: float, retry_cap: int) -> bytes:
-    return (json.dumps({"start_grace_s": start_grace_s, "backoff_base_s": backoff_base_s, "retry_cap": retry_cap},
-                       sort_keys=True) + "\n").encode()
+def settings(*, start_grace_s: float, backoff_base_s: float, retry_cap: int, wedge=None) -> bytes:
+    """The watchdog's knobs: `up`'s options, and the inventory's `watchdog:` thresholds (`wedge`, a
+    WatchdogConfig) for a GPU busy at low power."""
+    knobs = {"start_grace_s": start_grace_s, "backoff_base_s": backoff_base_s, "retry_cap": retry_cap}
+    if wedge is not None:
+        knobs.update(dataclasses.asdict(wedge))
+    return (json.dumps(knobs, sort_keys=True) + "\n").encode()
 
 
 def _served(plan) -> str:

@@ -58,7 +58,8 @@ def step_supervision(cx: Context, out: list[Outcome]) -> None:
     known = [host_key_line(cx.conn(n), cx.plan.node(n).ssh.host, cx.plan.node(n).ssh.port)
              for n in workers]
     knobs = supervise.settings(start_grace_s=cx.opts.watchdog_grace or cx.opts.ready_timeout,
-                               backoff_base_s=cx.opts.watchdog_backoff_s, retry_cap=cx.opts.watchdog_cap)
+                               backoff_base_s=cx.opts.watchdog_backoff_s, retry_cap=cx.opts.watchdog_cap,
+                               wedge=cx.inv.watchdog)
     out += run_step("supervision", [cx.head],
                     lambda n: supervise.head_actions(head, cx.lay, known, knobs),
                     dry_run=cx.opts.dry_run, log=cx.log)

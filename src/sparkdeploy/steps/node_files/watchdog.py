@@ -3,7 +3,9 @@
 
 Each tick: is the engine serving? Completions counted since the last tick prove it (no probe is added to
 real traffic, so a benchmark's counter deltas stay clean); with none, probe a real short completion on the
-local API. If the pair is wedged or a rank died, restart
+local API. A GPU that stays busy at low power (a hung kernel spins at ~95 % utilization and 16-27 W against
+~45 W healthy on GB10: eugr/spark-vllm-docker#260) is wedged too, where `nvidia-smi` answers. If the pair is
+wedged or a rank died, restart
 BOTH ranks, workers first, head last, with exponential backoff and a retry cap; after the cap, stop the
 service and record why (read by `sparkdeploy health`). Design and reasons: docs/supervision.md.
 
@@ -31,7 +33,14 @@ DEFAULTS = {
     "backoff_max_s": 600,
     "retry_cap": 4,  # restarts within one unstable period; then stop and say why
     "stable_s": 600,  # healthy this long after a restart: the retry count starts over
+    # busy at low power this long is a wedge (inventory `watchdog:`; defaults from the field report: a hung
+    # kernel reads ~95 % at 16-27 W, a healthy GB10 ~45 W)
+    "wedge_util_pct": 90,
+    "wedge_power_w": 30,
+    "wedge_for_s": 120,
 }
+GPU_QUERY = ("power.draw", "clocks.sm", "utilization.gpu")  # GB10 reports these; it has no memory fields
+GPU_KEYS = ("power_w", "sm_clock_mhz", "util_pct")
 
 
 # ------------------------------------------------------------------------------------------ decision (pure)
@@ -39,7 +48,8 @@ def decide(state: dict, obs: dict, cfg: dict, now: float) -> tuple[str, dict, st
     """Return (action, new_state, why). action: none | wait | restart | give_up.
 
     obs: probe_ok (bool), health_ok (bool), head_started (epoch or None), worker_started (epoch or None,
-    None if unknown or no worker), head_enabled (bool: the operator has not run `down`).
+    None if unknown or no worker), head_enabled (bool: the operator has not run `down`), gpu (`gpu_sample()`,
+    None where nvidia-smi does not answer).
     """
     c = dict(DEFAULTS, **cfg)
     s = dict(state)
@@ -49,7 +59,8 @@ def decide(state: dict, obs: dict, cfg: dict, now: float) -> tuple[str, dict, st
         return "none", s, "gave up earlier: " + s.get("reason", "")
     if not obs.get("head_enabled", True):
         return "none", s, "service disabled (down): not supervising"
-    if obs.get("probe_ok"):
+    busy_low = busy_at_low_power(s, obs.get("gpu"), c, now)
+    if obs.get("probe_ok") and not busy_low:
         s["failures"] = 0
         s["last_ok"] = now
         if s["restarts"] and now - s.get("last_restart", 0) >= c["stable_s"]:
@@ -62,7 +73,7 @@ def decide(state: dict, obs: dict, cfg: dict, now: float) -> tuple[str, dict, st
     if not obs.get("health_ok") and started and now - started < c["start_grace_s"] and not zombie:
         return "wait", s, f"starting ({now - started:.0f} s of {c['start_grace_s']} s grace)"
     s["failures"] += 1
-    why = ("worker outlived a head restart (zombie rank)" if zombie else
+    why = ("worker outlived a head restart (zombie rank)" if zombie else busy_low if busy_low else
            "API answers /health but not a completion (wedged)" if obs.get("health_ok") else
            "API not answering after the start grace")
     s["last_failure"] = why
@@ -78,12 +89,48 @@ def decide(state: dict, obs: dict, cfg: dict, now: float) -> tuple[str, dict, st
     s["restarts"].append(now)
     k = len(s["restarts"])
     s["last_restart"] = now
+    s["restarts_total"] = s.get("restarts_total", 0) + 1  # never forgotten: Prometheus' counter of restarts
+    s.pop("busy_low_power_since", None)  # the restarted pair is judged afresh
     s["next_try"] = now + min(c["backoff_max_s"], c["backoff_base_s"] * 2 ** (k - 1))
     s["failures"] = 0
     return "restart", s, f"{why}; coupled restart {k}/{c['retry_cap']}"
 
 
+def busy_at_low_power(s: dict, gpu: dict | None, c: dict, now: float) -> str | None:
+    """Why the GPU counts as wedged (busy at low power for `wedge_for_s`), else None; keeps when it began in
+    `s["busy_low_power_since"]`. An unreadable GPU (the sim, a field nvidia-smi leaves [N/A]) is never busy."""
+    util, power = (gpu or {}).get("util_pct"), (gpu or {}).get("power_w")
+    if util is None or power is None or util < c["wedge_util_pct"] or power >= c["wedge_power_w"]:
+        s.pop("busy_low_power_since", None)
+        return None
+    since = s.setdefault("busy_low_power_since", now)
+    if now - since < c["wedge_for_s"]:
+        return None
+    return (f"GPU busy at low power for {now - since:.0f} s ({util:.0f} % at {power:.1f} W; under "
+            f"{c['wedge_power_w']} W at >= {c['wedge_util_pct']} % is a hung kernel) (wedged)")
+
+
 # ------------------------------------------------------------------------------------------------ effects
+def gpu_sample(timeout: float = 10) -> dict | None:
+    """Power (W), SM clock (MHz) and utilization (%) of the node's GPU from `nvidia-smi` (a field it reports as
+    [N/A] is None); None where nvidia-smi is absent, fails or hangs (a wedged GPU can hang it)."""
+    try:
+        r = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    fields = [f.strip() for f in (r.stdout.splitlines() or [""])[0].split(",")]
+    if r.returncode != 0 or len(fields) != len(GPU_KEYS):
+        return None
+    sample = {}
+    for key, text in zip(GPU_KEYS, fields):
+        try:
+            sample[key] = float(text)
+        except ValueError:
+            sample[key] = None
+    return sample if any(v is not None for v in sample.values()) else None
+
+
 def _load(path: str) -> dict:
     try:
         with open(path) as f:
@@ -206,6 +253,9 @@ def observe(cfg: dict, last_total: float | None) -> dict:
         parts = r.stdout.split()
         ws.append(_started(parts[1]) if r.returncode == 0 and len(parts) == 2 and parts[0] == "true" else None)
     obs["worker_started"] = min([t for t in ws if t] or [0]) or None
+    obs["ranks_down"] = [n for n, t in [("head", obs["head_started"])] +
+                         [(w.get("name", w["host"]), t) for w, t in zip(cfg.get("workers", []), ws)] if t is None]
+    obs["gpu"] = gpu_sample()
     return obs
 
 
@@ -231,10 +281,13 @@ def tick(cfg_path: str, state_path: str = STATE) -> str:
         cfg = {**_load(cfg["settings"]), **cfg}
     state = _load(state_path)
     if state.get("release") != cfg.get("release"):
-        state = {"release": cfg.get("release")}  # a new release starts with a clean slate
+        # a new release starts with a clean slate; the count of restarts is a counter and goes on
+        state = {"release": cfg.get("release"), "restarts_total": state.get("restarts_total", 0)}
     obs = observe(cfg, state.get("served_total"))
     action, state, why = decide(state, obs, cfg, time.time())
     state["served_total"] = obs["served_total"]
+    state["ranks_down"] = obs["ranks_down"]  # the exporter's rank-down figure
+    state["gpu"] = dict(obs["gpu"], at=time.time()) if obs["gpu"] else None  # the exporter's power figures
     state["last_tick"] = time.time()
     state["last_action"] = action
     state["last_why"] = why
