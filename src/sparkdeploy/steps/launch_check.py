@@ -11,6 +11,7 @@ of the pin dropped, a parser name the pin does not register.
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
 
 from spark_overlays.compat import series as vllm_series
@@ -53,6 +54,14 @@ def judge(node: str, out: str, rc: int, err: str, series: str) -> None:
                             "release still serves")
 
 
+def passed_mark(cx: Context, node: str) -> str:
+    """Where a node keeps that a launch passed: named by what the check judges (image, argv, env), so a release
+    that changes none of them (a new memory reserve on a CPU node, a re-run) is not checked again."""
+    key = json.dumps([cx.image_id, list(cx.plan.node(node).serve_argv)]).encode() + \
+        cx.files[f"{node}/release/{ENV_FILE}"]
+    return f"{cx.lay.state_dir}/launch-checks/{releases.sha(key)[:32]}"
+
+
 def step_launch_check(cx: Context, num: int, out: list[Outcome]) -> None:
     python = shlex.split(cx.plan.image.python)
     rdir = releases.rdir(cx.lay, num)
@@ -60,15 +69,19 @@ def step_launch_check(cx: Context, num: int, out: list[Outcome]) -> None:
 
     def diff(n: str) -> list[Action]:
         c = cx.conn(n)
+        mark = passed_mark(cx, n)
+        if c.exists(mark):
+            return []
         argv = ["docker", "run", "--rm", "--network", "none", "--env-file", f"{rdir}/{ENV_FILE}",
                 "--entrypoint", python[0], cx.plan.image.tag, *python[1:], "-m", "spark_overlays.launch_check",
                 *cx.plan.node(n).serve_argv]
 
         def check() -> None:
             res = c.run(argv, check=False, timeout=TIMEOUT_S)
-            if res.ok and not res.stdout:  # a dry run answers success with no output: nothing was run
-                return
-            judge(n, res.stdout, res.rc, res.stderr, series)
+            if not (res.ok and not res.stdout):  # a dry run answers success with no output: nothing was run
+                judge(n, res.stdout, res.rc, res.stderr, series)
+            c.run(["mkdir", "-p", posixpath.dirname(mark)])
+            c.put(mark, b"")
 
         return [Action(f"check release {num}'s launch with the new image's vLLM", check)]
 
