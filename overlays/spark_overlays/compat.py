@@ -162,6 +162,8 @@ _SKINNY_034 = (
     Target("vllm.model_executor.model_loader.base_loader", "BaseModelLoader.load_model",
            ("self", "vllm_config", "model_config")),
 )
+# pins whose BF16 linears are routed by upstream's own plan table: the overlay adds entries, swaps nothing
+PLAN_TABLE_MODULE = {"0.34": _PLANS_034}
 _FP8_FLAGS_TARGETS = (
     Target("vllm.config.quantization", "QuantizationConfigArgs.targets"),
     Target("vllm.config.quantization", "_ONLINE_SHORTHANDS",

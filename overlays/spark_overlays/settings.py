@@ -5,7 +5,7 @@ Schema (every key optional; a feature without ``enabled: true`` is off)::
     {"spark_overlays": {
         "shortlist":    {"enabled": true, "path": "/opt/sparkdeploy/vocab/current.txt",
                          "sha256": "<hex of the file bytes>", "require_ids": [0, 1, 2]},
-        "skinny_gemm":  {"enabled": true},
+        "skinny_gemm":  {"enabled": true, "plans": "auto"},
         "fp8_gdn":      {"enabled": false},
         "prefix_align": {"enabled": false},
         "capture":      {"enabled": true, "path": "/var/lib/sparkdeploy/capture/counts.npy",
@@ -43,6 +43,7 @@ class Shortlist:
 @dataclass(frozen=True)
 class SkinnyGemm:
     enabled: bool = False
+    plans: str = "auto"  # on a pin with its own plan table: "auto" adds only measured entries, "all" every one
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class Settings:
 
 _KEYS = {
     "shortlist": {"enabled": bool, "path": str, "sha256": (str, type(None)), "require_ids": list},
-    "skinny_gemm": {"enabled": bool},
+    "skinny_gemm": {"enabled": bool, "plans": str},
     "fp8_gdn": {"enabled": bool},
     "prefix_align": {"enabled": bool},
     "capture": {"enabled": bool, "path": str, "switch": str, "flush_seconds": (int, float), "flush_tokens": int},
@@ -106,6 +107,8 @@ def _feature(name: str, raw: Any) -> Any:
     for key in ("flush_seconds", "flush_tokens"):
         if key in kwargs and not kwargs[key] > 0:
             raise SettingsError(f"{where}.{key} must be positive, got {kwargs[key]}")
+    if kwargs.get("plans", "auto") not in ("auto", "all"):
+        raise SettingsError(f"{where}.plans must be 'auto' (measured entries only) or 'all', got {kwargs['plans']!r}")
     out = _CLASSES[name](**kwargs)
     if name in ("shortlist", "capture") and out.enabled and not out.path:
         raise SettingsError(f"{where}.path is required when enabled")

@@ -48,3 +48,12 @@ def test_switched_on_fails_closed_on_a_bad_setting(caplog):
     with caplog.at_level("WARNING", logger="vllm.spark_overlays"):
         assert S.switched_on({"spark_overlays": {"fp8_gdn": {"enabled": "yes"}}}, "fp8_gdn") is None
     assert "fp8_gdn DISABLED" in caplog.text and "fp8_gdn.enabled" in caplog.text
+
+
+def test_skinny_plans_setting_is_auto_or_all():
+    from spark_overlays import settings
+
+    assert settings.parse_feature({}, "skinny_gemm").plans == "auto"
+    cfg = {"spark_overlays": {"skinny_gemm": {"enabled": True, "plans": "some"}}}
+    with pytest.raises(settings.SettingsError, match="skinny_gemm.plans must be 'auto'"):
+        settings.parse_feature(cfg, "skinny_gemm")

@@ -60,3 +60,47 @@ def test_check_keeps_what_passes_and_names_what_fails():
     assert passed == {(96, 256): {1: plans[1]}}
     assert failed[0] == "(96, 256) M=2: RuntimeError: does not compile"
     assert failed[1].startswith("(96, 256) M=3: max relative error")
+
+
+def _pin_plan_module(monkeypatch):
+    """vLLM 0.34.0's own skinny_gemm_plans module (its SkinnyGemmConfig; the kernel import stubbed, device GB10)."""
+    import os
+    import sys
+    import types
+    from pathlib import Path
+
+    from spark_overlays import check, probes
+
+    src = os.environ.get("SPARKDEPLOY_VLLM034_SOURCE", "/opt/sparkdeploy/vllm-0.34.0-src")
+    if not Path(src, "vllm", "__init__.py").is_file():
+        pytest.skip("vLLM 0.34.0 source not unpacked (scripts/setup.sh)")
+    module = types.ModuleType("pin_skinny_gemm_plans")
+    module.__dict__.update(probes.load_plan_table(check.Source(check.find_vllm_root(src))))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return module
+
+
+@pytest.mark.parametrize("plans, measured_only", [("auto", True), ("all", False)])
+def test_on_034_our_entries_go_into_the_pins_table(monkeypatch, plans, measured_only):
+    from spark_overlays import skinny_gemm
+
+    pin = _pin_plan_module(monkeypatch)
+    theirs = {shape: dict(by_m) for shape, by_m in pin.SM121_SKINNY_GEMM_PLANS.items()}
+    cfg = type("Cfg", (), {"additional_config": {"spark_overlays": {"skinny_gemm": {"enabled": True, "plans": plans}}}})
+    added = skinny_gemm.extend_pin_table(cfg, pin.__name__)
+    want = [(n, k, m) for (n, k), by_m in P.SM121.items() for m, p in sorted(by_m.items()) if p.measured or not measured_only]
+    assert added == want
+    for shape, by_m in theirs.items():  # upstream's measured entries are never replaced
+        assert all(pin.get_skinny_gemm_plan(*shape)[m] is cfg_ for m, cfg_ in by_m.items())
+    got = pin.get_skinny_gemm_plan(248320, 2560)
+    assert sorted(got) == ([1, 2, 4] if measured_only else [1, 2, 3, 4, 5])
+    assert (got[4].num_rows, got[4].block_size, got[4].vector_width, got[4].static_k) == (4, 32, 4, 2560)
+
+
+def test_on_034_switched_off_adds_nothing(monkeypatch):
+    from spark_overlays import skinny_gemm
+
+    pin = _pin_plan_module(monkeypatch)
+    cfg = type("Cfg", (), {"additional_config": {}})
+    assert skinny_gemm.extend_pin_table(cfg, pin.__name__) == []
+    assert pin.get_skinny_gemm_plan(248320, 2560) is None
