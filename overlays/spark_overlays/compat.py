@@ -57,6 +57,7 @@ class Support:
     flags: tuple[str, ...] = ()
     targets: tuple[Target, ...] = field(default_factory=tuple)
     note: str = ""
+    off_by_default: str = ""  # why the planner leaves the patch off on this pin even when requested ("" = it may be on)
 
 
 # ---------------------------------------------------------------------------------------------- targets
@@ -253,7 +254,12 @@ TABLE: dict[str, dict[str, Support]] = {
                                   "competing lever); V2 runner only"),
         "skinny_gemm": Support(OVERLAY, targets=_SKINNY_034,
                                note="upstream's SM121 plan table (GLM shapes, TP=2) routes the layers; we only add "
-                                    "our entries to it, measured ones unless skinny_gemm.plans is 'all'"),
+                                    "our entries to it (plans: auto = those measured under its rule)",
+                               off_by_default=(
+                                   f"{len(skinny_plans.MEASURED_034)} of our entries measured on a GB10 under 0.34's "
+                                   "rule (beats cuBLAS by >5% under CUDA-graph replay), so nothing to add; upstream's "
+                                   "own table still routes its shapes (run bench/gpu_kernels.py on a GB10)")
+                               if not skinny_plans.MEASURED_034 else ""),
         "fp8_gdn": Support(NATIVE, flags=_FP8_FLAGS, targets=_FP8_FLAGS_TARGETS),
         "prefix_align": Support(NATIVE, flags=("--enable-prefix-caching",), targets=_ALIGN_NATIVE_033,
                                 note="align mode is automatic with prefix caching; MTP look-ahead hashed"),

@@ -227,7 +227,7 @@ def probe_plan_lookup(src) -> None:
     
     plans = load_plan_table(src)
     table = plans["SKINNY_GEMM_PLANS_BY_CAPABILITY"][GB10]
-    added = skinny_plans.extend_upstream_table(table, plans["SkinnyGemmConfig"], skinny_plans.SM121, measured_only=False)
+    added = skinny_plans.extend_upstream_table(table, plans["SkinnyGemmConfig"], skinny_plans.SM121, only=None)
     for (n, k), by_m in skinny_plans.SM121.items():
         got = plans["get_skinny_gemm_plan"](n, k) or {}
         for m, plan in by_m.items():

@@ -204,10 +204,11 @@ def extend_pin_table(vllm_config, plan_module: str) -> list[tuple[int, int, int]
         return []
     upstream = importlib.import_module(plan_module)
     table = upstream.SKINNY_GEMM_PLANS_BY_CAPABILITY.setdefault((12, 1), {})
-    added = skinny_plans.extend_upstream_table(table, upstream.SkinnyGemmConfig, measured_only=cfg.plans == "auto")
-    if added:
-        info("skinny_gemm: %d (N, K, M) entries added to %s (plans=%s; %s)", len(added), plan_module, cfg.plans,
-             ", ".join(f"({n}, {k}) M={m}" for n, k, m in added))
+    added = skinny_plans.extend_upstream_table(table, upstream.SkinnyGemmConfig,
+                                               only=skinny_plans.MEASURED_034 if cfg.plans == "auto" else None)
+    info("skinny_gemm: %d (N, K, M) entries added to %s (plans=%s%s)%s", len(added), plan_module, cfg.plans,
+         ": only entries measured on a GB10 under the table's rule, none yet" if cfg.plans == "auto" and not added
+         else "", (": " + ", ".join(f"({n}, {k}) M={m}" for n, k, m in added)) if added else "")
     return added
 
 

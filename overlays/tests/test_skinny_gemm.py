@@ -80,21 +80,27 @@ def _pin_plan_module(monkeypatch):
     return module
 
 
-@pytest.mark.parametrize("plans, measured_only", [("auto", True), ("all", False)])
-def test_on_034_our_entries_go_into_the_pins_table(monkeypatch, plans, measured_only):
+@pytest.mark.parametrize("plans, measured", [("auto", frozenset()), ("auto", frozenset({(248320, 2560, 3)})),
+                                             ("all", None)])
+def test_on_034_our_entries_go_into_the_pins_table(monkeypatch, plans, measured):
+    """``auto`` adds only what was measured under 0.34's rule (none shipped yet), ``all`` every entry; upstream's
+    own entries always stay."""
     from spark_overlays import skinny_gemm
 
     pin = _pin_plan_module(monkeypatch)
+    if measured is not None:
+        monkeypatch.setattr(P, "MEASURED_034", measured)
     theirs = {shape: dict(by_m) for shape, by_m in pin.SM121_SKINNY_GEMM_PLANS.items()}
     cfg = type("Cfg", (), {"additional_config": {"spark_overlays": {"skinny_gemm": {"enabled": True, "plans": plans}}}})
     added = skinny_gemm.extend_pin_table(cfg, pin.__name__)
-    want = [(n, k, m) for (n, k), by_m in P.SM121.items() for m, p in sorted(by_m.items()) if p.measured or not measured_only]
+    want = [(n, k, m) for (n, k), by_m in P.SM121.items() for m in sorted(by_m) if measured is None or (n, k, m) in measured]
     assert added == want
     for shape, by_m in theirs.items():  # upstream's measured entries are never replaced
         assert all(pin.get_skinny_gemm_plan(*shape)[m] is cfg_ for m, cfg_ in by_m.items())
-    got = pin.get_skinny_gemm_plan(248320, 2560)
-    assert sorted(got) == ([1, 2, 4] if measured_only else [1, 2, 3, 4, 5])
-    assert (got[4].num_rows, got[4].block_size, got[4].vector_width, got[4].static_k) == (4, 32, 4, 2560)
+    got = pin.get_skinny_gemm_plan(248320, 2560) or {}
+    assert sorted(got) == {None: [1, 2, 3, 4, 5], frozenset(): []}.get(measured, [3])
+    if 3 in got:
+        assert (got[3].num_rows, got[3].block_size, got[3].vector_width, got[3].static_k) == (3, 32, 4, 2560)
 
 
 def test_on_034_switched_off_adds_nothing(monkeypatch):

@@ -189,6 +189,16 @@ def _compat_mode() -> tuple[Callable[[str, str], str], Callable[[str, str], list
     return compat.mode, compat.native_flags
 
 
+def _off_by_default(version: str, name: str) -> str:
+    """Why the pin's row keeps a requested patch off (no measurement yet), from the overlays' compat table."""
+    from spark_overlays import compat
+
+    try:
+        return compat.support(version, name).off_by_default
+    except compat.CompatError:
+        return ""
+
+
 # ------------------------------------------------------------------------------------------------ plan
 def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
@@ -221,6 +231,8 @@ def _features(inv: Inventory, mode_of: Callable[[str, str], str], ckpt: Checkpoi
             enabled, reason = False, "prefix caching is off in the profile"
         if requested and name == "fp8_gdn":
             enabled, reason = checkpoint_mod.fp8_gdn_applies(ckpt)
+        if enabled and _off_by_default(version, name):
+            enabled, reason = False, _off_by_default(version, name)
         out.append(Feature(name, requested, enabled, mode, reason))
     return tuple(out)
 

