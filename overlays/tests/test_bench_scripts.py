@@ -44,3 +44,20 @@ def test_the_kernel_files_load_from_a_vllm_source_without_vllm_installed():
     out = subprocess.run([sys.executable, "-c", code, str(REPO / "bench"), str(src)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "SkinnyGemmConfig(num_rows=3, block_size=64, outputs_per_block=2, k_unroll=2" in out.stdout
+
+
+def test_draft_head_lever_table_prints_bytes_for_every_lever_and_cpu_time_for_bf16():
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, str(REPO / "bench/draft_head_levers.py"), "--scale", "64", "--iters", "1",
+                          "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    rows = {(r["lever"], r["tp"]): r for r in json.loads(out.stdout)["rows"]}
+    assert len(rows) == 2 * 12  # full, 3 shortlists, fp8, nvfp4, 6 stacked; at TP 1 and 2
+    full, nvfp4 = rows[("full head BF16 (stock MTP)", 1)], rows[("full head nvfp4 (draft_lm_head_quantization)", 1)]
+    vocab, hidden = 248320 // 64, 2560
+    assert full["bytes"] == vocab * hidden * 2 + hidden * 2 + vocab * 2
+    assert nvfp4["bytes"] == vocab * hidden // 2 + vocab * hidden // 16 + 4 + hidden * 2 + vocab * 2
+    assert rows[("shortlist 16k BF16", 2)]["bytes"] < rows[("shortlist 16k BF16", 1)]["bytes"]
+    assert all(r["cpu_us"] > 0 for r in rows.values() if r["format"] == "bf16")
+    assert all(r["cpu_us"] is None for r in rows.values() if r["format"] != "bf16")  # no CPU kernel: not timed
+    assert not any(r["on_034"] for (label, _), r in rows.items() if "+" in label)  # 0.34 cannot stack them

@@ -227,6 +227,11 @@ def _features(inv: Inventory, mode_of: Callable[[str, str], str], ckpt: Checkpoi
         spec = profile.speculative
         if requested and name == "shortlist" and (spec.method != "mtp" or spec.num_speculative_tokens == 0):
             enabled, reason = False, f"needs MTP speculation (profile uses {spec.method} depth {spec.num_speculative_tokens})"
+        quantized_head = dict(spec.extra).get("draft_lm_head_quantization")
+        if enabled and name == "shortlist" and quantized_head:
+            enabled, reason = False, (f"the profile quantizes the shared draft head (draft_lm_head_quantization: "
+                                      f"{quantized_head}); vLLM cannot stack that with a draft head of its own "
+                                      "(bench/draft_head_levers.py compares the two levers)")
         if requested and name == "prefix_align" and not profile.prefix_caching:
             enabled, reason = False, "prefix caching is off in the profile"
         if requested and name == "fp8_gdn":
