@@ -20,7 +20,8 @@ def test_gpu_kernels_runs_end_to_end_on_the_cpu_at_small_scale():
     assert not report["failures"] and all(r["linear_err"] < 2e-2 for r in report["rows"])
     assert report["copy_GBps"] > 0 and all(r["skinny_us"] is None for r in report["rows"])  # no kernel on the CPU
     assert [(d["tp"], d["M"]) for d in report["draft_step"]] == [(1, 1), (1, 3), (1, 5), (2, 1), (2, 3), (2, 5)]
-    assert all(d["full_us"] > 0 and d["short_us"] > 0 for d in report["draft_step"])
+    assert all(d["full_us"] > 0 and d["short_us"] > 0 and d["fp8_us"] is None for d in report["draft_step"])
+    assert report["wins_034_rule"] == []  # nothing timed against the kernel on the CPU
 
 
 def test_gpu_kernels_exits_0_with_a_message_without_cuda():
@@ -32,11 +33,12 @@ def test_gpu_kernels_exits_0_with_a_message_without_cuda():
     assert "no CUDA device" in out.stdout
 
 
-def test_the_kernel_files_load_from_a_vllm_source_without_vllm_installed():
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_the_kernel_files_load_from_a_vllm_source_without_vllm_installed(version):
     pytest.importorskip("torch")
-    src = Path("/opt/sparkdeploy/vllm-0.33.0-src")
+    src = Path(f"/opt/sparkdeploy/vllm-{version}-src")
     if not (src / "vllm" / "model_executor").is_dir():
-        pytest.skip("vLLM 0.33.0 source not unpacked")
+        pytest.skip(f"vLLM {version} source not unpacked (scripts/setup.sh)")
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; import gpu_kernels as g\n"
             "g.stub_vllm_for_kernel(Path(sys.argv[2]))\n"
             "from vllm.model_executor.kernels.linear.cute_dsl.skinny_gemm import SkinnyGemmConfig as C\n"
