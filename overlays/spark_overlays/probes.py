@@ -88,7 +88,6 @@ def _base(**stubs) -> dict:
 def _tiny_pair():
     import torch
 
-    torch.manual_seed(0)
     target = torch.nn.Module()
     target.lm_head = torch.nn.Linear(4, 16, bias=False)
     target.model = torch.nn.Module()
@@ -283,16 +282,43 @@ def probes(series: str) -> dict[str, list[Probe]]:
 
 
 def run(src, series: str, features: Iterable[str]) -> list[Verdict]:
-    """Run every probe of ``features``; an exception other than :class:`ProbeFailed` makes it unproven."""
+    """Run every probe of ``features``; an exception other than :class:`ProbeFailed` makes it unproven. The
+    global RNG is left as found (the probes also run inside the engine, ``installed_gate``)."""
+    import torch
+
     out = []
     table = probes(series)
     for feature in features:
         for name, fn in table.get(feature, []):
             try:
-                fn(src)
+                with torch.random.fork_rng(devices=[]):
+                    fn(src)
                 out.append(Verdict(feature, name, OK))
             except ProbeFailed as e:
                 out.append(Verdict(feature, name, DRIFT, str(e)))
             except Exception as e:  # noqa: BLE001 - could not run here: unproven, never ok
                 out.append(Verdict(feature, name, UNPROVEN, f"{type(e).__name__}: {e}"))
     return out
+
+
+_installed: dict[str, list[Verdict]] = {}  # feature -> its probes that did not pass on the installed vLLM
+
+
+def installed_gate(feature: str, force: bool) -> str:
+    """Why ``feature`` must stay off in this process ("" = it may run): its probes, run once per process against
+    the installed vLLM's own files. A drifted probe always keeps it off (the image build should have stopped);
+    an unproven one unless the settings force it."""
+    if feature not in _installed:
+        from . import check, compat
+
+        try:
+            root = check.find_vllm_root(None)
+            verdicts = run(check.Source(root), compat.series(check.read_version(root)), [feature])
+        except Exception as e:  # noqa: BLE001 - no vLLM to read, an unknown version: nothing proven
+            verdicts = [Verdict(feature, "read the installed vLLM", UNPROVEN, f"{type(e).__name__}: {e}")]
+        _installed[feature] = [v for v in verdicts if v.status != OK]
+    bad = _installed[feature]
+    if not bad or (force and all(v.status == UNPROVEN for v in bad)):
+        return ""
+    why = "; ".join(f"probe '{v.probe}' {v.status}: {v.detail}" for v in bad)
+    return why + ("" if any(v.status == DRIFT for v in bad) else " (settings 'force': true runs it unproven)")

@@ -85,12 +85,14 @@ def _pin_plan_module(monkeypatch):
 def test_on_034_our_entries_go_into_the_pins_table(monkeypatch, plans, measured):
     """``auto`` adds only what was measured under 0.34's rule (none shipped yet), ``all`` every entry; upstream's
     own entries always stay."""
+    from spark_overlays import probes as probes_mod
     from spark_overlays import skinny_gemm
 
     pin = _pin_plan_module(monkeypatch)
     if measured is not None:
         monkeypatch.setattr(P, "MEASURED_034", measured)
     theirs = {shape: dict(by_m) for shape, by_m in pin.SM121_SKINNY_GEMM_PLANS.items()}
+    monkeypatch.setattr(probes_mod, "installed_gate", lambda feature, force: "")  # the probes run in test_check
     cfg = type("Cfg", (), {"additional_config": {"spark_overlays": {"skinny_gemm": {"enabled": True, "plans": plans}}}})
     added = skinny_gemm.extend_pin_table(cfg, pin.__name__)
     want = [(n, k, m) for (n, k), by_m in P.SM121.items() for m in sorted(by_m) if measured is None or (n, k, m) in measured]
