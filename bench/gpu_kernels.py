@@ -17,8 +17,13 @@ TP=1 and TP=2), the GDN projections (QKVZ, B/A, out_proj at TP=1/2) — and each
 Timing: each call captured once in a CUDA graph and replayed ``--rounds`` x ``--iters`` times, every replay
 after an L2 flush (a 256 MiB write) and timed by its own CUDA events; the median is reported.
 Then the whole draft step (head GEMM on its best kernel + argmax, + d2t for the shortlist) at the TP=1 and
-TP=2 local shapes, full 248,320-row head vs a 64k shortlist, checking that the shortlist's token equals the
-full argmax whenever that is on the list.
+TP=2 local shapes, full 248,320-row head vs a 64k shortlist vs the full head quantized to FP8 the way vLLM's
+``draft_lm_head_quantization: fp8`` does it (per-row weight scale, per-token activation scale, ``torch._scaled_mm``;
+"n/a" where this torch/device has no row-wise FP8 GEMM), checking that the shortlist's token equals the full argmax
+whenever that is on the list. (NVFP4 needs vLLM's own kernels: its bytes are in ``bench/draft_head_levers.py``.)
+On a GB10 (or with ``--plans 12.1``) it ends with the (N, K, M) whose skinny plan beats F.linear by more than 5%,
+vLLM 0.34's rule for its plan table: the lines to put in ``skinny_plans.MEASURED_034`` (``--kernel-source``
+the 0.34 source to time 0.34's kernel).
 Exit status: 0 ok (also when there is no CUDA device: it says so), 1 when a correctness check fails, a
 planned config does not run, or a shortlist token differs.
 `--cpu-smoke` runs the whole script on the CPU with every shape divided by 64 and a wall-clock timer (no
@@ -226,6 +231,25 @@ def main(argv=None) -> int:
                 pass
         return t
 
+    def fp8_head_seconds(w, x):
+        """The full head as ``draft_lm_head_quantization: fp8`` holds it (FP8 E4M3 rows, fp32 scale per row;
+        activations quantized per token), GEMM + argmax; None where row-wise ``torch._scaled_mm`` is missing."""
+        fp8 = torch.float8_e4m3fn
+        w_scale = (w.float().abs().amax(1, keepdim=True) / torch.finfo(fp8).max).clamp(min=1e-12)
+        w8 = (w.float() / w_scale).to(fp8)
+
+        def step():
+            x_scale = (x.float().abs().amax(1, keepdim=True) / torch.finfo(fp8).max).clamp(min=1e-12)
+            x8 = (x.float() / x_scale).to(fp8)
+            return torch._scaled_mm(x8, w8.T, scale_a=x_scale, scale_b=w_scale.T, out_dtype=torch.bfloat16).argmax(-1)
+
+        try:
+            step()
+            return timed(step, args.iters)
+        except Exception as e:  # noqa: BLE001 - reported as n/a: this torch / device has no row-wise FP8 GEMM
+            print(f"# fp8 head not timed ({type(e).__name__}: {str(e)[:120]})", file=sys.stderr)
+            return None
+
     # the whole draft step, seed 000's fair comparison: full head -> argmax vs 64k shortlist -> argmax + d2t,
     # both on their best kernel, at the TP=1 and TP=2 local shapes
     draft = []
@@ -246,12 +270,17 @@ def main(argv=None) -> int:
             logits_full, logits_short = F.linear(x, full), F.linear(x, short)
             t_full = best(full, x) + timed(lambda: logits_full.argmax(-1), args.iters)
             t_short = best(short, x) + timed(lambda: (lambda i: i + d2t[i])(logits_short.argmax(-1)), args.iters)
+            t_fp8 = None if smoke else fp8_head_seconds(full, x)
             draft.append({"tp": tp, "M": m, "full_rows": v, "short_rows": s, "full_us": t_full * 1e6,
-                          "short_us": t_short * 1e6, "ratio": t_short / t_full, "on_list": int(listed.sum())})
+                          "short_us": t_short * 1e6, "ratio": t_short / t_full, "on_list": int(listed.sum()),
+                          "fp8_us": None if t_fp8 is None else t_fp8 * 1e6,
+                          "fp8_ratio": None if t_fp8 is None else t_fp8 / t_full})
 
+    wins = [r for r in rows if r["ratio"] is not None and r["ratio"] < 1 / 1.05 and r["plan"] in ("measured", "unmeasured")]
     if args.json:
         print(json.dumps({"device": name, "capability": cap, "copy_GBps": copy_bw / 1e9, "rows": rows,
-                          "draft_step": draft, "failures": failures}, indent=1))
+                          "draft_step": draft, "wins_034_rule": [[w["N"], w["K"], w["M"]] for w in wins],
+                          "failures": failures}, indent=1))
     else:
         print(f"# {name}, capability {cap[0]}.{cap[1]}; copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write); "
               f"median of {args.rounds} rounds x {args.iters} calls")
@@ -264,9 +293,13 @@ def main(argv=None) -> int:
                   f"{100 * r['linear_GBps'] * 1e9 / copy_bw:>6.1f} {sk}  {r['plan'] or '-'}")
         print("# draft step (head GEMM on its best kernel + argmax [+ d2t]): full vocabulary vs shortlist")
         for d in draft:
+            fp8 = "n/a" if d["fp8_us"] is None else f"{d['fp8_us']:.2f} us, ratio {d['fp8_ratio']:.3f}"
             print(f"TP={d['tp']} M={d['M']}: full {d['full_rows']} rows {d['full_us']:.2f} us, shortlist "
                   f"{d['short_rows']} rows {d['short_us']:.2f} us, ratio {d['ratio']:.3f} "
-                  f"({d['on_list']}/{d['M']} full argmaxes on the list)")
+                  f"({d['on_list']}/{d['M']} full argmaxes on the list); full head fp8 {fp8}")
+        if plan_cap == (12, 1):
+            print("# wins under vLLM 0.34's rule (skinny beats F.linear by >5%): skinny_plans.MEASURED_034 candidates")
+            print(", ".join(f"({w['N']}, {w['K']}, {w['M']})" for w in wins) or "(none)")
     for f in failures:
         print(f"FAIL {f}", file=sys.stderr)
     return 1 if failures else 0

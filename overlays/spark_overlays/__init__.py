@@ -15,14 +15,16 @@ Settings (``--additional-config``; every key optional, a feature is off unless `
                        "sha256": "<sha256 of the file bytes>",         # optional; mismatch = rejected
                        "require_ids": [151643, 151645]},               # optional; EOS and the tokenizer's
                                                                        # special tokens are always required
-      "skinny_gemm":  {"enabled": true},
+      "skinny_gemm":  {"enabled": true, "plans": "auto"},   # plans: on a pin with its own table (0.34),
+                                                            # "auto" adds measured entries only, "all" every one
       "fp8_gdn":      {"enabled": false},     # native vLLM flags on every supported pin: no overlay code;
       "prefix_align": {"enabled": false}      # accepted so the planner's table stays uniform
     }}
 
 Unknown keys or features, a list that is unsorted, has duplicates, lies outside the vocabulary, lacks a
 required id or fails its hash: that feature fails closed (stock behaviour, reason logged) on every TP
-rank together.
+rank together. So does shortlist or skinny_gemm when a behaviour probe (``probes.py``, run once per process
+on the installed vLLM's files) drifted, or could not run and the feature's ``"force": true`` is not set.
 
 Files, one per patch: ``shortlist.py`` (+ ``shortlist_qwen35.py``, ``shortlist_qwen4.py``, ``vocab_list.py``), ``skinny_gemm.py``
 (+ ``skinny_plans.py``); ``loader_hook.py`` runs skinny GEMM after each model load; ``compat.py`` says per vLLM version which features are native flags and which are overlays;

@@ -1,10 +1,12 @@
-"""``python -m spark_overlays check``: does this vLLM still have everything compat.py relies on?
+"""``python -m spark_overlays check``: does this vLLM still have, and still do, everything compat.py relies on?
 
-Static: the vLLM sources are parsed with ``ast``, nothing is imported, so it works on the installed
-package (found with ``importlib.util.find_spec``, no import) and on an unpacked wheel or checkout
-(``--vllm-source DIR``) alike, with or without CUDA. The version comes from ``vllm/_version.py``.
-Exit status: 0 all targets found, 1 drift (each missing target named), 2 unusable input
-(no vLLM, unsupported version).
+Two passes over the vLLM sources, neither imports ``vllm``, so it works on the installed package (found
+with ``importlib.util.find_spec``, no import) and on an unpacked wheel or checkout (``--vllm-source DIR``)
+alike, with or without CUDA: the targets are parsed with ``ast`` (existence, leading parameters, code
+fragments), then ``probes`` runs the pin's own definitions on CPU for each patch's decision. The version
+comes from ``vllm/_version.py``. Exit status: 0 every target found and no probe drifted, 1 drift (each
+target or probe named with its patch), 2 unusable input (no vLLM, unsupported version). A probe that
+cannot run here is reported ``UNPROVEN``: the patch stays off unless the profile forces it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compat
+from . import compat, probes
 
 
 class CheckError(Exception):
@@ -183,6 +185,7 @@ def check_target(src: Source, t: compat.Target) -> tuple[bool, str]:
 
 def run_check(source: str | None = None, features=compat.FEATURES, _src_out: list | None = None
               ) -> tuple[str, list[Result]]:
+    """The static pass: every target of ``features`` for the tree's version."""
     root = find_vllm_root(source)
     version = read_version(root)
     try:
@@ -205,22 +208,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--feature", action="append", choices=compat.FEATURES, help="limit to these features")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     args = ap.parse_args(argv)
+    features = tuple(args.feature or compat.FEATURES)
     try:
-        version, results = run_check(args.vllm_source, tuple(args.feature or compat.FEATURES))
+        holder: list = []
+        version, results = run_check(args.vllm_source, features, _src_out=holder)
     except CheckError as e:
         print(f"spark_overlays check: {e}", file=sys.stderr)
         return 2
+    verdicts = probes.run(holder[0], compat.series(version), features)
     bad = [r for r in results if not r.ok]
+    drifted = [v for v in verdicts if v.status == probes.DRIFT]
+    unproven = [v for v in verdicts if v.status == probes.UNPROVEN]
     if args.json:
-        print(json.dumps({"vllm_version": version, "ok": not bad,
+        print(json.dumps({"vllm_version": version, "ok": not bad and not drifted,
                           "features": {f: compat.mode(version, f) for f in compat.FEATURES},
-                          "drift": [{"feature": r.feature, "target": str(r.target), "detail": r.detail} for r in bad],
-                          "checked": len(results)}, indent=2))
+                          "drift": [{"feature": r.feature, "target": str(r.target), "detail": r.detail} for r in bad]
+                          + [{"feature": v.feature, "probe": v.probe, "detail": v.detail} for v in drifted],
+                          "unproven": [{"feature": v.feature, "probe": v.probe, "detail": v.detail} for v in unproven],
+                          "checked": len(results), "probes": len(verdicts)}, indent=2))
     else:
         for f in compat.FEATURES:
             print(f"{f:13s} {compat.mode(version, f)}")
         for r in bad:
             print(f"DRIFT {r.feature}: {r.target}: {r.detail}", file=sys.stderr)
-        print(f"spark_overlays check: vLLM {version}: {len(results) - len(bad)}/{len(results)} targets ok"
-              + ("" if not bad else f"; {len(bad)} drifted"))
-    return 1 if bad else 0
+        for v in drifted:
+            print(f"DRIFT {v.feature}: probe '{v.probe}': {v.detail}", file=sys.stderr)
+        for v in unproven:
+            print(f"UNPROVEN {v.feature}: probe '{v.probe}' could not run on CPU ({v.detail}); the patch stays off "
+                  "unless the profile forces it", file=sys.stderr)
+        print(f"spark_overlays check: vLLM {version}: {len(results) - len(bad)}/{len(results)} targets ok, "
+              f"{sum(v.status == probes.OK for v in verdicts)}/{len(verdicts)} probes ok"
+              + ("" if not (bad or drifted) else f"; {len(bad) + len(drifted)} drifted")
+              + ("" if not unproven else f"; {len(unproven)} unproven"))
+    return 1 if bad or drifted else 0

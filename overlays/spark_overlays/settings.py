@@ -4,8 +4,8 @@ Schema (every key optional; a feature without ``enabled: true`` is off)::
 
     {"spark_overlays": {
         "shortlist":    {"enabled": true, "path": "/opt/sparkdeploy/vocab/current.txt",
-                         "sha256": "<hex of the file bytes>", "require_ids": [0, 1, 2]},
-        "skinny_gemm":  {"enabled": true},
+                         "sha256": "<hex of the file bytes>", "require_ids": [0, 1, 2], "force": false},
+        "skinny_gemm":  {"enabled": true, "plans": "auto", "force": false},
         "fp8_gdn":      {"enabled": false},
         "prefix_align": {"enabled": false},
         "capture":      {"enabled": true, "path": "/var/lib/sparkdeploy/capture/counts.npy",
@@ -38,11 +38,14 @@ class Shortlist:
     path: str = ""
     sha256: str | None = None
     require_ids: tuple[int, ...] = ()
+    force: bool = False  # run even where a behaviour probe could not run on this vLLM (``probes``)
 
 
 @dataclass(frozen=True)
 class SkinnyGemm:
     enabled: bool = False
+    plans: str = "auto"  # on a pin with its own plan table: "auto" adds only measured entries, "all" every one
+    force: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,8 @@ class Settings:
 
 
 _KEYS = {
-    "shortlist": {"enabled": bool, "path": str, "sha256": (str, type(None)), "require_ids": list},
-    "skinny_gemm": {"enabled": bool},
+    "shortlist": {"enabled": bool, "path": str, "sha256": (str, type(None)), "require_ids": list, "force": bool},
+    "skinny_gemm": {"enabled": bool, "plans": str, "force": bool},
     "fp8_gdn": {"enabled": bool},
     "prefix_align": {"enabled": bool},
     "capture": {"enabled": bool, "path": str, "switch": str, "flush_seconds": (int, float), "flush_tokens": int},
@@ -106,6 +109,8 @@ def _feature(name: str, raw: Any) -> Any:
     for key in ("flush_seconds", "flush_tokens"):
         if key in kwargs and not kwargs[key] > 0:
             raise SettingsError(f"{where}.{key} must be positive, got {kwargs[key]}")
+    if kwargs.get("plans", "auto") not in ("auto", "all"):
+        raise SettingsError(f"{where}.plans must be 'auto' (measured entries only) or 'all', got {kwargs['plans']!r}")
     out = _CLASSES[name](**kwargs)
     if name in ("shortlist", "capture") and out.enabled and not out.path:
         raise SettingsError(f"{where}.path is required when enabled")
@@ -127,9 +132,13 @@ def parse_feature(additional_config: Any, name: str) -> Any:
     return _feature(name, root.get(name, {}))
 
 
+PROBED = ("shortlist", "skinny_gemm")  # features whose decision ``probes`` runs on the installed vLLM
+
+
 def switched_on(additional_config: Any, name: str) -> Any | None:
-    """The feature's settings when it is on, else None. A bad setting switches it off (fail closed, logged):
-    every process that loads the plugin parses the same config, so all of them agree."""
+    """The feature's settings when it is on, else None. A bad setting switches it off (fail closed, logged), and
+    so does a behaviour probe that drifted or could not run (unless ``force``): every process that loads the
+    plugin parses the same config and reads the same vLLM files, so all of them agree."""
     from ._util import fail_closed
 
     try:
@@ -137,7 +146,16 @@ def switched_on(additional_config: Any, name: str) -> Any | None:
     except SettingsError as e:
         fail_closed(name, str(e))
         return None
-    return cfg if cfg.enabled else None
+    if not cfg.enabled:
+        return None
+    if name in PROBED:
+        from . import probes
+
+        why = probes.installed_gate(name, cfg.force)
+        if why:
+            fail_closed(name, why)
+            return None
+    return cfg
 
 
 def parse(additional_config: Any) -> Settings:

@@ -191,6 +191,27 @@ def route(model: torch.nn.Module, capability, kernel, upstream: dict | None, pla
             "failed": failed}
 
 
+def extend_pin_table(vllm_config, plan_module: str) -> list[tuple[int, int, int]]:
+    """A pin with its own plan table (0.34: marked at load, looked up per call by token count): add our entries
+    to its GB10 table before the model is built, under its rule (``plans: auto`` = measured entries only),
+    instead of swapping kernels. Returns the (N, K, M) added."""
+    import importlib
+
+    from . import settings as _settings
+
+    cfg = _settings.switched_on(getattr(vllm_config, "additional_config", None), "skinny_gemm")
+    if cfg is None:
+        return []
+    upstream = importlib.import_module(plan_module)
+    table = upstream.SKINNY_GEMM_PLANS_BY_CAPABILITY.setdefault((12, 1), {})
+    added = skinny_plans.extend_upstream_table(table, upstream.SkinnyGemmConfig,
+                                               only=skinny_plans.MEASURED_034 if cfg.plans == "auto" else None)
+    info("skinny_gemm: %d (N, K, M) entries added to %s (plans=%s%s)%s", len(added), plan_module, cfg.plans,
+         ": only entries measured on a GB10 under the table's rule, none yet" if cfg.plans == "auto" and not added
+         else "", (": " + ", ".join(f"({n}, {k}) M={m}" for n, k, m in added)) if added else "")
+    return added
+
+
 def enable(model: torch.nn.Module, vllm_config, capability="auto") -> None:
     from . import settings as _settings
 

@@ -132,3 +132,26 @@ def counts(plans: dict = PLANS) -> dict[str, int]:
     """How many entries a measurement supports, for the plan's notes and the bench."""
     entries = [p for table in plans.values() for by_m in table.values() for p in by_m.values()]
     return {"entries": len(entries), "measured": sum(p.measured for p in entries)}
+
+
+# (N, K, M) of ours measured on a GB10 under 0.34's table rule (beats cuBLAS by more than 5% under CUDA-graph
+# replay): empty until bench/gpu_kernels.py has run on one. The 0.33 marks above (``measured``) were upstream's
+# qwen4_exp measurements against F.linear with 0.33's kernel, a different rule and build.
+MEASURED_034: frozenset[tuple[int, int, int]] = frozenset()
+
+
+def extend_upstream_table(table: dict, cfg_cls, ours: dict[tuple[int, int], dict[int, Plan]] = SM121,
+                          *, only: frozenset[tuple[int, int, int]] | None) -> list[tuple[int, int, int]]:
+    """Add our entries to a pin's own plan table (0.34: ``SKINNY_GEMM_PLANS_BY_CAPABILITY[(12, 1)]``, keyed
+    ``(N, K) -> {M: SkinnyGemmConfig}``), never replacing one of upstream's. ``only`` keeps the table's rule
+    (only measured wins: pass ``MEASURED_034``); ``None`` adds every entry. Returns the (N, K, M) added."""
+    added = []
+    for (n, k), by_m in ours.items():
+        for m, plan in sorted(by_m.items()):
+            if (only is not None and (n, k, m) not in only) or not plan.valid_for(n, k) or m in table.get((n, k), {}):
+                continue
+            table.setdefault((n, k), {})[m] = cfg_cls(m, plan.block_size, plan.outputs_per_block,
+                                                       k_unroll=plan.k_unroll, vector_width=plan.vector_width,
+                                                       static_k=plan.static_k)
+            added.append((n, k, m))
+    return added

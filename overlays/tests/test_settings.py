@@ -41,10 +41,53 @@ def test_other_features_unaffected_by_one_bad_feature():
 
 
 def test_switched_on_fails_closed_on_a_bad_setting(caplog):
-    good = {"spark_overlays": {"skinny_gemm": {"enabled": True}, "prefix_align": {"enabled": False}}}
-    assert S.switched_on(good, "skinny_gemm") == S.SkinnyGemm(enabled=True)
+    # forced: the probes need a vLLM to read, and this test is about the settings alone
+    good = {"spark_overlays": {"skinny_gemm": {"enabled": True, "force": True}, "prefix_align": {"enabled": False}}}
+    assert S.switched_on(good, "skinny_gemm") == S.SkinnyGemm(enabled=True, force=True)
     assert S.switched_on(good, "prefix_align") is None  # off
     assert S.switched_on(None, "fp8_gdn") is None  # no config: every feature off
     with caplog.at_level("WARNING", logger="vllm.spark_overlays"):
         assert S.switched_on({"spark_overlays": {"fp8_gdn": {"enabled": "yes"}}}, "fp8_gdn") is None
     assert "fp8_gdn DISABLED" in caplog.text and "fp8_gdn.enabled" in caplog.text
+
+
+def test_skinny_plans_setting_is_auto_or_all():
+    from spark_overlays import settings
+
+    assert settings.parse_feature({}, "skinny_gemm").plans == "auto"
+    cfg = {"spark_overlays": {"skinny_gemm": {"enabled": True, "plans": "some"}}}
+    with pytest.raises(settings.SettingsError, match="skinny_gemm.plans must be 'auto'"):
+        settings.parse_feature(cfg, "skinny_gemm")
+
+
+def test_a_probed_feature_stays_off_when_its_probes_are_unproven_unless_forced(monkeypatch):
+    """Fail closed: with no vLLM this Python can read, nothing is proven, so the shortlist is off unless forced."""
+    from spark_overlays import check, probes, settings
+
+    def no_vllm(source=None):
+        raise check.CheckError("vllm is not installed in this Python")
+
+    monkeypatch.setattr(check, "find_vllm_root", no_vllm)
+    monkeypatch.setattr(probes, "_installed", {})
+    on = {"enabled": True, "path": "/l.txt"}
+    assert settings.switched_on({"spark_overlays": {"shortlist": on}}, "shortlist") is None
+    assert "unproven" in probes.installed_gate("shortlist", force=False)
+    forced = settings.switched_on({"spark_overlays": {"shortlist": {**on, "force": True}}}, "shortlist")
+    assert forced is not None and forced.force
+    monkeypatch.setattr(probes, "_installed", {"shortlist": [probes.Verdict("shortlist", "p", probes.DRIFT, "x")]})
+    assert settings.switched_on({"spark_overlays": {"shortlist": {**on, "force": True}}}, "shortlist") is None
+
+
+def test_a_probed_feature_runs_where_the_probes_pass(monkeypatch):
+    import os
+    from pathlib import Path
+
+    from spark_overlays import check, probes, settings
+
+    src = os.environ.get("SPARKDEPLOY_VLLM034_SOURCE", "/opt/sparkdeploy/vllm-0.34.0-src")
+    if not Path(src, "vllm", "__init__.py").is_file():
+        pytest.skip("vLLM 0.34.0 source not unpacked (scripts/setup.sh)")
+    monkeypatch.setattr(check, "find_vllm_root", lambda source=None: Path(src, "vllm"))
+    monkeypatch.setattr(probes, "_installed", {})
+    cfg = settings.switched_on({"spark_overlays": {"shortlist": {"enabled": True, "path": "/l.txt"}}}, "shortlist")
+    assert cfg is not None and not cfg.force

@@ -17,7 +17,7 @@ Inventory shape (see the top-level `inventory.yaml` and `tests/unit/fixtures/inv
         netdev: enp1s0f1np1             # the netdev carrying data_ip
         hca: [rocep1s0f1, roceP2p1s0f1] # RoCE devices (both twins), [] for none
         gpu: gb10                       # gb10 | none (simulated nodes)
-    image:      {base: REF@sha256:..., vllm_version: 0.33.0, local: false, repository: sparkdeploy/serving}
+    image:      {base: REF@sha256:..., vllm_version: 0.34.0, local: false, repository: sparkdeploy/serving}
     patches:    {shortlist: true, skinny_gemm: true, fp8_gdn: true, prefix_align: true}
     vocab:      vocabs/x.txt            # draft vocab list, relative to this file; null only if shortlist is off
     ports:      {api: 8000, master: 29501, metrics: 9466}   # metrics: the head's exporter, 0 = none

@@ -208,6 +208,16 @@ def _compat_mode() -> tuple[Callable[[str, str], str], Callable[[str, str], list
     return compat.mode, compat.native_flags
 
 
+def _off_by_default(version: str, name: str) -> str:
+    """Why the pin's row keeps a requested patch off (no measurement yet), from the overlays' compat table."""
+    from spark_overlays import compat
+
+    try:
+        return compat.support(version, name).off_by_default
+    except compat.CompatError:
+        return ""
+
+
 # ------------------------------------------------------------------------------------------------ plan
 def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
@@ -236,10 +246,17 @@ def _features(inv: Inventory, mode_of: Callable[[str, str], str], ckpt: Checkpoi
         spec = profile.speculative
         if requested and name == "shortlist" and (spec.method != "mtp" or spec.num_speculative_tokens == 0):
             enabled, reason = False, f"needs MTP speculation (profile uses {spec.method} depth {spec.num_speculative_tokens})"
+        quantized_head = dict(spec.extra).get("draft_lm_head_quantization")
+        if enabled and name == "shortlist" and quantized_head:
+            enabled, reason = False, (f"the profile quantizes the shared draft head (draft_lm_head_quantization: "
+                                      f"{quantized_head}); vLLM cannot stack that with a draft head of its own "
+                                      "(bench/draft_head_levers.py compares the two levers)")
         if requested and name == "prefix_align" and not profile.prefix_caching:
             enabled, reason = False, "prefix caching is off in the profile"
         if requested and name == "fp8_gdn":
             enabled, reason = checkpoint_mod.fp8_gdn_applies(ckpt)
+        if enabled and _off_by_default(version, name):
+            enabled, reason = False, _off_by_default(version, name)
         out.append(Feature(name, requested, enabled, mode, reason))
     return tuple(out)
 

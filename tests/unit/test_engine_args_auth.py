@@ -67,7 +67,7 @@ def test_engine_args_reach_every_rank_in_order(tmp_path):
 
 @pytest.mark.parametrize("key, expect", [
     ("tool-call-parsr", "did you mean 'tool-call-parser'"),
-    ("made-up-flag", "vLLM 0.33 has no flag --made-up-flag"),
+    ("made-up-flag", "vLLM 0.34 has no flag --made-up-flag"),  # the shipped pin
 ])
 def test_unknown_flag_exits_2_naming_the_profile_key(tmp_path, run_cli, key, expect):
     path = _inventory(tmp_path, _profile(engine_args={key: "x"}))

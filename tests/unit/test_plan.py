@@ -266,3 +266,18 @@ def test_ray_backend_on_gpu_nodes_lets_ray_find_the_gpu(tmp_path):
     assert "--num-gpus" not in worker.serve_argv and "--gpus" in worker.docker_argv
     assert worker.env["NCCL_SOCKET_IFNAME"] == worker.netdev
 
+
+
+def test_a_quantized_shared_draft_head_turns_the_shortlist_off_with_the_reason():
+    """vLLM refuses draft_lm_head_quantization for a drafter with its own head: the planner picks one lever."""
+    import dataclasses
+    import json
+
+    inv = _shipped()
+    spec = dataclasses.replace(inv.profile.speculative, extra=(("draft_lm_head_quantization", "nvfp4"),))
+    p = plan.plan(dataclasses.replace(inv, profile=dataclasses.replace(inv.profile, speculative=spec)))
+    shortlist = next(f for f in p.features if f.name == "shortlist")
+    assert shortlist.requested and not shortlist.enabled
+    assert "draft_lm_head_quantization: nvfp4" in shortlist.reason and "cannot stack" in shortlist.reason
+    rendered = json.loads(p.head.serve_argv[p.head.serve_argv.index("--speculative-config") + 1])
+    assert rendered["draft_lm_head_quantization"] == "nvfp4" and "use_local_argmax_reduction" not in rendered

@@ -77,7 +77,7 @@ def test_dockerfile_has_provenance_and_the_overlay_check():
     assert text.splitlines()[3].startswith("FROM nvcr.io/nvidia/vllm@sha256:")
     assert "--no-deps --no-index" in text and "-m spark_overlays check" in text
     assert "vocab/current.txt" not in text and "vocab-sha256" not in text  # the list is runtime data
-    for label in ("org.opencontainers.image.revision=\"" + COMMIT, "io.sparkdeploy.vllm-version=\"0.33.0\"",
+    for label in ("org.opencontainers.image.revision=\"" + COMMIT, "io.sparkdeploy.vllm-version=\"0.34.0\"",
                   "io.sparkdeploy.patches=", "org.opencontainers.image.base.digest="):
         assert label in text
 

@@ -54,6 +54,21 @@ def _why(p: plan_mod.Plan, feat) -> str:
     return (f"on, {feat.mode}" + (f": {how}" if how else "")) if feat.enabled else f"off: {feat.reason}"
 
 
+def _per_pin(p: plan_mod.Plan) -> list[str]:
+    """Each patch on every vLLM series the kit supports (image.vllm_version picks one): native flag, overlay, or
+    off on that pin whatever the inventory asks, with why."""
+    from spark_overlays import compat
+
+    here = compat.series(p.image.vllm_version)
+    lines = []
+    for series, row in sorted(compat.TABLE.items(), key=lambda kv: tuple(map(int, kv[0].split(".")))):
+        lines.append(f"  vLLM {series}.x{' (this plan)' if series == here else ''}: " + "  ".join(
+            f"{name}={'off' if row[name].off_by_default else row[name].mode}" for name in compat.FEATURES))
+        lines += [f"    {name} off on {series}: {row[name].off_by_default}" for name in compat.FEATURES
+                  if row[name].off_by_default]
+    return lines
+
+
 def format_plan(p: plan_mod.Plan) -> str:
     lines = [
         f"cluster {p.cluster}  profile {p.profile}  nodes {p.nnodes}  tp {p.tp}  pp {p.pp}  release {p.release_id}",
@@ -64,6 +79,8 @@ def format_plan(p: plan_mod.Plan) -> str:
         "start   " + " -> ".join(f"{n.name} ({n.role})" for n in p.start_order),
         "patches " + "  ".join(f"{f.name}={'on' if f.enabled else 'off'}({f.mode})" for f in p.features),
         *(f"  {f.name:<13} {_why(p, f)}" for f in p.features),
+        "pins    per patch on each supported vLLM series (image.vllm_version picks one)",
+        *_per_pin(p),
         "weights " + (f"{p.checkpoint.format} (from {p.checkpoint.source})" if p.checkpoint else "format unknown"),
         *(f"  path  {t}" for t in p.weights_transfers),
         "secrets " + ("  ".join(f"{k} {v}" for k, v in p.secrets.items()) + f" in {p.layout.secrets_env} (0600)"

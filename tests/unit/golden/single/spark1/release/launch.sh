@@ -1,6 +1,6 @@
 #!/bin/bash
 # Rendered by sparkdeploy 0.1.0; do not edit (sparkdeploy render).
-# Engine of node spark1: rank 0 of 1 (head), release fa7f812c6dcb.
+# Engine of node spark1: rank 0 of 1 (head), release 7089b5febfb0.
 # Run by sparkdeploy-engine.service as /etc/sparkdeploy/current/launch.sh, in the foreground: systemd supervises
 # `docker run` (no -d, no --rm, no docker restart policy), docker supervises vLLM (--init).
 set -euo pipefail
@@ -43,7 +43,7 @@ exec docker run \
   --shm-size 16g \
   --env-file /etc/sparkdeploy/current/engine.env \
   --env-file /etc/sparkdeploy/secrets.env \
-  --label io.sparkdeploy.release=fa7f812c6dcb \
+  --label io.sparkdeploy.release=7089b5febfb0 \
   --label io.sparkdeploy.node=spark1 \
   --label io.sparkdeploy.role=head \
   -v /var/lib/sparkdeploy/vocab:/opt/sparkdeploy/vocab:ro \
@@ -53,7 +53,7 @@ exec docker run \
   -v /var/lib/sparkdeploy/cache/flashinfer:/root/.cache/flashinfer \
   -v /var/lib/sparkdeploy/cache/triton:/root/.triton \
   -v /var/lib/sparkdeploy/models/qwen3.8-flash-next-nvfp4:/models/qwen3.8-flash-next-nvfp4:ro \
-  sparkdeploy/serving:0.33.0-c3600b15f7c5 \
+  sparkdeploy/serving:0.34.0-1845509410be \
   vllm serve /models/qwen3.8-flash-next-nvfp4 \
   --served-model-name qwen3.8-flash-next \
   --host 0.0.0.0 \
@@ -67,7 +67,7 @@ exec docker run \
   --enable-prefix-caching \
   --speculative-config '{"method":"mtp","num_speculative_tokens":2,"use_local_argmax_reduction":true}' \
   --scheduler-cls spark_overlays.capture.scheduler \
-  --additional-config '{"spark_overlays":{"capture":{"enabled":true,"flush_seconds":10,"path":"/var/lib/sparkdeploy/capture/counts.npy","switch":"/var/lib/sparkdeploy/capture/on"},"fp8_gdn":{"enabled":false},"prefix_align":{"enabled":false},"shortlist":{"enabled":true,"path":"/opt/sparkdeploy/vocab/current.txt","sha256":"1c901ae69c6132723fec50b0fb96630649b677b9f208881d35f26e6ebe878d60"},"skinny_gemm":{"enabled":true}}}' \
+  --additional-config '{"spark_overlays":{"capture":{"enabled":true,"flush_seconds":10,"path":"/var/lib/sparkdeploy/capture/counts.npy","switch":"/var/lib/sparkdeploy/capture/on"},"fp8_gdn":{"enabled":false},"prefix_align":{"enabled":false},"shortlist":{"enabled":true,"path":"/opt/sparkdeploy/vocab/current.txt","sha256":"1c901ae69c6132723fec50b0fb96630649b677b9f208881d35f26e6ebe878d60"},"skinny_gemm":{"enabled":false}}}' \
   --enable-auto-tool-choice \
   --tool-call-parser qwen3_coder \
   --reasoning-parser qwen3
