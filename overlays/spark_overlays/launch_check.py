@@ -23,8 +23,10 @@ import dataclasses
 import importlib
 import io
 import json
+import os
 import re
 import sys
+import tempfile
 
 # where the releases keep `make_arg_parser` and the pre-load checks of `vllm serve` (they moved between releases)
 PARSER_MODULES = ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args",
@@ -84,8 +86,11 @@ def _argparse_error(text: str) -> str:
     return " ".join(lines) or "the argument parser refused the command line"
 
 
-def refusal(argv: list[str], parser=None, checks=None) -> dict | None:
-    """vLLM's complaint about `argv` ({"flag", "error"}), or None when `vllm serve` would go on to load."""
+def refusal(argv: list[str], parser=None, checks=None, *, stand_in_model: bool = False) -> dict | None:
+    """vLLM's complaint about `argv` ({"flag", "error"}), or None when `vllm serve` would go on to load.
+
+    `stand_in_model`: judge the flags with an empty local directory for the model (a check away from the
+    checkpoint, e.g. the engine tests'); without it a model path that is not there is itself the refusal."""
     if argv[:2] != ["vllm", "serve"] or len(argv) < 3:
         return _refused(f"not a `vllm serve MODEL` command: {argv[:3]}")
     parser = parser or serve_parser()
@@ -100,6 +105,10 @@ def refusal(argv: list[str], parser=None, checks=None) -> dict | None:
         return _refused(_argparse_error(stderr.getvalue()), argv=argv)
     except (TypeError, ValueError, KeyError) as err:
         return _refused(f"{type(err).__name__}: {err}", argv=argv)
+    if stand_in_model:
+        args.model = tempfile.mkdtemp(prefix="launch-check-model-")
+    elif args.model.startswith("/") and not os.path.exists(args.model):
+        return _refused(f"the model path {args.model} is not there (is model.host_dir mounted?)", "--model")
     return _config_refusal(args, argv)
 
 

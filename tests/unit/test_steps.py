@@ -225,3 +225,12 @@ def test_a_launch_check_that_could_not_run_is_a_node_error_not_a_refusal():
 
     with pytest.raises(RemoteError, match=r"did not run \(exit 125\): docker: Unable to find image"):
         judge("node2", "", 125, "docker: Unable to find image 'x:1' locally", "0.32")
+
+
+def test_the_launch_check_sees_the_releases_mounts():
+    from sparkdeploy.steps.launch_check import mounts
+
+    argv = ["docker", "run", "--name", "e", "-v", "/var/lib/sparkdeploy/vocab:/opt/sparkdeploy/vocab:ro", "--env-file",
+            "x", "-v", "/models/host:/models/m:ro", "image:tag"]
+    assert mounts(argv) == ["-v", "/var/lib/sparkdeploy/vocab:/opt/sparkdeploy/vocab:ro", "-v",
+                            "/models/host:/models/m:ro"]

@@ -54,6 +54,12 @@ def judge(node: str, out: str, rc: int, err: str, series: str) -> None:
                             "release still serves")
 
 
+def mounts(docker_argv) -> list[str]:
+    """The release's own `-v` mounts (checkpoint, draft list, caches): the check sees the files the engine will."""
+    argv = list(docker_argv)
+    return [x for i, a in enumerate(argv[:-1]) if a == "-v" for x in (a, argv[i + 1])]
+
+
 def passed_mark(cx: Context, node: str) -> str:
     """Where a node keeps that a launch passed: named by what the check judges (image, argv, env), so a release
     that changes none of them (a new memory reserve on a CPU node, a re-run) is not checked again."""
@@ -73,8 +79,8 @@ def step_launch_check(cx: Context, num: int, out: list[Outcome]) -> None:
         if c.exists(mark):
             return []
         argv = ["docker", "run", "--rm", "--network", "none", "--env-file", f"{rdir}/{ENV_FILE}",
-                "--entrypoint", python[0], cx.plan.image.tag, *python[1:], "-m", "spark_overlays.launch_check",
-                *cx.plan.node(n).serve_argv]
+                *mounts(cx.plan.node(n).docker_argv), "--entrypoint", python[0], cx.plan.image.tag, *python[1:],
+                "-m", "spark_overlays.launch_check", *cx.plan.node(n).serve_argv]
 
         def check() -> None:
             res = c.run(argv, check=False, timeout=TIMEOUT_S)
