@@ -191,7 +191,7 @@ def _compat_mode() -> tuple[Callable[[str, str], str], Callable[[str, str], list
 
 # ------------------------------------------------------------------------------------------------ plan
 def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def _checkpoint(profile, measured: Checkpoint | None) -> Checkpoint | None:
