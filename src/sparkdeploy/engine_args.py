@@ -62,7 +62,9 @@ _SIZE_RE = re.compile(r"\d+(\.\d+)?[kKmMgGtT]|\d+")  # vLLM's human_readable_int
 
 @functools.lru_cache(maxsize=None)
 def catalogue(series: str) -> dict[str, dict[str, Any]]:
-    """{"--flag": {dest, takes_value, many, choices}} of vLLM `series` ("0.33"); InventoryError if none ships."""
+    """{"--flag": {dest, takes_value, many, choices, type, keys, registered}} of vLLM `series` ("0.33")
+    (scripts/vllm_flags.py says what each means; a catalogue without the last three is judged by name only);
+    InventoryError if none ships."""
     path = paths.repo_root() / "deploy" / "vllm-flags" / f"{series}.json"
     try:
         return json.loads(path.read_text())["flags"]
@@ -100,7 +102,7 @@ def to_argv(raw: Any, series: str, *, file: str, field: str = "engine_args") -> 
         raise InventoryError("expected a mapping of vllm serve flags to values", file=file, field=field)
     flags = catalogue(series)
     argv: list[str] = []
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, str]] = {}  # dest -> (key, flag) that set it
     plugins = {flags[f]["dest"] for f in ("--" + str(k).removeprefix("--").replace("_", "-") for k in raw)
                if f in flags}
     for key, value in raw.items():
@@ -119,8 +121,11 @@ def to_argv(raw: Any, series: str, *, file: str, field: str = "engine_args") -> 
         if owner:
             raise InventoryError(f"{flag} is set by sparkdeploy; use {owner}", file=file, field=where)
         if spec["dest"] in seen:
-            raise InventoryError(f"{flag} sets the same option as {seen[spec['dest']]}", file=file, field=where)
-        seen[spec["dest"]] = flag
+            first_key, first_flag = seen[spec["dest"]]
+            same = f"{flag} is given twice ({first_key!r} and {key!r})" if first_flag == flag else \
+                f"{flag} sets the same option as {first_flag}"
+            raise InventoryError(same, file=file, field=where)
+        seen[spec["dest"]] = (key, flag)
         argv += _flag_argv(flag, spec, value, series, file=file, field=where,
                            plugin_loaded=_PLUGIN_OF.get(spec["dest"]) in plugins)
     return tuple(argv)

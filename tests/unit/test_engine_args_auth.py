@@ -170,6 +170,18 @@ def test_switch_false_renders_the_pins_opposite_spelling(tmp_path, series, key, 
     assert p.head.serve_argv[-1] == rendered
 
 
+@pytest.mark.parametrize("args, expect", [
+    ({"enable-auto-tool-choice": True, "enable_auto_tool_choice": True},
+     "--enable-auto-tool-choice is given twice ('enable-auto-tool-choice' and 'enable_auto_tool_choice')"),
+    ({"enable-chunked-prefill": True, "disable-chunked-prefill": True},
+     "--disable-chunked-prefill sets the same option as --enable-chunked-prefill"),
+])
+def test_one_option_set_twice_says_how(tmp_path, args, expect):
+    with pytest.raises(InventoryError) as err:
+        inventory.load(_inventory(tmp_path, _profile(engine_args=args)))
+    assert expect in str(err.value)
+
+
 def test_switch_false_without_an_opposite_is_refused(tmp_path):
     with pytest.raises(InventoryError, match="no spelling that turns --aggregate-engine-logging off") as err:
         inventory.load(_inventory(tmp_path, _profile(engine_args={"aggregate-engine-logging": False})))
