@@ -103,7 +103,7 @@ def to_argv(raw: Any, series: str, *, file: str, field: str = "engine_args") -> 
     flags = catalogue(series)
     argv: list[str] = []
     seen: dict[str, tuple[str, str]] = {}  # dest -> (key, flag) that set it
-    plugins = {flags[f]["dest"] for f in ("--" + str(k).removeprefix("--").replace("_", "-") for k in raw)
+    dests_given = {flags[f]["dest"] for f in ("--" + str(k).removeprefix("--").replace("_", "-") for k in raw)
                if f in flags}
     for key, value in raw.items():
         where = f"{field}.{key}" if isinstance(key, str) and len(key) <= 80 else field
@@ -127,7 +127,7 @@ def to_argv(raw: Any, series: str, *, file: str, field: str = "engine_args") -> 
             raise InventoryError(same, file=file, field=where)
         seen[spec["dest"]] = (key, flag)
         argv += _flag_argv(flag, spec, value, series, file=file, field=where,
-                           plugin_loaded=_PLUGIN_OF.get(spec["dest"]) in plugins)
+                           plugin_loaded=_PLUGIN_OF.get(spec["dest"]) in dests_given)
     return tuple(argv)
 
 

@@ -56,7 +56,7 @@ from sparkdeploy.profile import (SERVED_RE, ImageConfig, Profile, Speculative, f
 FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align")
 GPU_KINDS = ("gb10", "none")
 MAX_NODES = 64  # nodes, services and a service's nodes (a Spark cluster is a handful)
-MAX_HCA = 16  # RoCE devices per node (a GB10 has four: two ports, each twice)
+MAX_HCA = 16  # RoCE devices per node (a GB10 lists two to four)
 ROLES = ("head", "worker")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
