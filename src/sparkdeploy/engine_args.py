@@ -166,7 +166,7 @@ def _flag_argv(flag: str, spec: Mapping[str, Any], value: Any, series: str, *, f
 
 def _value_text(flag: str, spec: Mapping[str, Any], value: Any, *, file: str, field: str) -> str:
     """One value as its argv word, refused where the pin's converter for `spec["type"]` would refuse it."""
-    kind = spec.get("type", "text")
+    kind = spec.get("type", "json_or_text")  # a catalogue older than types: judged by name only, as before
     if isinstance(value, (dict, list)):
         if kind not in ("json", "json_or_text"):
             shape = "a list" if isinstance(value, list) else "a mapping"

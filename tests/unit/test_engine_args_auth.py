@@ -351,3 +351,14 @@ def test_doctor_warns_without_a_key_and_is_quiet_with_one(tmp_path):
     assert bare.status is Status.WARN and "without a key" in bare.reason and "auth.api_key_file" in bare.fix
     keyed = preflight.check_api_key(inventory.load(_inventory(tmp_path, auth={"api_key_file": str(_key_file(tmp_path))})))
     assert keyed.status is Status.OK and SECRET not in keyed.reason
+
+
+def test_a_catalogue_without_value_types_still_plans_by_name(tmp_path, monkeypatch):
+    """A series whose catalogue predates types (regenerate it with scripts/vllm_flags.py) keeps today's checks."""
+    from sparkdeploy import engine_args
+
+    bare = {flag: {k: spec[k] for k in ("dest", "takes_value", "many", "choices")}
+            for flag, spec in engine_args.catalogue("0.33").items()}
+    monkeypatch.setattr(engine_args, "catalogue", lambda series: bare)
+    argv = engine_args.to_argv({"compilation-config": {"mode": 3}, "tool-call-parser": "mine"}, "0.33", file="p")
+    assert argv == ("--compilation-config", '{"mode":3}', "--tool-call-parser", "mine")
