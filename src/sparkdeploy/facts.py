@@ -23,16 +23,18 @@ Facts file shape:
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import yaml
-
+from sparkdeploy import yamlfile
 from sparkdeploy.errors import InventoryError
 from sparkdeploy.probes import NetDev  # the parsers of raw node output are in probes, one per fact
 
 GIB = 1 << 30
+MAX_MEMORY_GIB = 1 << 16  # 64 TiB: far above any node, far below a float that int() cannot hold
+MAX_ITEMS = 256  # netdevs, RDMA devices and units a node may list in a facts file
 
 # Nominal GB10 (DGX Spark): 128 GB LPDDR5x shared by CPU and GPU; the kernel reports about 119.7 GiB MemTotal
 # (`free -h` shows 119Gi) and a headless idle box with dropped caches about 116 GiB MemAvailable. Estimates,
@@ -136,18 +138,42 @@ def _memory(raw: dict, key: str, file: str, where: str, required: bool) -> int |
         return None
     value = gib if gib is not None else byte
     name = f"{key}_gib" if gib is not None else f"{key}_bytes"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        _fail(file, f"{where}.{name}", f"expected a positive number, got {value!r}")
+    limit = MAX_MEMORY_GIB if gib is not None else MAX_MEMORY_GIB * GIB
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= limit:
+        _fail(file, f"{where}.{name}", f"expected a number above 0 and at most {limit}, got {_quote(value)}")
     return int(value * GIB) if gib is not None else int(value)
+
+
+def _quote(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _opt_str(raw: dict, key: str, file: str, where: str) -> str | None:
     value = raw.get(key)
     if value is None:
         return None
-    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-        _fail(file, f"{where}.{key}", f"expected a string, got {value!r}")
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        _fail(file, f"{where}.{key}", f"expected a string, got {_quote(value)}")
     return str(value)
+
+
+def _mapping(raw: dict, key: str, file: str, where: str) -> dict:
+    value = raw.get(key) or {}
+    if not isinstance(value, dict) or len(value) > MAX_ITEMS:
+        _fail(file, f"{where}.{key}", f"expected a mapping of at most {MAX_ITEMS} device names to their facts")
+    for name in value:
+        if not isinstance(name, str):
+            _fail(file, f"{where}.{key}", f"device names are strings, got {_quote(name)}")
+    return value
+
+
+def _opt_int(spec: dict, key: str, lo: int, hi: int, file: str, where: str, default: int | None = None) -> int | None:
+    value = spec.get(key, default)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi):
+        _fail(file, f"{where}.{key}", f"expected an integer {lo}..{hi}, got {_quote(value)}")
+    return value
 
 
 def facts_from_dict(name: str, raw: Any, file: str = "<facts>") -> NodeFacts:
@@ -156,59 +182,67 @@ def facts_from_dict(name: str, raw: Any, file: str = "<facts>") -> NodeFacts:
         _fail(file, where, "expected a mapping of facts")
     for key in raw:
         if key not in _FACT_KEYS:
-            _fail(file, f"{where}.{key}", f"unknown key; allowed: {', '.join(_FACT_KEYS)}")
+            _fail(file, f"{where}.{str(key)[:60]}", f"unknown key; allowed: {', '.join(_FACT_KEYS)}")
     total = _memory(raw, "mem_total", file, where, required=True)
     available = _memory(raw, "mem_available", file, where, required=False)
     if available is not None and total is not None and available > total:
         _fail(file, f"{where}.mem_available_gib", "larger than mem_total")
     netdevs = []
-    for dev, spec in (raw.get("netdevs") or {}).items():
+    for dev, spec in _mapping(raw, "netdevs", file, where).items():
         spec = spec or {}
+        at = f"{where}.netdevs.{dev[:60]}"
         if not isinstance(spec, dict) or set(spec) - {"ipv4", "mtu", "up"}:
-            _fail(file, f"{where}.netdevs.{dev}", "expected {ipv4: [a.b.c.d/n], mtu: N, up: bool}")
+            _fail(file, at, "expected {ipv4: [a.b.c.d/n], mtu: N, up: bool}")
         ipv4 = spec.get("ipv4") or []
         if isinstance(ipv4, str):
             ipv4 = [ipv4]
+        if not isinstance(ipv4, list) or len(ipv4) > MAX_ITEMS:
+            _fail(file, f"{at}.ipv4", f"expected a list of at most {MAX_ITEMS} IPv4 addresses")
         for i, addr in enumerate(ipv4):
             try:
                 ipaddress.IPv4Interface(addr)
-            except ValueError:
-                _fail(file, f"{where}.netdevs.{dev}.ipv4[{i}]", f"{addr!r} is not an IPv4 address")
-        netdevs.append(NetDev(str(dev), tuple(str(a) if "/" in str(a) else f"{a}/32" for a in ipv4),
-                              spec.get("mtu"), spec.get("up")))
+            except (ValueError, TypeError):
+                _fail(file, f"{at}.ipv4[{i}]", f"{_quote(addr)} is not an IPv4 address")
+        up = spec.get("up")
+        if up is not None and not isinstance(up, bool):
+            _fail(file, f"{at}.up", f"expected true or false, got {_quote(up)}")
+        netdevs.append(NetDev(dev, tuple(str(a) if "/" in str(a) else f"{a}/32" for a in ipv4),
+                              _opt_int(spec, "mtu", 68, 65536, file, at), up))
     roce = []
-    for dev, spec in (raw.get("roce") or {}).items():
+    for dev, spec in _mapping(raw, "roce", file, where).items():
         spec = spec or {}
+        at = f"{where}.roce.{dev[:60]}"
         if not isinstance(spec, dict) or set(spec) - {"netdev", "gid_index", "port"}:
-            _fail(file, f"{where}.roce.{dev}", "expected {netdev: NAME, gid_index: N|null, port: 1}")
-        gid = spec.get("gid_index")
-        if gid is not None and (isinstance(gid, bool) or not isinstance(gid, int) or not 0 <= gid < 256):
-            _fail(file, f"{where}.roce.{dev}.gid_index", f"expected an integer 0..255 or null, got {gid!r}")
-        roce.append(RoceDev(str(dev), spec.get("netdev"), int(spec.get("port", 1)), gid))
+            _fail(file, at, "expected {netdev: NAME, gid_index: N|null, port: 1}")
+        netdev = spec.get("netdev")
+        if netdev is not None and not isinstance(netdev, str):
+            _fail(file, f"{at}.netdev", f"expected a netdev name, got {_quote(netdev)}")
+        roce.append(RoceDev(dev, netdev, _opt_int(spec, "port", 1, 255, file, at, default=1),
+                            _opt_int(spec, "gid_index", 0, 255, file, at)))
     units = raw.get("units") or []
-    if not isinstance(units, list):
-        _fail(file, f"{where}.units", "expected a list of unit names")
+    if not isinstance(units, list) or len(units) > MAX_ITEMS or not all(isinstance(u, str) for u in units):
+        _fail(file, f"{where}.units", f"expected a list of at most {MAX_ITEMS} unit names")
     gpu_name = _opt_str(raw, "gpu_name", file, where)
     has_gpu = raw.get("has_gpu", gpu_name is not None)
+    if not isinstance(has_gpu, bool):
+        _fail(file, f"{where}.has_gpu", f"expected true or false, got {_quote(has_gpu)}")
     return NodeFacts(
-        node=name, mem_total_bytes=total, mem_available_bytes=available, has_gpu=bool(has_gpu), gpu_name=gpu_name,
+        node=name, mem_total_bytes=total, mem_available_bytes=available, has_gpu=has_gpu, gpu_name=gpu_name,
         driver=_opt_str(raw, "driver", file, where), docker_version=_opt_str(raw, "docker_version", file, where),
-        netdevs=tuple(netdevs), roce=tuple(roce), units=tuple(str(u) for u in units), source=f"file:{file}",
+        netdevs=tuple(netdevs), roce=tuple(roce), units=tuple(units), source=f"file:{file}",
     )
 
 
 def load_facts_file(path: str | Path) -> dict[str, NodeFacts]:
-    """Read a facts YAML (`nodes: {name: {...}}`) into {node name: NodeFacts}."""
+    """Read a facts YAML (`nodes: {name: {...}}`) into {node name: NodeFacts}, through the hardened loader the
+    inventory uses (bounded read, regular files only, no duplicate keys, no alias bombs)."""
     file = str(path)
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InventoryError("facts file not found", file=file) from None
-    except yaml.YAMLError as err:
-        raise InventoryError(f"YAML syntax error: {str(err).splitlines()[0]}", file=file) from None
+    raw = yamlfile.load(path, "facts")
     if not isinstance(raw, dict) or set(raw) != {"nodes"} or not isinstance(raw["nodes"], dict):
         raise InventoryError("expected a mapping with one key, nodes: {name: facts}", file=file, field="nodes")
-    return {str(name): facts_from_dict(str(name), spec, file) for name, spec in raw["nodes"].items()}
+    if not all(isinstance(name, str) for name in raw["nodes"]):
+        raise InventoryError("node names are strings", file=file, field="nodes")
+    return {name: facts_from_dict(name, spec, file) for name, spec in raw["nodes"].items()}
 
 
 def facts_for(nodes: Iterable[Any], given: Mapping[str, NodeFacts] | None = None) -> dict[str, NodeFacts]:

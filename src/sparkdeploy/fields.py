@@ -85,6 +85,13 @@ class Fields:
             self.fail(key, f"{value} out of range; expected {what}")
         return value
 
+    def items(self, key: str, most: int, default: Any = ..., *, what: str) -> Any:
+        """A list of at most `most` entries (checks over a list then stay cheap, whatever the file holds)."""
+        value = self.get(key, list, default, what=what)
+        if isinstance(value, list) and len(value) > most:
+            self.fail(key, f"{len(value)} entries; expected {what}, at most {most}")
+        return value
+
     def flag(self, key: str, default: Any = ...) -> Any:
         return self.get(key, bool, default, what="true or false")
 

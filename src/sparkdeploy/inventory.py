@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +56,8 @@ from sparkdeploy.profile import (SERVED_RE, ImageConfig, Profile, Speculative, f
 
 FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align")
 GPU_KINDS = ("gb10", "none")
+MAX_NODES = 64  # nodes, services and a service's nodes (a Spark cluster is a handful)
+MAX_HCA = 16  # RoCE devices per node (a GB10 lists two to four)
 ROLES = ("head", "worker")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -237,14 +238,14 @@ def _node(raw: Any, index: int, file: str, *, in_services: bool) -> Node:
                           "data network (the other ranks connect to it), not 0.0.0.0, loopback, multicast or broadcast")
     data_ip = str(address)
     netdev = f.text("netdev", IFNAME_RE, what="a network interface name (1-15 of letters, digits, '.', '_', '-')")
-    hca_raw = f.get("hca", list, [], what="a list of RoCE device names")
-    hca: list[str] = []
+    hca_raw = f.items("hca", MAX_HCA, [], what="a list of RoCE device names")
+    hca: dict[str, None] = {}  # insertion-ordered, so a repeat is found in constant time
     for i, dev in enumerate(hca_raw):
         if not isinstance(dev, str) or not HCA_RE.fullmatch(dev):
             f.fail(f"hca[{i}]", f"{short(dev)} is not a RoCE device name")
         if dev in hca:
             f.fail(f"hca[{i}]", f"{dev!r} listed twice")
-        hca.append(dev)
+        hca[dev] = None
     gpu = f.text("gpu", None, "gb10", what="gb10 or none")
     if gpu not in GPU_KINDS:
         f.fail("gpu", f"{gpu!r} is not one of {', '.join(GPU_KINDS)}")
@@ -261,14 +262,14 @@ BACKENDS = ("mp", "ray")
 
 
 def _auth(f: Fields, inventory_file: Path) -> Auth:
-    """Secret files are local paths (`~` expanded, relative to the inventory), read now so a bad one exits 2."""
+    """Secret files are local paths (`~`, `$VAR` expanded, relative to the inventory), read now so a bad one exits 2."""
     a = f.sub("auth", ("api_key_file", "hf_token_file"), required=False)
     found: dict[str, Path] = {}
     for key in ("api_key_file", "hf_token_file"):
         ref = path_text(a, key, None)
         if ref is None:
             continue
-        path = Path(os.path.expandvars(ref)).expanduser()
+        path = Path(sshconfig.local_path(ref))
         path = path if path.is_absolute() else inventory_file.parent / path
         try:
             credentials.read_secret(path, a.at(key))
@@ -288,7 +289,7 @@ def _vocab(f: Fields, inventory_file: Path, required: bool, vocab_size: int | No
             f.fail("vocab", "missing; patches.shortlist is on, so a draft vocab list (one id per line) is needed")
         return None
     ref = path_text(f, "vocab")
-    path = Path(ref).expanduser()
+    path = Path(sshconfig.local_path(ref))
     if not path.is_absolute():
         path = inventory_file.parent / path
     try:
@@ -331,7 +332,7 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
     cluster = f.text("cluster", NAME_RE, "sparkdeploy", what="a cluster name (letters, digits, '.', '_', '-')")
     in_services = f.has("services")
 
-    nodes_raw = f.get("nodes", list, what="a list of nodes")
+    nodes_raw = f.items("nodes", MAX_NODES, what="a list of nodes")
     if not nodes_raw:
         f.fail("nodes", "must list at least one node")
     nodes = tuple(_node(raw_node, i, file, in_services=in_services) for i, raw_node in enumerate(nodes_raw))
@@ -350,7 +351,7 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
     for key in _SERVICE_KEYS:
         if key not in ("name", "nodes", "image") and key in raw:
             f.fail(key, f"with services:, {key} belongs to each service (services[N].{key})")
-    services_raw = f.get("services", list, what="a list of services")
+    services_raw = f.items("services", MAX_NODES, what="a list of services")
     if not services_raw:
         f.fail("services", "must list at least one service")
     index = {n.name: i for i, n in enumerate(nodes)}
@@ -362,14 +363,14 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
             s.fail("name", f"{name!r} names two services")
         if name == "router":
             s.fail("name", "'router' names the router in reports (health, up --json); choose another name")
-        listed = s.get("nodes", list, what="a list of node names, its head first")
+        listed = s.items("nodes", MAX_NODES, what="a list of node names, its head first")
         if not listed:
             s.fail("nodes", "must list at least one node, its head first")
         members: list[Node] = []
         for ni, node_name in enumerate(listed):
             if not isinstance(node_name, str) or node_name not in index:
                 s.fail(f"nodes[{ni}]", f"no node named {short(node_name)} in nodes: ({', '.join(index)})")
-            if node_name in listed[:ni]:
+            if any(m.name == node_name for m in members):
                 s.fail(f"nodes[{ni}]", f"node {node_name!r} is twice in this service: one rank per node")
             members.append(_replace(nodes[index[node_name]], role="head" if ni == 0 else "worker"))
         shared, own = raw.get("image"), service_raw.get("image")  # the service's keys win, key by key
@@ -442,11 +443,12 @@ def _service(f: Fields, cluster: str, nodes: tuple[Node, ...], inventory_file: P
     """What one service is: profile, patches, MTP depth, image, ports, memory and draft list read from `f` (the
     top level, or one entry of `services:`), checked against the nodes it runs on."""
     file = str(inventory_file)
-    profile_ref = f.text("profile", re.compile(r"^[A-Za-z0-9_./-]+$"), what="a profile name or path")
+    profile_ref = sshconfig.local_path(f.text("profile", re.compile(r"^[A-Za-z0-9_./~${}-]+$"),
+                                              what="a profile name or path"))
     if len(profile_ref) > 1024 or any(len(part) > 250 for part in profile_ref.split("/")):
         f.fail("profile", "too long; expected a profile name or path (at most 250 characters per path component)")
     profile_path = find_profile(profile_ref, inventory_file)
-    if not profile_path.is_file():
+    if not profile_path.exists():  # a FIFO or a device exists: the YAML loader refuses it without reading
         available = sorted(p.stem for p in paths.profiles_dir().glob("*.yaml")) if paths.profiles_dir().is_dir() else []
         f.fail("profile", f"no profile {profile_ref!r} ({profile_path}); available: {', '.join(available) or 'none'}")
     profile, profile_image, raw_engine_args = load_profile(profile_path, name=profile_path.stem)

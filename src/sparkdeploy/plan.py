@@ -220,7 +220,7 @@ def _off_by_default(version: str, name: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ plan
 def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def _checkpoint(profile, measured: Checkpoint | None) -> Checkpoint | None:

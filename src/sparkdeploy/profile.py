@@ -4,6 +4,7 @@ settings, container needs, env and `image:` defaults, into an immutable `Profile
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from typing import Any
 from sparkdeploy import checkpoint, paths, yamlfile
 from sparkdeploy.errors import InventoryError
 from sparkdeploy.fields import CONTROL_RE, Fields, kind_of, path_text, short
-from sparkdeploy.layout import VOCAB_CONTAINER_DIR
+from sparkdeploy.layout import STATE_DIR, VOCAB_CONTAINER_DIR
 
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([A-Za-z0-9._-]{0,40})$")  # part of the image tag: no '+'
@@ -85,9 +86,13 @@ class Profile:
         return self.tp * self.pp * self.dp
 
 
-# host directories never handed to a container as a model directory (eviction reads every file under it)
-_SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr",
-                "/var")
+# Host directories never taken as a model directory: eviction reads every file under it and `weights sync`
+# writes the head's files into it on every worker. The trees are refused with everything below them (except the
+# kit's own model store), the tops of user trees only as themselves, and any .ssh directory anywhere.
+_SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+                 "/sys", "/usr", "/var/lib", "/var/log", "/var/run", "/var/spool", "/var/cache")
+_SYSTEM_TOPS = ("/", "/var", "/home", "/root", "/opt", "/srv", "/mnt", "/media", "/tmp")
+MODEL_STORE = f"{STATE_DIR}/models"  # the shipped profiles' host_dir parent: /var/lib/sparkdeploy/models/<name>
 
 
 def _model_path(m: Fields) -> str:
@@ -101,10 +106,18 @@ def _model_path(m: Fields) -> str:
 
 def _host_dir(m: Fields) -> str | None:
     value = path_text(m, "host_dir", None, absolute=True, mount=True)
-    if value is not None and posixpath.normpath(value).replace("//", "/") in _SYSTEM_DIRS:
-        m.fail("host_dir", f"{short(value)} is a system directory; expected the directory that holds the "
-                           "checkpoint, such as /srv/models/<name>")
+    if value is not None and _system_dir(value):
+        m.fail("host_dir", f"{short(value)} is a system directory or lies below one; expected the directory that "
+                           f"holds the checkpoint, such as /srv/models/<name> or {MODEL_STORE}/<name>")
     return value
+
+
+def _system_dir(value: str) -> bool:
+    path = "/" + posixpath.normpath(value).lstrip("/")
+    if path.startswith(MODEL_STORE + "/"):
+        return False
+    return (path in _SYSTEM_TOPS or ".ssh" in path.split("/")
+            or any(path == tree or path.startswith(tree + "/") for tree in _SYSTEM_TREES))
 
 
 _IMAGE_KEYS = ("base", "vllm_version", "local", "repository", "python", "pip")
@@ -172,11 +185,18 @@ def _speculative(raw: Any, path: str, file: str) -> Speculative:
         if key in ("method", "num_speculative_tokens"):
             continue
         value = f.get(key, (str, int, float, bool), what="a string, number or boolean")
+        if isinstance(value, float) and not math.isfinite(value):
+            f.fail(key, f"{value} is not a number vLLM's JSON config takes")
         extra.append((key, value))
     return Speculative(method=method, num_speculative_tokens=depth, extra=tuple(extra))
 
 
+# Names that hold a secret: a profile's env lands in a 0644 engine.env, `plan` output and the release id.
+SECRET_ENV_RE = re.compile(r"VLLM_API_KEY|HF_TOKEN|.*_TOKEN|.*_KEY|.*SECRET.*|.*PASSWORD.*", re.IGNORECASE)
+
+
 def _env(raw: Any, path: str, file: str) -> tuple[tuple[str, str], ...]:
+    """The container env; secret-like names are refused (their place is the inventory's `auth:`, a 0600 file)."""
     if raw is None:
         return ()
     if not isinstance(raw, dict):
@@ -185,6 +205,11 @@ def _env(raw: Any, path: str, file: str) -> tuple[tuple[str, str], ...]:
     for key in sorted(raw, key=str):
         if not isinstance(key, str) or not ENV_KEY_RE.fullmatch(key):
             raise InventoryError(f"{short(key)} is not an environment variable name", file=file, field=path)
+        if SECRET_ENV_RE.fullmatch(key):
+            raise InventoryError("looks like a secret, and a profile's env is written in clear to engine.env, the "
+                                 "plan and the release id; give the API key as auth.api_key_file and the Hugging "
+                                 "Face token as auth.hf_token_file in the inventory (0600 files)",
+                                 file=file, field=f"{path}.{key}")
         value = raw[key]
         if isinstance(value, bool):
             value = "1" if value else "0"

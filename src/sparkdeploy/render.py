@@ -109,7 +109,7 @@ def environment() -> jinja2.Environment:
 
 
 def _json_bytes(value: Any) -> bytes:
-    return (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    return (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n").encode()
 
 
 def render(plan: Plan) -> dict[str, bytes]:
@@ -197,12 +197,22 @@ def write(plan: Plan, out_dir: str | Path) -> list[Path]:
     planted link cannot redirect a write or a chmod to a file elsewhere."""
     root = Path(out_dir)
     files = render(plan)
-    for rel in files:
-        _refuse_links(root, rel)
+    try:
+        if root.exists() and not root.is_dir():
+            raise InputError(f"--out {root}: not a directory (a file or a device); give a directory, created if "
+                             "missing")
+        for rel in files:
+            _refuse_links(root, rel)
+    except OSError as err:  # a name too long, a path through a file
+        raise InputError(f"--out {str(root)[:80]}: {err.strerror or err}") from None
     written = []
     for rel, data in files.items():
         target = root / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise InputError(f"--out {str(root)[:80]}: cannot create {target.parent.name}/ "
+                             f"({err.strerror or err})") from None
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
         try:
             with os.fdopen(fd, "wb") as fh:

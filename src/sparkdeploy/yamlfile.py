@@ -1,7 +1,8 @@
-"""The one YAML loader for files a user hands the kit (inventory, profile): bounded and strict, so a bad file
-is refused whole, fast, with the line to fix.
+"""The one YAML loader for files a user hands the kit (inventory, profile, facts): bounded and strict, so a bad
+file is refused whole, fast, with the line to fix.
 
-- at most MAX_BYTES are read (`--inventory /dev/zero` or a 50 MB file is refused without reading it all);
+- only a regular file is read, opened without blocking (a FIFO or a device such as /dev/zero is refused before
+  any read: a FIFO would wait for a writer forever), and at most MAX_BYTES of it (a 50 MB file is refused);
 - the composed document may hold at most MAX_VALUES values counting every alias expansion (a 3 KB alias bomb
   composes to a few hundred shared nodes but expands to billions: refused before any object is built);
 - a key given twice in one mapping is refused with both lines (a second `ports:` would silently win);
@@ -10,6 +11,8 @@ is refused whole, fast, with the line to fix.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +52,30 @@ def load(path: Path | str, what: str) -> Any:
         loader.dispose()
 
 
-def _read(path: Path, what: str) -> str:
+def read_regular(path: Path, what: str, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file `path`; InventoryError naming it for anything else (missing, a
+    directory, a FIFO, a device, a name too long, larger than `limit`), without blocking."""
     try:
-        with path.open("rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise InventoryError(f"{what} file not found", file=str(path)) from None
     except OSError as err:
         raise InventoryError(f"cannot read {what}: {err.strerror or err}", file=str(path)) from None
-    if len(data) > MAX_BYTES:
-        raise InventoryError(f"{what} is larger than {MAX_BYTES // 1024} KiB; this is not an inventory or "
-                             "profile", file=str(path))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InventoryError(f"{what} is not a regular file (a directory, FIFO or device?)", file=str(path))
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            data = fh.read(limit + 1)
+        except OSError as err:
+            raise InventoryError(f"cannot read {what}: {err.strerror or err}", file=str(path)) from None
+    if len(data) > limit:
+        raise InventoryError(f"{what} is larger than {limit // 1024} KiB; is this the right file?", file=str(path))
+    return data
+
+
+def _read(path: Path, what: str) -> str:
+    data = read_regular(path, what, MAX_BYTES)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

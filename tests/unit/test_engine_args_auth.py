@@ -59,10 +59,10 @@ def test_engine_args_reach_every_rank_in_order(tmp_path):
         "trust-remote-code": False, "default-chat-template-kwargs": {"enable_thinking": False}})))
     p = plan.plan(inv)
     for node in p.nodes:
-        tail = node.serve_argv[-7:]
+        tail = node.serve_argv[-8:]
         assert tail == ("--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder", "--reasoning-parser",
-                        "qwen3", "--default-chat-template-kwargs", '{"enable_thinking":false}')
-        assert "--trust-remote-code" not in node.serve_argv  # false: the switch stays off
+                        "qwen3", "--no-trust-remote-code", "--default-chat-template-kwargs", '{"enable_thinking":false}')
+        assert "--trust-remote-code" not in node.serve_argv  # false: the pin's own negative spelling
 
 
 @pytest.mark.parametrize("key, expect", [
@@ -97,6 +97,95 @@ def test_owned_flag_points_at_the_field_that_owns_it(tmp_path, key, owner):
 def test_bad_values_are_refused(tmp_path, value, expect):
     with pytest.raises(InventoryError, match=expect):
         inventory.load(_inventory(tmp_path, _profile(engine_args={"mamba-ssm-cache-dtype": value})))
+
+
+@pytest.mark.parametrize("args, key, expect", [
+    # the six values vLLM 0.33's parser or config classes refuse on the node (verify report 3.3)
+    ({"enable-auto-tool-choice": True, "tool-call-parser": "herms"}, "tool-call-parser", "did you mean 'hermes'"),
+    ({"reasoning-parser": "qwen"}, "reasoning-parser", "registers no parser 'qwen'"),
+    ({"max-logprobs": "many"}, "max-logprobs", "takes an integer"),
+    ({"max-logprobs": float("nan")}, "max-logprobs", "not a value vLLM takes"),
+    ({"enable-auto-tool-choice": True, "tool-call-parser": ["hermes", "openai"]}, "tool-call-parser", "not a list"),
+    ({"compilation-config": {"level": 3}}, "compilation-config.level", "has no key 'level'"),
+    ({"compilation-config": '{"level": 3}'}, "compilation-config.level", "has no key 'level'"),
+    ({"compilation-config": {"mode": float("inf")}}, "compilation-config", "NaN and infinity"),
+    ({"compilation-config": "{mode"}, "compilation-config", "takes JSON"),
+    ({"gpu-memory-utilization-x": 1}, "gpu-memory-utilization-x", "no flag"),
+    ({"max-log-len": 1.5}, "max-log-len", "takes an integer"),
+    ({"kv-offloading-size": "lots"}, "kv-offloading-size", "takes a number"),
+    ({"safetensors-prefetch-block-size": "8q"}, "safetensors-prefetch-block-size", "such as 8192 or 8k"),
+    ({"tool-call-parser": {"a": 1}}, "tool-call-parser", "not a mapping"),
+])
+def test_values_the_pin_refuses_exit_2_at_plan_naming_the_key(tmp_path, run_cli, args, key, expect):
+    path = _inventory(tmp_path, _profile(engine_args=args))
+    done = run_cli("plan", "--nodes", "2", "--inventory", str(path))
+    assert done.returncode == 2, done.stdout
+    assert f"p.yaml: engine_args.{key}" in done.stderr and expect in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("args", [
+    {"max-logprobs": "20"}, {"max-logprobs": 20}, {"kv-offloading-size": 2}, {"kv-offloading-size": "2.5"},
+    {"safetensors-prefetch-block-size": "16M"}, {"compilation-config": {"mode": 3, "cudagraph_mode": "FULL"}},
+    {"reasoning-parser": "none"}, {"hf-overrides": {"rope_theta": 1e6}}, {"hf-overrides": "x"},
+    {"allowed-origins": ["http://a"]},
+    # a plugin may register more parsers: only the node can judge the name
+    {"tool-parser-plugin": "/models/my_parser.py", "enable-auto-tool-choice": True, "tool-call-parser": "mine"},
+])
+def test_values_the_pin_takes_still_plan(tmp_path, args):
+    p = plan.plan(inventory.load(_inventory(tmp_path, _profile(engine_args=args))))
+    assert all(f"--{key}" in p.head.serve_argv for key in args)
+
+
+def test_registered_parser_names_follow_the_pins_catalogue(tmp_path):
+    """0.32 and 0.33 register different parsers: each plan is judged by its own pin's list."""
+    from sparkdeploy import engine_args
+
+    for series in ("0.32", "0.33"):
+        names = engine_args.catalogue(series)["--tool-call-parser"]["registered"]
+        assert "hermes" in names and "herms" not in names
+        keys = engine_args.catalogue(series)["--compilation-config"]["keys"]
+        assert "mode" in keys and "level" not in keys
+
+
+@pytest.mark.parametrize("key, owner", [
+    ("config", "the profile"), ("uds", "ports.api"), ("ssl-keyfile", "ports.api"), ("ssl-certfile", "ports.api"),
+    ("data-parallel-start-rank", "parallel.dp"), ("data-parallel-hybrid-lb", "parallel.dp"),
+])
+def test_options_that_move_the_api_or_the_ranks_are_owned(tmp_path, run_cli, key, owner):
+    path = _inventory(tmp_path, _profile(engine_args={key: True if key.endswith("-lb") else "/tmp/x"}))
+    done = run_cli("plan", "--nodes", "2", "--inventory", str(path))
+    assert done.returncode == 2 and f"engine_args.{key}" in done.stderr, done.stderr
+    assert f"set by sparkdeploy; use {owner}" in done.stderr
+
+
+@pytest.mark.parametrize("series, key, rendered", [
+    ("0.33.0", "enable-chunked-prefill", "--disable-chunked-prefill"),  # 0.33 spells the negative --disable-X
+    ("0.32.0", "enable-chunked-prefill", "--no-enable-chunked-prefill"),
+    ("0.33.0", "disable-chunked-prefill", "--enable-chunked-prefill"),
+])
+def test_switch_false_renders_the_pins_opposite_spelling(tmp_path, series, key, rendered):
+    image = {**yaml.safe_load(paths.default_inventory().read_text())["image"], "vllm_version": series}
+    p = plan.plan(inventory.load(_inventory(tmp_path, _profile(engine_args={key: False}), image=image)))
+    assert p.head.serve_argv[-1] == rendered
+
+
+@pytest.mark.parametrize("args, expect", [
+    ({"enable-auto-tool-choice": True, "enable_auto_tool_choice": True},
+     "--enable-auto-tool-choice is given twice ('enable-auto-tool-choice' and 'enable_auto_tool_choice')"),
+    ({"enable-chunked-prefill": True, "disable-chunked-prefill": True},
+     "--disable-chunked-prefill sets the same option as --enable-chunked-prefill"),
+])
+def test_one_option_set_twice_says_how(tmp_path, args, expect):
+    with pytest.raises(InventoryError) as err:
+        inventory.load(_inventory(tmp_path, _profile(engine_args=args)))
+    assert expect in str(err.value)
+
+
+def test_switch_false_without_an_opposite_is_refused(tmp_path):
+    with pytest.raises(InventoryError, match="no spelling that turns --aggregate-engine-logging off") as err:
+        inventory.load(_inventory(tmp_path, _profile(engine_args={"aggregate-engine-logging": False})))
+    assert err.value.field == "engine_args.aggregate-engine-logging"
 
 
 def test_switch_with_a_value_is_refused(tmp_path):
@@ -289,3 +378,14 @@ def test_doctor_warns_without_a_key_and_is_quiet_with_one(tmp_path):
     assert bare.status is Status.WARN and "without a key" in bare.reason and "auth.api_key_file" in bare.fix
     keyed = preflight.check_api_key(inventory.load(_inventory(tmp_path, auth={"api_key_file": str(_key_file(tmp_path))})))
     assert keyed.status is Status.OK and SECRET not in keyed.reason
+
+
+def test_a_catalogue_without_value_types_still_plans_by_name(tmp_path, monkeypatch):
+    """A series whose catalogue predates types (regenerate it with scripts/vllm_flags.py) keeps today's checks."""
+    from sparkdeploy import engine_args
+
+    bare = {flag: {k: spec[k] for k in ("dest", "takes_value", "many", "choices")}
+            for flag, spec in engine_args.catalogue("0.33").items()}
+    monkeypatch.setattr(engine_args, "catalogue", lambda series: bare)
+    argv = engine_args.to_argv({"compilation-config": {"mode": 3}, "tool-call-parser": "mine"}, "0.33", file="p")
+    assert argv == ("--compilation-config", '{"mode":3}', "--tool-call-parser", "mine")

@@ -1,9 +1,12 @@
 """Property: any string in any field of the inventory or profile (env keys and values, hca items, image fields
-included), and any vocab file, either renders files that are each valid for their context, or exits 2 naming
-the field. Never a traceback (main() lets any non-kit exception through, which fails the example)."""
+included), any value of any `engine_args` flag, and any vocab file, either renders files that are each valid for
+their context, or exits 2 naming the field. Never a traceback (main() lets any non-kit exception through, which
+fails the example). A value that plans is one the pin's parser takes; a secret-like env name never plans."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import shlex
 import shutil
@@ -16,8 +19,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkdeploy import paths
+from sparkdeploy import engine_args, paths
 from sparkdeploy.cli import main
+from sparkdeploy.profile import SECRET_ENV_RE
 from spark_overlays import vocab_list
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -106,9 +110,11 @@ def _check_rendered(out: Path) -> None:
                     assert line.split()[0] in DOCKER_WORDS, (path, line)
                     shlex.split(line, comments=False)  # quotes balance
         elif path.suffix == ".json":
-            import json
+            json.loads(text, parse_constant=_no_constant)  # RFC 8259: no NaN or Infinity
 
-            json.loads(text)
+
+def _no_constant(name: str):
+    raise AssertionError(f"{name} in JSON output")
 
 
 def _valid(where: str, dotted: str) -> str:
@@ -169,3 +175,77 @@ def test_any_vocab_file_loads_sorted_in_range_or_exits_2_naming_file_and_line(tm
         with pytest.raises(vocab_list.VocabListError):  # and the engine refuses it as well
             ids = vocab_list.read_ids(listing, TINY_VOCAB)
             vocab_list.validate(ids, TINY_VOCAB)
+
+
+SIM_SERIES = "0.32"  # sim-tiny's pin
+SIM_FLAGS = sorted(engine_args.catalogue(SIM_SERIES))
+SCALARS = st.one_of(st.text(max_size=12), st.integers(-3, 1 << 40), st.floats(), st.booleans(), st.none(),
+                    st.sampled_from(["hermes", "qwen3", "herms", "8k", "1.5", "auto", "none", "{\"mode\": 3}",
+                                     "{\"level\": 3}", "[1]", "nan"]))
+FLAG_VALUES = st.one_of(SCALARS, st.lists(SCALARS, max_size=3), st.dictionaries(
+    st.sampled_from(["mode", "level", "backend", "x", "cudagraph_mode"]), SCALARS, max_size=2))
+
+
+def _pin_takes(spec: dict, words: list[str]) -> None:
+    """What vLLM's converter for the flag's type and its parser registry would make of each planned word."""
+    for word in words:
+        kind = spec["type"]
+        if kind == "int":
+            int(word)
+        elif kind == "float":
+            assert math.isfinite(float(word)), word
+        elif kind == "json":
+            json.loads(word, parse_constant=_no_constant)
+        if spec["choices"]:
+            assert word in spec["choices"], word
+        if spec["registered"]:
+            assert word in spec["registered"] or word.lower() == "none", word
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(SIM_FLAGS), value=FLAG_VALUES)
+def test_any_engine_args_value_plans_as_the_pin_parses_it_or_exits_2_naming_the_key(tmp_path_factory, capsys,
+                                                                                    key, value):
+    tmp = tmp_path_factory.mktemp("eargs")
+    inv, prof = _documents()
+    prof["engine_args"] = {key[2:]: value}
+    (tmp / "prof.yaml").write_text(yaml.safe_dump(prof, allow_unicode=True))
+    inv["profile"] = "prof.yaml"
+    (tmp / "inventory.yaml").write_text(yaml.safe_dump(inv, allow_unicode=True))
+    capsys.readouterr()
+    rc = main(["plan", "--inventory", str(tmp / "inventory.yaml"), "--json"])
+    out = capsys.readouterr()
+    assert rc in (0, 2), (rc, out.err)
+    if rc == 2:
+        assert f"engine_args.{key[2:]}" in out.err and "Traceback" not in out.err, (key, value, out.err)
+        return
+    json.loads(out.out, parse_constant=_no_constant)
+    flags = engine_args.catalogue(SIM_SERIES)
+    words = list(engine_args.to_argv({key[2:]: value}, SIM_SERIES, file="p"))
+    assert flags[words[0]]["dest"] == flags[key]["dest"], words  # the flag, or its opposite spelling for false
+    _pin_takes(flags[key], words[1:])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.one_of(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True),
+                      st.sampled_from(["VLLM_API_KEY", "HF_TOKEN", "X_TOKEN", "A_KEY", "MY_SECRET_X", "PASSWORD",
+                                       "hf_token", "KEY", "TOKEN", "VLLM_KEYS", "TOKENIZERS_PARALLELISM"])),
+       value=st.text(max_size=20))
+def test_a_profile_env_plans_whole_or_exits_2_and_never_with_a_secret_name(tmp_path_factory, capsys, name, value):
+    tmp = tmp_path_factory.mktemp("env")
+    inv, prof = _documents()
+    prof["env"] = {name: value}
+    (tmp / "prof.yaml").write_text(yaml.safe_dump(prof, allow_unicode=True))
+    inv["profile"] = "prof.yaml"
+    (tmp / "inventory.yaml").write_text(yaml.safe_dump(inv, allow_unicode=True))
+    capsys.readouterr()
+    rc = main(["render", "--inventory", str(tmp / "inventory.yaml"), "--out", str(tmp / "out")])
+    err = capsys.readouterr().err
+    assert rc in (0, 2), (rc, err)
+    if SECRET_ENV_RE.fullmatch(name):
+        assert rc == 2 and f"env.{name}" in err and "auth.api_key_file" in err, (name, err)
+    elif rc == 2:
+        assert f"env.{name}" in err and "Traceback" not in err, (name, value, err)
+    else:
+        _check_rendered(tmp / "out")
+        assert all(re.search(f"^{name}=", p.read_text(), re.M) for p in (tmp / "out").rglob("engine.env")), name

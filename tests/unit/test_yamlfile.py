@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tracemalloc
 
 import pytest
@@ -65,7 +66,7 @@ def test_a_recursive_alias_is_refused(tmp_path):
 
 
 def test_dev_zero_and_big_files_are_refused_without_reading_them(tmp_path):
-    with pytest.raises(InventoryError, match="larger than 1024 KiB"):
+    with pytest.raises(InventoryError, match="not a regular file"):
         yamlfile.load("/dev/zero", "inventory")
     with pytest.raises(InventoryError, match="larger than"):
         yamlfile.load(write(tmp_path, "a: " + "x" * (yamlfile.MAX_BYTES + 10) + "\n"), "profile")
@@ -84,5 +85,15 @@ def test_bad_files_are_one_line_errors(tmp_path, data, match):
 def test_missing_file_and_directory(tmp_path):
     with pytest.raises(InventoryError, match="not found"):
         yamlfile.load(tmp_path / "nope.yaml", "inventory")
-    with pytest.raises(InventoryError, match="cannot read"):
+    with pytest.raises(InventoryError, match="not a regular file"):
         yamlfile.load(tmp_path, "inventory")
+    with pytest.raises(InventoryError, match="cannot read inventory: File name too long"):
+        yamlfile.load(tmp_path / ("n" * 5000), "inventory")
+
+
+@pytest.mark.timeout(10)  # a plain open() waits for a writer forever
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "inventory.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(InventoryError, match="not a regular file"):
+        yamlfile.load(fifo, "inventory")

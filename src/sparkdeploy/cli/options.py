@@ -18,8 +18,17 @@ def inventory_option(dest: str = "inventory_file", help: str = INVENTORY_HELP):
     def decorate(f):
         f = click.option("--service", metavar="NAME", default=None, expose_value=False, help=SERVICE_HELP,
                          callback=lambda ctx, _param, value: ctx.meta.__setitem__(_SERVICE_KEY, value))(f)
-        return click.option("--inventory", "-i", dest, default=None, metavar="FILE", help=help)(f)
+        return click.option("--inventory", "-i", dest, default=None, metavar="FILE", help=help,
+                            callback=_named_file)(f)
     return decorate
+
+
+def _named_file(_ctx, _param, value: str | None) -> str | None:
+    """`-i ''` (an unset variable in a script) is refused: falling back to the default would act on another
+    inventory than the one meant."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("empty; name the inventory file, or leave the option out for the default")
+    return value
 
 
 def chosen_service() -> str | None:

@@ -113,7 +113,7 @@ def plan_command(nodes: int | None, inventory_file: str | None, facts_file: Path
     router = _router(inventory_file)
     if as_json:
         data = plans[0].to_dict() if len(plans) == 1 else {"services": {p.service: p.to_dict() for p in plans}}
-        click.echo(json.dumps({**data, **({"router": router.to_dict()} if router else {})}, indent=2, sort_keys=True))
+        click.echo(json.dumps({**data, **({"router": router.to_dict()} if router else {})}, indent=2, sort_keys=True, allow_nan=False))
     else:
         click.echo("\n\n".join((f"service {p.service}\n" if len(plans) > 1 else "") + format_plan(p) for p in plans))
         if router:

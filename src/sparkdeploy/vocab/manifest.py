@@ -83,8 +83,11 @@ def read_index(vocabs_dir: str | os.PathLike) -> dict:
 def resolve_list(name_or_path: str, vocabs_dir: str | os.PathLike | None = None) -> Path:
     """A path as given, or a shipped list's name (`default` too) looked up in `vocabs/manifest.json`."""
     p = Path(name_or_path)
-    if p.exists():
-        return p
+    try:
+        if p.exists():
+            return p
+    except OSError as err:  # a name too long for the file system, a path through a file
+        raise VocabError(f"{name_or_path[:60]}...: {err.strerror or err}") from None
     if vocabs_dir is None:
         try:
             from sparkdeploy.paths import vocabs_dir as _vd
