@@ -3,10 +3,13 @@
 Every test under tests/cluster needs the simulated cluster (marker `cluster`) except test_sim_units.py, which
 is pure code and runs with the unit tests.
 
-`make test` runs two xdist workers with `--dist loadscope`. The cluster tests share one cluster and run in file
-order, so they form one scope (one worker). Every other module is a scope of its own, so a module-scoped vLLM
-server starts once. The other worker runs those beside the cluster tests, which spend much of their time
-waiting on nodes and engines.
+`make test` runs two xdist workers with `--dist loadscope`. The cluster tests that share the session's 2-node
+cluster run in file order, so they form one scope ("cluster", the first worker). The 4-node services module has
+a cluster of its own and builds its own image: it is the second scope ("cluster-quad"), so the second worker
+starts with it, beside the first worker's cluster tests, then takes every other module, each a scope of its own
+(a module-scoped vLLM server starts once). Scopes keep collection order (no reordering by size) so that this
+placement holds: the first worker would otherwise sit idle for the last half hour while the second ran the
+4-node module after it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from sparkdeploy import timing
 REPO = Path(__file__).resolve().parent
 TINY_MODEL_SCRIPT = REPO / "images" / "sim-engine" / "make_tiny_models.py"
 CLUSTER_DIR = REPO / "tests" / "cluster"
+OWN_CLUSTER = {CLUSTER_DIR / "test_services.py": "cluster-quad"}  # cluster modules with a cluster of their own
 
 
 @pytest.fixture(scope="session")
@@ -62,10 +66,14 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False  # collection order: "cluster" first, "cluster-quad" second
+
     class ClusterModulesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return "cluster" if _needs_cluster(REPO / module) else module
+            module = REPO / nodeid.split("::", 1)[0]
+            if module in OWN_CLUSTER:
+                return OWN_CLUSTER[module]
+            return "cluster" if _needs_cluster(module) else nodeid.split("::", 1)[0]
 
     return ClusterModulesTogether(config, log)
 

@@ -128,42 +128,24 @@ def sim_cluster(sim_node_image, sim_timings, tmp_path_factory) -> SimHandle:
         cluster.down()
 
 
-def _serving_context(inventory_path: Path) -> tuple[str, dict[str, bytes]]:
-    """(tag, build context) of the serving image for the sim inventory: the rendered Dockerfile + overlays/ +
-    vocab/current.txt, exactly as a deployment builds it."""
+def build_serving_image(inventory_path: Path, service: str | None = None) -> str:
+    """Build on the host the serving image `up` wants for this inventory (or one of its services): the rendered
+    Dockerfile + overlays/ + the draft list, exactly as a deployment builds it; docker's cache makes a rebuild
+    of the same context cost seconds. Returns its tag."""
     from sparkdeploy import inventory as inventory_mod
-    from sparkdeploy import paths, plan as plan_mod, render as render_mod
+    from sparkdeploy.steps import image as image_step
 
-    inv = inventory_mod.load(inventory_path)
-    try:
-        from sparkdeploy.steps import image as image_step
-
-        if hasattr(image_step, "serving_context"):
-            return image_step.serving_context(inv)
-    except ImportError:
-        pass
-    plan = plan_mod.plan(inv)  # nominal facts: the image does not depend on measured ones
-    files = render_mod.render(plan)
-    context = {"Dockerfile": files["image/Dockerfile"]}
-    root = paths.overlays_dir()
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if path.is_file() and "__pycache__" not in rel.parts and not any(p.endswith(".egg-info") for p in rel.parts) \
-                and rel.parts[0] != "tests":
-            context[f"overlays/{rel.as_posix()}"] = path.read_bytes()
-    context["vocab/current.txt"] = inv.vocab.path.read_bytes() if inv.vocab else b""
-    return plan.image.tag, context
+    tag, context = image_step.serving_context(inventory_mod.load(inventory_path, service))
+    image_step.build(image_step.local_conn(), tag, context)
+    return tag
 
 
 @pytest.fixture(scope="session")
 def sim_serving_image(sim_engine_image, sim_cluster, sim_timings) -> str:
     import time
 
-    from sparkdeploy.steps import image as image_step
-
-    tag, context = _serving_context(sim_cluster.inventory)
     t0 = time.monotonic()
-    image_step.build(image_step.local_conn(), tag, context)
+    tag = build_serving_image(sim_cluster.inventory)
     sim_timings["serving image build (rendered Dockerfile)"] = round(time.monotonic() - t0, 1)
     return tag
 

@@ -59,8 +59,11 @@ def plain_on_first_pair(inv: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def quad(sim_node_image, sim_serving_image, tmp_path_factory):
+def quad(sim_node_image, sim_engine_image, tmp_path_factory):
+    """Its own cluster and its own serving image (built from its inventory), never the session's 2-node cluster:
+    the module runs on the other xdist worker beside the 2-node tests (conftest.py, "cluster-quad")."""
     from sparkdeploy.sim.cluster import SimCluster
+    from tests.cluster.conftest import build_serving_image
 
     name = os.environ.get("SPARKDEPLOY_SIM_TEST_NAME", "pytest") + "-quad"
     tmp = tmp_path_factory.mktemp("quad")
@@ -68,7 +71,8 @@ def quad(sim_node_image, sim_serving_image, tmp_path_factory):
     cluster.down()
     try:
         state = cluster.up(4, inventory=tmp / "inventory.sim.yaml")
-        cluster.preload(sim_serving_image)
+        for tag in {build_serving_image(Path(state.inventory), s) for s in ("s1", "s2")}:
+            cluster.preload(tag)
         inv = small_reserve(Path(state.inventory), tmp)
         rc, res, err = up_json(plain_on_first_pair(inv))  # what s1's nodes ran before `services:`
         assert rc == 0 and res["healthy"], f"plain up failed: {json.dumps(res)[-3000:]}\n{err[-3000:]}"
