@@ -19,26 +19,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import sys
 from pathlib import Path
 
-PARSER_MODULES = ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args",
-                  "vllm.entrypoints.openai.cli_args")
-
-
-def serve_parser():
-    """vLLM's own `vllm serve` option parser (its module moved between releases)."""
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    for name in PARSER_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        return module.make_arg_parser(FlexibleArgumentParser())
-    raise SystemExit(f"no make_arg_parser in {', '.join(PARSER_MODULES)}")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "overlays"))  # this checkout's spark_overlays
+from spark_overlays.launch_check import serve_parser  # noqa: E402  (vLLM's own parser, wherever it lives)
 
 
 def _unwrap(convert):
