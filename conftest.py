@@ -3,13 +3,15 @@
 Every test under tests/cluster needs the simulated cluster (marker `cluster`) except test_sim_units.py, which
 is pure code and runs with the unit tests.
 
-`make test` runs two xdist workers with `--dist loadscope`. The cluster tests that share the session's 2-node
-cluster run in file order, so they form one scope ("cluster", the first worker). The 4-node services module has
-a cluster of its own and builds its own image: it is the second scope ("cluster-quad"), so the second worker
-starts with it, beside the first worker's cluster tests, then takes every other module, each a scope of its own
-(a module-scoped vLLM server starts once). Scopes keep collection order (no reordering by size) so that this
-placement holds: the first worker would otherwise sit idle for the last half hour while the second ran the
-4-node module after it.
+`make test` runs two xdist workers with `--dist loadscope`. Cluster tests that share a simulated cluster run in
+file order in one scope. Each xdist worker has its own session cluster (`sim_cluster`, named per worker), so the
+cluster modules are split in two halves that run side by side:
+  "cluster"       first worker: deploy, doctor, failures, image layers, model fetch, the sim's own tests
+  "cluster-quad"  second worker, first: the 4-node services module (a cluster and a serving image of its own)
+  "cluster-b"     second worker, next: the MTP modules (shortlist at TP=2, vocab rollout) on its own pair
+then the second worker takes every other module, each a scope of its own (a module-scoped vLLM server starts
+once). Scopes keep collection order (no reordering by size) so this placement holds. Before the split the second
+worker sat idle for most of the run while the first ran every cluster module (CI 71 min).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from sparkdeploy import timing
 REPO = Path(__file__).resolve().parent
 TINY_MODEL_SCRIPT = REPO / "images" / "sim-engine" / "make_tiny_models.py"
 CLUSTER_DIR = REPO / "tests" / "cluster"
-OWN_CLUSTER = {CLUSTER_DIR / "test_services.py": "cluster-quad"}  # cluster modules with a cluster of their own
+# cluster modules that do not run on the first worker's pair: their scope (see the docstring)
+OWN_CLUSTER = {CLUSTER_DIR / "test_services.py": "cluster-quad", CLUSTER_DIR / "test_shortlist_tp2.py": "cluster-b",
+               CLUSTER_DIR / "test_vocab_rollout.py": "cluster-b"}
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +70,7 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    config.option.loadscopereorder = False  # collection order: "cluster" first, "cluster-quad" second
+    config.option.loadscopereorder = False  # collection order: "cluster", "cluster-quad", "cluster-b", the rest
 
     class ClusterModulesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

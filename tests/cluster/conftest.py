@@ -10,8 +10,8 @@
                                     (images/serving.Dockerfile.j2 for the sim-tiny profile) FROM the engine image
     sim_engine_loaded  str          the serving image tag, loaded into both nodes' own Docker engines
 
-Environment: SPARKDEPLOY_SIM_TEST_NAME (cluster name, default `pytest`), SPARKDEPLOY_SIM_KEEP=1 (leave the
-cluster up after the session, for debugging). Only one sim cluster with engines should run at a time.
+Environment: SPARKDEPLOY_SIM_TEST_NAME (cluster name, default `pytest`; an xdist worker other than gw0 adds its
+id: each worker has its own pair), SPARKDEPLOY_SIM_KEEP=1 (leave the cluster up after the session, for debugging).
 """
 
 from __future__ import annotations
@@ -114,6 +114,9 @@ def sim_cluster(sim_node_image, sim_timings, tmp_path_factory) -> SimHandle:
     from sparkdeploy.sim.cluster import SimCluster
 
     name = os.environ.get("SPARKDEPLOY_SIM_TEST_NAME", "pytest")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    if worker != "gw0":  # each xdist worker runs its own pair (root conftest.py: the cluster scopes)
+        name = f"{name}-{worker}"
     state_dir = tmp_path_factory.mktemp("sim-state")
     cluster = SimCluster(name, state_dir=state_dir)
     cluster.down()  # leftovers of an interrupted run: start from nothing, as on a fresh machine
