@@ -129,9 +129,10 @@ def test_overlays_only_change_moves_less_than_twice_the_changed_layers(layered, 
 
 
 def _lose_images(sim, node) -> None:
-    sim.ssh(node, f"systemctl stop {layout.PLAIN.unit}; docker rm -f {layout.PLAIN.container}; "
-                  "docker image ls -q sparkdeploy/serving-sim | xargs -r docker image rm -f; docker image prune -f",
-            timeout=300, check=True)
+    """The node loses every image and layer: its containers go first (a stopped one, from any earlier module or
+    check, keeps its image's layers on disk after `image rm -f`, and a later pull then needs almost nothing)."""
+    sim.ssh(node, f"systemctl stop {layout.PLAIN.unit}; docker ps -aq | xargs -r docker rm -f; "
+                  "docker image prune -af", timeout=300, check=True)
 
 
 def test_corrupted_layer_is_refused(layered, sim_cluster):
