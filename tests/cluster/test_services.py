@@ -35,12 +35,15 @@ def engine(service: str) -> str:
 
 
 def small_reserve(base: Path, tmp: Path) -> Path:
-    """The written inventory with each service's host reserve cut to what a shared CI host can spare, and s2 on
-    the Ray backend."""
+    """The written inventory with each service's host reserve cut to what a shared CI host can spare, s2 on the
+    Ray backend, and an image repository of its own: this module builds its serving image on the host while the
+    other xdist worker's 2-node tests deploy theirs, and one tag built twice from different draft lists would
+    move under the other's push (its registry then refuses the image ID)."""
     data = yaml.safe_load(base.read_text())
     for service in data["services"]:
         service["memory"] = {"reserve_gib": 2.0}
     data["services"][1]["backend"] = "ray"
+    data["image"] = dict(data.get("image") or {}, repository="sparkdeploy/serving-sim-quad")
     out = tmp / "quad.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
@@ -71,9 +74,9 @@ def quad(sim_node_image, sim_engine_image, tmp_path_factory):
     cluster.down()
     try:
         state = cluster.up(4, inventory=tmp / "inventory.sim.yaml")
-        for tag in {build_serving_image(Path(state.inventory), s) for s in ("s1", "s2")}:
-            cluster.preload(tag)
         inv = small_reserve(Path(state.inventory), tmp)
+        for tag in {build_serving_image(inv, s) for s in ("s1", "s2")}:
+            cluster.preload(tag)
         rc, res, err = up_json(plain_on_first_pair(inv))  # what s1's nodes ran before `services:`
         assert rc == 0 and res["healthy"], f"plain up failed: {json.dumps(res)[-3000:]}\n{err[-3000:]}"
         rc, res, err = up_json(inv)
