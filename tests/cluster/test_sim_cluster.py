@@ -190,3 +190,27 @@ def test_up_is_idempotent_and_keeps_nodes(sim_cluster):
     assert "timings" in data and data["total_seconds"] >= 0
     after = pid1_start_ticks(sim_cluster.ssh(sim_cluster.head, "cat /proc/1/stat", check=True).out)
     assert after == before  # the nodes were kept, not restarted
+
+
+def test_down_removes_its_own_cluster_only(sim_node_image, tmp_path):
+    """Clusters whose names share a prefix ("x" and "x-b", as "pytest" and "pytest-quad" of the two test workers)
+    live side by side: `down` of one leaves the other's node and its Docker volume alone."""
+    import subprocess
+
+    from sparkdeploy.sim.cluster import SimCluster
+
+    one, two = SimCluster("downtest", state_dir=tmp_path / "a"), SimCluster("downtest-b", state_dir=tmp_path / "b")
+    try:
+        for c in (one, two):
+            c.up(1)
+        one.down()
+
+        def left(*argv: str) -> list[str]:
+            out = subprocess.run(["docker", *argv], capture_output=True, text=True, check=True).stdout.split()
+            return [name for name in out if name.startswith("sparkdeploy-sim-downtest")]
+
+        assert left("ps", "-a", "--format", "{{.Names}}") == ["sparkdeploy-sim-downtest-b-node1"]
+        assert left("volume", "ls", "--format", "{{.Name}}") == ["sparkdeploy-sim-downtest-b-node1-docker"]
+    finally:
+        one.down()
+        two.down()

@@ -383,12 +383,17 @@ class SimCluster:
         state = self._existing_state()
         with self.reporter.phase("remove nodes") as info:
             nodes = containers.cluster_containers(self.name)
+            # This cluster's volumes only: those its own containers (found by label) mount and those its state
+            # names. A name prefix would also take another cluster's ("pytest" would take "pytest-quad"'s), and
+            # the test workers run their clusters side by side.
+            vols = {v for v in containers.mounted_volumes(nodes) if v.endswith("-docker")}
+            vols |= {n.volume for n in (state.nodes if state else ())}
             if nodes:
                 docker("rm", "-f", *nodes, what="docker rm of the sim nodes", timeout=300)
                 removed += nodes
             if not keep_volumes:
-                vols = docker("volume", "ls", "-q", "--filter", f"name={self.prefix}-", what="docker volume ls").out.split()
-                vols = [v for v in vols if v.startswith(f"{self.prefix}-") and v.endswith("-docker")]
+                present = set(docker("volume", "ls", "-q", what="docker volume ls").out.split())
+                vols = sorted(vols & present)
                 if vols:
                     docker("volume", "rm", "-f", *vols, what="docker volume rm", timeout=600)
                     removed += vols

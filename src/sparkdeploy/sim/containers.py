@@ -104,6 +104,16 @@ def cluster_containers(cluster: str) -> list[str]:
                  what="docker ps").out
     return sorted(out.split())
 
+
+def mounted_volumes(names: list[str]) -> list[str]:
+    """The named volumes these containers mount."""
+    if not names:
+        return []
+    out = docker("inspect", "-f", "{{range .Mounts}}{{if .Name}}{{.Name}} {{end}}{{end}}", *names,
+                 what="docker inspect of the sim nodes' mounts", check=False).out
+    return out.split()
+
+
 def remove_stale_nodes(cluster: str, keep: set[str], reporter: Reporter) -> None:
     for c in cluster_containers(cluster):
         if c not in keep:
