@@ -73,6 +73,9 @@ def _total(metrics: dict[str, float], name: str) -> float:
 @pytest.fixture(scope="module")
 def tiny_engine(sim_cluster, sim_engine_loaded, sim_timings):
     """The pair running; yields the API base URL. Removed at the end of the module."""
+    # The image again where a module before this one took it away (test_image_layers empties the worker's
+    # Docker engine); nodes that hold it are skipped.
+    sim_cluster.cluster.preload(sim_engine_loaded)
     t0 = time.monotonic()
     # Ports of its own (8011/29511), so a deployment's engine on the same session cluster cannot collide with it.
     base = sim_engine.start_pair(sim_cluster.cluster, sim_engine_loaded, speculative=sim_engine.NGRAM, name=ENGINE,
