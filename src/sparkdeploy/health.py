@@ -212,7 +212,15 @@ def wait_answering(api_url: str, model: str, *, timeout: float, probe_timeout: f
     """Poll `/health` until it answers 200 and a temperature-0 completion comes back; return its text.
 
     Progress goes to `log` every 15 s; `every` (e.g. "are the ranks still up?") runs every `every_s` s and may
-    raise to stop the wait early. Raises NotAnswering after `timeout` s."""
+    raise to stop the wait early. Raises NotAnswering after `timeout` s. Timed as a "wait" span (sparkdeploy.timing)."""
+    with timing.span("wait", f"{api_url} answering"):
+        return _poll_answering(api_url, model, timeout=timeout, probe_timeout=probe_timeout, log=log, every=every,
+                               every_s=every_s, poll_s=poll_s, api_key=api_key)
+
+
+def _poll_answering(api_url: str, model: str, *, timeout: float, probe_timeout: float,
+                    log: Callable[[str], None], every: Callable[[], None] | None, every_s: float, poll_s: float,
+                    api_key: str | None) -> str:
     t0 = time.monotonic()
     last, next_every, next_note = "nothing yet", 0.0, 0.0
     while True:
