@@ -28,6 +28,7 @@ from sparkdeploy.cli import main
 from sparkdeploy.router import plan_router, router_files
 from sparkdeploy.steps import router as router_step
 
+from tests.support.http_json import send_json
 from tests.support.vllm_server import venv_python
 from tests.unit.test_services import FIXTURES, _sim_services, _write
 
@@ -94,17 +95,9 @@ class _Engine:
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
-            def _json(self, code: int, obj: dict) -> None:
-                body = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
             def do_GET(self):
-                self._json(200, {"object": "list", "data": [{"id": engine.model}]} if self.path == "/v1/models"
-                           else {})
+                send_json(self, {"object": "list", "data": [{"id": engine.model}]} if self.path == "/v1/models"
+                          else {})
 
             def do_POST(self):
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -120,7 +113,7 @@ class _Engine:
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.close_connection = True
                     return
-                self._json(200, {"model": req["model"], "served_by": engine.model, "choices": [{"text": "x"}]})
+                send_json(self, {"model": req["model"], "served_by": engine.model, "choices": [{"text": "x"}]})
 
             def log_message(self, *args):
                 pass
