@@ -3,15 +3,18 @@
 Every test under tests/cluster needs the simulated cluster (marker `cluster`) except test_sim_units.py, which
 is pure code and runs with the unit tests.
 
-`make test` runs two xdist workers with `--dist loadscope`. Cluster tests that share a simulated cluster run in
-file order in one scope. Each xdist worker has its own session cluster (`sim_cluster`, named per worker), so the
-cluster modules are split in two halves that run side by side:
-  "cluster"       first worker: deploy, doctor, failures, image layers, model fetch, the sim's own tests
-  "cluster-quad"  second worker, first: the 4-node services module (a cluster and a serving image of its own)
-  "cluster-b"     second worker, next: the MTP modules (shortlist at TP=2, vocab rollout) on its own pair
-then the second worker takes every other module, each a scope of its own (a module-scoped vLLM server starts
-once). Scopes keep collection order (no reordering by size) so this placement holds. Before the split the second
-worker sat idle for most of the run while the first ran every cluster module (CI 71 min).
+`make test` runs three xdist workers with `--dist loadscope` on the two cores: a cluster test spends most of
+its time waiting on a vLLM engine's start, a watchdog tick or a reboot, so a third lane fills the idle CPU.
+Cluster tests that share a simulated cluster run in file order in one scope, and each xdist worker has its own
+session cluster (`sim_cluster`, named per worker). The cluster modules are split into four scopes, handed out
+first and in this order (CLUSTER_SCOPES), each to the next worker that runs low:
+  "cluster"       deploy, doctor, image layers, model fetch, the sim's own tests (the longest)
+  "cluster-quad"  the 4-node services module (a cluster and a serving image of its own)
+  "cluster-b"     the MTP modules (shortlist at TP=2, vocab rollout) on that worker's pair
+  "cluster-c"     the failure matrix, on the pair of the worker that ran the 4-node module (its cluster is down
+                  by then, so the memory it held is free)
+then every other module, each a scope of its own (a module-scoped vLLM server starts once). Measured: one worker
+running every cluster module took 71 min of CI; two halves 57 min.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ TINY_MODEL_SCRIPT = REPO / "images" / "sim-engine" / "make_tiny_models.py"
 CLUSTER_DIR = REPO / "tests" / "cluster"
 # cluster modules that do not run on the first worker's pair: their scope (see the docstring)
 OWN_CLUSTER = {CLUSTER_DIR / "test_services.py": "cluster-quad", CLUSTER_DIR / "test_shortlist_tp2.py": "cluster-b",
-               CLUSTER_DIR / "test_vocab_rollout.py": "cluster-b"}
+               CLUSTER_DIR / "test_vocab_rollout.py": "cluster-b", CLUSTER_DIR / "test_failures.py": "cluster-c"}
+CLUSTER_SCOPES = ("cluster", "cluster-quad", "cluster-b", "cluster-c")  # handed out first, in this order
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +74,7 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    config.option.loadscopereorder = False  # collection order: "cluster", "cluster-quad", "cluster-b", the rest
+    config.option.loadscopereorder = False
 
     class ClusterModulesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -78,6 +82,13 @@ def pytest_xdist_make_scheduler(config, log):
             if module in OWN_CLUSTER:
                 return OWN_CLUSTER[module]
             return "cluster" if _needs_cluster(module) else nodeid.split("::", 1)[0]
+
+        def _assign_work_unit(self, node) -> None:
+            """The cluster scopes go out before anything else, longest first (the rest keeps collection order)."""
+            first = next((scope for scope in CLUSTER_SCOPES if scope in self.workqueue), None)
+            if first:
+                self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
 
     return ClusterModulesTogether(config, log)
 

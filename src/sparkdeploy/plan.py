@@ -471,7 +471,7 @@ def _image(inv: Inventory, features: tuple[Feature, ...], git_commit: str, overl
     registry = f"{head.data_ip}:{REGISTRY_PORT}"
 
     transfers = (f"build: on {head.name} if its engine has the base, else on this machine; the head's registry "
-                 f"https://{registry} holds every image (pushed from the head's engine: no wire; from this machine: "
+                 f"https://{registry} holds every image a node had to be sent (pushed from the head's engine: no wire; from this machine: "
                  f"docker push through an SSH tunnel to {head.ssh.host}, the management address, the only path "
                  "this machine has; only layers the registry lacks)",
                  f"{head.name}: docker pull from its own registry (no wire)",

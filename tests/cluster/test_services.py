@@ -4,8 +4,8 @@ own releases, watchdog and health, deployed by one `up`; and vLLM's router on no
 models. s2 runs with `backend: ray` (a Ray cluster across node3 + node4), s1 with vLLM's own mp launcher.
 
 The module has a cluster of its own (`<sim name>-quad`), taken down at the end to give the memory back. The
-serving image is preloaded into its nodes, so each service's head pushes it into its own registry without a
-wire (the path of a real Spark that built on its head); the 2-node tests cover delivery from scratch.
+serving image is preloaded into its nodes, as on Sparks that each pulled it: the image step finds it on every
+node and moves nothing, not even into a registry; the 2-node tests cover delivery from scratch and by layers.
 """
 
 from __future__ import annotations
@@ -79,6 +79,8 @@ def quad(sim_node_image, sim_engine_image, tmp_path_factory):
             cluster.preload(tag)
         rc, res, err = up_json(plain_on_first_pair(inv))  # what s1's nodes ran before `services:`
         assert rc == 0 and res["healthy"], f"plain up failed: {json.dumps(res)[-3000:]}\n{err[-3000:]}"
+        image = {o["node"]: (o["status"], o["actions"]) for o in res["outcomes"] if o["step"] == "image"}
+        assert image == {"node1": ("ok", []), "node2": ("ok", [])}, image  # every node holds it: nothing pushed
         rc, res, err = up_json(inv)
         assert rc == 0 and res["ok"], f"first up failed: {json.dumps(res)[-3000:]}\n{err[-3000:]}"
         key = Path(yaml.safe_load(inv.read_text())["auth"]["api_key_file"]).expanduser().read_text().strip()

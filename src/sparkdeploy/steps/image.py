@@ -123,8 +123,10 @@ def pull(conn: Conn, tag: str, registry_addr: str, want_id: str) -> None:
 
 
 def converge(cl, out: list) -> str | None:
-    """The image step of `up` for a `Cluster` `cl`: every node of the plan holds plan.image.tag, and so does the
-    head's registry (the source of the next delivery's missing layers). Returns the image ID (None: dry run
+    """The image step of `up` for a `Cluster` `cl`: every node of the plan holds plan.image.tag; when a node
+    lacks it, the head's registry is made to hold it first (the source of that and every later delivery's
+    missing layers). Nodes that all hold the tag already (pulled by hand, or a re-run) push nothing: moving
+    every layer into the registry then would only pay now for a delivery that may never come. Returns the image ID (None: dry run
     with nothing built yet). A dry run goes the same way under `connection.recording(dry=True)`, so each node's
     outcome lists the exact docker commands and registry files the real step makes. Sets cl.image_received:
     the image bytes each node was sent (`_deliver`), and cl.image_seconds: the step's wall time."""
@@ -143,9 +145,8 @@ def converge(cl, out: list) -> str | None:
     if want is None:  # built earlier on this machine (a previous run, or by hand from `sparkdeploy render`)
         local = next((c for c in cl.pool.conns.values() if isinstance(c, LocalConn)), None) or local_conn()
         want = image_id(local, tag)
-    in_registry = want is not None and registry.holds(cl.conn(head), tag, want)
     lacking = [n for n in names if ids.get(n) is None or ids.get(n) != want]
-    if not lacking and in_registry:
+    if not lacking:
         out += [Outcome("image", n, OK, f"has {want[:19]}") for n in names]
         return want
     with recording(dry=cl.opts.dry_run) as made:
