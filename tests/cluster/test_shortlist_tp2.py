@@ -9,13 +9,18 @@ twice with `up`, the shortlist on both times, drafting by the overlay's local ar
   listed   an odd-sized list holding the counted ids: acceptance near 1 (a wrong rank split, id mapping or
            all-reduce of the local argmax drops it)
   missing  a list lacking the counted ids: the draft can never be right, acceptance near 0
-Both times the target still counts: the verifier's head is not the shortlisted one.
+Both times the target still counts: the verifier's head is not the shortlisted one. The missing list also lacks
+the ids the counting model answers `bench probe`'s one chat message with, so the probe's acceptance figure tells
+the two lists apart (issue 33: a failed `up` with the listed list, then a reboot, must keep drafting from the
+missing one).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +34,7 @@ from sparkdeploy.bench import metrics
 from sparkdeploy.health import bearer
 from sparkdeploy.layout import PLAIN
 from sparkdeploy.steps.deploy import Cluster, Options
+from tests.cluster.test_deploy import cli, wait_healthy
 from tests.support.vllm_server import require_venv
 
 pytestmark = pytest.mark.cluster
@@ -41,6 +47,10 @@ PROMPTS = [[100, 101, 102], [150, 151, 152]]  # token ids: the target continues 
 COUNTED = np.arange(100, 200)
 MAX_TOKENS = 24
 HEAD_ROWS = 4096  # the model's vocab_size: rows of the full head (the tokenizer names fewer ids)
+PROBE_PROMPTS = "categories:\n  count:\n    description: one message the counting model continues\n" \
+                "    prompts: [\"count\"]\n"
+PROBE_TOKENS = 16
+PLANTED = ("listed", "missing")
 BUILT = re.compile(r"shortlist head built: (\d+) rows of (\d+) .*rank rows (\d+)\.\.(\d+)")
 
 
@@ -94,7 +104,28 @@ def _deploy(sim, d: Path, name: str, ids: np.ndarray) -> dict:
     accepted = after.value(metrics.ACCEPTED) - before.value(metrics.ACCEPTED)
     logs = {n.name: sim.ssh(n, f"docker logs {PLAIN.container} 2>&1", timeout=60).out for n in sim.nodes}
     return {"outputs": outputs, "drafted": drafted, "acceptance": accepted / drafted if drafted else None,
-            "logs": logs, "size": len(ids)}
+            "logs": logs, "size": len(ids), "inventory": path}
+
+
+def probe_acceptance(inv: Path, prompt_file: Path) -> float:
+    """`sparkdeploy bench probe`'s acceptance length (1 + accepted/drafted per verify step) on the one message."""
+    rc, out, err = cli("bench", "probe", "-i", str(inv), "--prompts", str(prompt_file), "--category", "count",
+                       "--tokens", str(PROBE_TOKENS), "--runs", "1", "--warmup", "0", "--json", "--out",
+                       str(prompt_file.with_suffix(f".{time.monotonic_ns()}.json")))
+    assert rc == 0, err[-2000:]
+    return json.loads(out)["metrics"]["count/acceptance_length"]["median"]
+
+
+def probe_answer_ids(inv: Path) -> list[int]:
+    """The token ids the served model answers the probe's message with (greedy, as the probe asks)."""
+    inv_ = I.load(inv)
+    r = requests.post(f"http://{inv_.head.ssh.host}:{inv_.ports.api}/v1/chat/completions",
+                      headers=bearer(inv_.auth.api_key()), timeout=120,
+                      json={"model": inv_.profile.served_name, "messages": [{"role": "user", "content": "count"}],
+                            "max_tokens": PROBE_TOKENS, "temperature": 0, "ignore_eos": True,
+                            "return_token_ids": True})
+    r.raise_for_status()
+    return r.json()["choices"][0]["token_ids"]
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +137,16 @@ def runs(sim_cluster, sim_engine_image, counting_checkpoint, tmp_path_factory):
     listed = np.union1d(np.union1d(ids[::2], COUNTED), required)
     if len(listed) % 2 == 0:  # odd: rank 0 gets one row more than rank 1 (the loader pads the rest)
         listed = np.union1d(listed, np.setdiff1d(ids, listed)[-1:])
-    missing = np.union1d(np.setdiff1d(ids, COUNTED), required)
-    runs = {"listed": _deploy(sim_cluster, d, "listed", listed), "missing": _deploy(sim_cluster, d, "missing", missing)}
-    print({k: (r["size"], r["drafted"], r["acceptance"]) for k, r in runs.items()})
+    prompt_file = d / "probe-prompts.yaml"
+    prompt_file.write_text(PROBE_PROMPTS)
+    runs = {"listed": _deploy(sim_cluster, d, "listed", listed)}
+    runs["listed"]["probe"] = probe_acceptance(runs["listed"]["inventory"], prompt_file)
+    answer = probe_answer_ids(runs["listed"]["inventory"])
+    missing = np.union1d(np.setdiff1d(ids, np.union1d(COUNTED, answer)), required)
+    runs["missing"] = _deploy(sim_cluster, d, "missing", missing)
+    runs["missing"]["probe"] = probe_acceptance(runs["missing"]["inventory"], prompt_file)
+    runs.update(dir=d, prompts=prompt_file, probe_answer=answer)
+    print({k: (r["size"], r["drafted"], r["acceptance"], r["probe"]) for k, r in runs.items() if k in PLANTED})
     return runs
 
 
@@ -137,3 +175,29 @@ def test_the_target_still_counts_whatever_the_list(runs):
     want = [list(range(p[-1] + 1, p[-1] + 1 + MAX_TOKENS)) for p in PROMPTS]
     for name in ("listed", "missing"):
         assert runs[name]["outputs"] == want, (name, runs[name]["outputs"])
+
+
+def test_a_failed_up_with_the_listed_list_then_a_reboot_keeps_drafting_from_the_missing_one(runs, sim_cluster):
+    """Issue 33: the draft-list pointer moves only at the switch. The release serving the missing list is live.
+    An `up` naming the listed list fails before the switch (the new image's vLLM refuses the launch:
+    CompilationConfig has no mode 7); both nodes reboot; the old release comes back drafting from the list it
+    was configured with, so `bench probe`'s acceptance is the missing list's figure, not the listed one's. Had
+    the pointer moved at the vocab step, the rebooted engine would have found a list whose sha256 is not its
+    configured one, turned the shortlist off and drafted with the full head: the listed figure."""
+    listed, missing = runs["listed"]["probe"], runs["missing"]["probe"]
+    assert listed > missing + 0.25, (listed, missing)  # the figure tells the two lists apart (listed holds half)
+    d = runs["dir"]
+    raw = yaml.safe_load(runs["listed"]["inventory"].read_text())
+    profile = yaml.safe_load(Path(raw["profile"]).read_text())
+    profile["engine_args"] = {**(profile.get("engine_args") or {}), "compilation-config": {"mode": 7}}
+    (d / "refused.profile.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    raw["profile"] = str(d / "refused.profile.yaml")
+    (d / "refused.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    rc, out, err = cli("up", "-i", str(d / "refused.yaml"), "--no-sentinel")
+    assert rc != 0 and "compilation-config" in out + err, (out + err)[-2000:]
+    sim_cluster.cluster.reboot(["node1", "node2"])
+    wait_healthy(runs["missing"]["inventory"], 600)
+    after = probe_acceptance(runs["missing"]["inventory"], runs["prompts"])
+    print(f"bench probe acceptance: listed {listed:.2f}, missing {missing:.2f}, after the failed up and the "
+          f"reboot {after:.2f}")
+    assert after == pytest.approx(missing, abs=0.05), (after, missing, listed)
