@@ -132,6 +132,32 @@ SECTIONS: dict[str, str] = {
 }
 
 
+# ------------------------------------------------------------------------------------------------ init
+#: What `sparkdeploy init` reads from a box (the doctor probe's grammar and, where they overlap, its sections).
+#: `network` lists the files that configured the interfaces: netplan (NVIDIA Sync's Cluster Assistant or host
+#: setup write there), NetworkManager keyfiles, and those under /run (nmcli edits that vanish at reboot).
+INIT_SECTIONS: dict[str, str] = {
+    "hostname": "hostname",
+    "uname": SECTIONS["uname"],
+    "meminfo": "cat $R/proc/meminfo",
+    "gpu": SECTIONS["gpu"],
+    "ip": "ip -j addr",
+    "rdma": SECTIONS["rdma"],
+    "speed": SECTIONS["speed"],
+    "network": (
+        "for f in $R/etc/netplan/*.yaml; do [ -e \"$f\" ] || continue; "
+        "echo \"netplan /etc/netplan/${f##*/} $(grep -Eo '^ +[A-Za-z0-9_.-]+:' \"$f\" | tr -d ' :' | tr '\\n' ' ')\"; done; "
+        "for d in /etc/NetworkManager/system-connections /run/NetworkManager/system-connections; do "
+        "for f in $R$d/*; do [ -e \"$f\" ] || continue; "
+        "echo \"nm $d/${f##*/} $(sed -n 's/^interface-name=//p' \"$f\" | head -1)\"; done; done"
+    ),
+}
+
+
+def init_probe_argv() -> list[str]:
+    return ["sh", "-c", probe_script(INIT_SECTIONS), "sparkdeploy-init"]
+
+
 # ------------------------------------------------------------------------------------ pairwise bandwidth
 #: TCP port of doctor's bandwidth measurement, on the receiving node's data_ip, only while doctor runs.
 BANDWIDTH_PORT = 29481
