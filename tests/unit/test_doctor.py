@@ -493,3 +493,16 @@ def test_every_pair_that_must_talk_is_tried_across_services(tmp_path, monkeypatc
     r = pf.check_reach(specs, {"spark1": f1, "spark2": f2})
     assert r.status is Status.FAILED and r.reason == "spark2 -> 192.168.177.11:29501: timed out"
     assert pf.check_reach(specs, {"spark1": f1, "spark2": facts("spark2")}).status is Status.OK
+
+
+def test_doctors_clock_query_through_the_nvidia_smi_double(tmp_path):
+    """The probe's real gpu_clocks section against tests/support/fake_nvidia_smi (a test double for GB10's
+    nvidia-smi: there is no GB10 here) planted at 702 MHz under load."""
+    from tests.support import fake_nvidia_smi
+
+    bin_dir = fake_nvidia_smi.install(tmp_path / "bin", "40.1, 702, 97", clocks="702, 3003, 97, 71, Not Active, Not Active")
+    script = probes.probe_script({"gpu_clocks": probes.SECTIONS["gpu_clocks"]})
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout
+    r = pf.check_gpu_clocks(SPEC, HostFacts.from_output("spark1", out))
+    assert r.status is Status.FAILED and "702 MHz at 97 % busy" in r.reason and "AC power" in r.fix
