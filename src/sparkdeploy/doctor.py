@@ -98,7 +98,7 @@ def measure_bandwidth(pool, nodes, up: list[str], facts: dict[str, HostFacts] | 
                 Measured(parse_bandwidth(recv.stdout))
         except ValueError as err:
             tail = (recv.stderr.strip().splitlines() or send.stderr.strip().splitlines() or [str(err)])[-1]
-            out[(a, b)] = f"{dst}:{BANDWIDTH_PORT}: {tail}"
+            out[(a, b)] = f"{'ib_write_bw to ' + dst if rdma[0] and rdma[1] else f'{dst}:{BANDWIDTH_PORT}'}: {tail}"
     return out
 
 

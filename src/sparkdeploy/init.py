@@ -86,6 +86,7 @@ class Box:
     driver: str | None
     ports: tuple[Port, ...]
     network_files: tuple[str, ...] = ()  # "netplan /etc/netplan/40-cx7.yaml (enp1s0f1np1)" ...
+    other_ports: tuple[Port, ...] = ()  # up, addressed, not CX-7 (the management port): a lone box's address
 
     @property
     def gpu(self) -> str:
@@ -102,9 +103,9 @@ def parse_box(host: str, output: str) -> Box:
     for port in rdma.values():
         if port.netdev:
             hca_of.setdefault(port.netdev, []).append(port)
-    ports = []
+    ports, others = [], []
     for dev in probes.parse_ip_addr_json(hf.text("ip") or "[]"):
-        if not dev.up or (dev.name not in hca_of if rdma else dev.name.startswith(NOT_DATA)):
+        if not dev.up or dev.name.startswith(NOT_DATA):
             continue
         for addr in dev.ipv4:
             iface = ipaddress.IPv4Interface(addr)
@@ -112,8 +113,9 @@ def parse_box(host: str, output: str) -> Box:
                 continue
             mine = hca_of.get(dev.name, [])
             gids = {probes.port_gid_index(p, str(iface.ip)) for p in mine} - {None}
-            ports.append(Port(dev.name, str(iface.ip), iface.network.prefixlen, dev.mtu, speeds.get(dev.name),
-                              tuple(p.dev for p in mine), gids.pop() if len(gids) == 1 else None))
+            port = Port(dev.name, str(iface.ip), iface.network.prefixlen, dev.mtu, speeds.get(dev.name),
+                        tuple(p.dev for p in mine), gids.pop() if len(gids) == 1 else None)
+            (ports if mine or not rdma else others).append(port)
     data_netdevs = {p.netdev for p in ports}
     files = []
     for line in hf.text("network").splitlines():
@@ -126,10 +128,14 @@ def parse_box(host: str, output: str) -> Box:
             files.append(f"{where} {path} ({', '.join(touched)}){lost}")
     hostname = hf.text("hostname").strip().split(".")[0]
     name = host if NAME_RE.fullmatch(host) and not _is_address(host) else hostname
+    if not NAME_RE.fullmatch(name):
+        raise InitError(f"{host}: the box reports hostname {hostname!r}, which is no node name (letters, digits, "
+                        "'.', '_', '-'): name it by an ~/.ssh/config Host alias instead of its address")
     return Box(host=host, name=name, kernel=hf.text("uname").strip(),
                mem_total=probes.parse_meminfo(hf.text("meminfo")).get("MemTotal", 0),
                gpu_name=gpus[0].name if gpus else None, driver=gpus[0].driver if gpus else None,
-               ports=tuple(sorted(ports, key=lambda p: (p.netdev, p.ip))), network_files=tuple(files))
+               ports=tuple(sorted(ports, key=lambda p: (p.netdev, p.ip))), network_files=tuple(files),
+               other_ports=tuple(others))
 
 
 def _is_address(host: str) -> bool:
@@ -182,7 +188,8 @@ def work_out(boxes: Sequence[Box], *, head: str | None = None, netdev: Mapping[s
     a link to every other, GB10s first); `netdev`: {node: netdev} where a box has two up ports on one subnet."""
     names = [b.name for b in boxes]
     if len(set(names)) != len(names):
-        raise InitError(f"two hosts are the same box or share a hostname ({', '.join(names)}); give each box once")
+        raise InitError(f"two hosts are the same box or share a hostname ({', '.join(names)}): give each box once, "
+                        "by an ~/.ssh/config Host alias (its name in the inventory)")
     if not boxes:
         raise InitError("no host given: name each box (an address or an ~/.ssh/config alias)")
     ports = {b.name: _choose_ports(b, netdev or {}) for b in boxes}
@@ -198,9 +205,11 @@ def work_out(boxes: Sequence[Box], *, head: str | None = None, netdev: Mapping[s
     shared = {net: m for net, m in members.items() if len(m) > 1}
     by = {b.name: b for b in boxes}
     if len(boxes) == 1:
-        mine = ports[boxes[0].name]
-        data = mine[0] if mine else Port("lo", "127.0.0.1", 8)
-        return Layout("single", (NodeLinks(boxes[0], data, ()),), "one box: no data network needed")
+        only = boxes[0]
+        mine = ports[only.name] or list(only.other_ports)
+        if not mine:
+            raise InitError(f"node {only.name} has no up interface with an IPv4 address to serve on")
+        return Layout("single", (NodeLinks(only, mine[0], mine[0].hca),), "one box: no data network needed")
     if not shared:
         seen = "; ".join(f"{n}: " + ", ".join(f"{p.netdev} {p.network}" for p in ports[n]) for n in names)
         raise InitError(f"no two nodes share a subnet ({seen}): the data ports are not cabled or addressed to each "

@@ -127,6 +127,16 @@ def test_sim_like_boxes_without_rdma_use_their_plain_interface(tmp_path):
     assert [(n.name, n.data_ip) for n in p.nodes] == [("node1", "172.30.97.11"), ("node2", "172.30.97.12")]
 
 
+def test_a_lone_box_serves_on_its_management_address(tmp_path):
+    """One Spark, no CX-7 cable: the single-box layout on the address it has (a one-node profile)."""
+    lone = box("spark1", 1, {})
+    assert lone.ports == () and [p.netdev for p in lone.other_ports] == ["enP7s7"]
+    lay = I.work_out([lone])
+    assert lay.kind == "single" and lay.nodes[0].data.ip == "10.0.0.1"
+    p = plans(tmp_path, I.render(lay, user=None, profile="gpt-oss-120b", hosts=["spark1"], now=NOW))
+    assert [(n.name, n.data_ip) for n in p.nodes] == [("spark1", "10.0.0.1")]
+
+
 def test_two_up_ports_on_one_subnet_ask_which(tmp_path):
     boxes = pair_boxes()
     two = box("spark1", 1, {"enp1s0f1np1": "192.168.177.11/24", "enP2p1s0f1np1": "192.168.177.21/24"})
@@ -155,6 +165,12 @@ def test_layouts_that_cannot_be_planned_say_why():
     with pytest.raises(I.InitError, match="--head spark9: no such node; choose one of spark1, spark2"):
         I.work_out(pair_boxes(), head="spark9")
     assert I.work_out(pair_boxes(), head="spark2").nodes[0].box.name == "spark2"
+    twins = [I.parse_box(f"10.0.0.1{n}", output(sections("spark", n, {"enp1s0f1np1": f"192.168.177.1{n}/24"})))
+             for n in (1, 2)]
+    with pytest.raises(I.InitError, match="share a hostname.*Host alias"):
+        I.work_out(twins)
+    with pytest.raises(I.InitError, match="hostname '-x'.*Host alias"):
+        I.parse_box("10.0.0.11", output(sections("-x", 1, {})))
 
 
 def test_cli_refuses_to_overwrite_and_names_bad_flags(tmp_path, capsys):
