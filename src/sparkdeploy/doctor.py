@@ -21,7 +21,8 @@ from sparkdeploy.memguard import memory_margin, serving_margin
 from sparkdeploy.preflight import GIB, Measured, NodeSpec, check_api_key, check_nccl, check_ray, run_checks
 from sparkdeploy.probes import (BANDWIDTH_PORT, HostFacts, bandwidth_receive_argv, bandwidth_send_argv,
                                 ib_write_bw_argv, image_libs_argv, parse_bandwidth, parse_ib_write_bw,
-                                parse_image_libs, parse_meminfo, parse_rdma, port_gid_index, probe_argv)
+                                parse_image_libs, parse_meminfo, parse_rdma, port_gid_index, probe_argv,
+                                reach_argv)
 from sparkdeploy.verdict import Result, Status, worst
 
 
@@ -112,9 +113,9 @@ def reach_targets(inv) -> dict[str, list[str]]:
     for n in inv.nodes:
         if n.name != inv.head.name:
             out[n.name].append(f"{inv.head.data_ip}:{inv.ports.master}")
-    if inv.router is not None and inv.router.node.name in out:
+    if inv.router is not None:
         heads = inventory_mod.load_services(inv.file) if inv.services else (inv,)
-        out[inv.router.node.name] += [f"{v.head.data_ip}:{v.ports.api}" for v in heads]
+        out.setdefault(inv.router.node.name, []).extend(f"{v.head.data_ip}:{v.ports.api}" for v in heads)
     return {k: list(dict.fromkeys(v)) for k, v in out.items()}
 
 
@@ -176,7 +177,10 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
     specs = [spec_of(n, ckpt) for n in inv.nodes]
     given = facts_mod.load_facts_file(facts_file) if facts_file else {}
     own = pool is None
-    pool = pool or Pool([target_of(n.name, n.ssh) for n in inv.nodes], trust_new_hosts=trust_new_hosts)
+    names = {n.name for n in inv.nodes}
+    router = inv.router.node if inv.router is not None and inv.router.node.name not in names else None
+    pool = pool or Pool([target_of(n.name, n.ssh) for n in (*inv.nodes, *([router] if router else []))],
+                        trust_new_hosts=trust_new_hosts)
     try:
         errors = pool.open()
         up = [n.name for n in inv.nodes if n.name in pool.conns]
@@ -185,6 +189,13 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
         outs = pool.map(lambda c: c.run(probe_argv(ckpt, targets[c.name], deployed_env), check=False, timeout=180),
                         up)
         facts = read_facts(inv, given, errors, outs)
+        router_facts = {}
+        if router is not None:
+            got = pool.map(lambda c: c.run(reach_argv(targets[c.name]), check=False, timeout=60), [router.name]) \
+                if router.name in pool.conns else {router.name: errors.get(router.name, "no connection")}
+            out = got[router.name]
+            router_facts[router.name] = HostFacts(router.name, error=str(out)) if isinstance(out, (Exception, str)) \
+                else HostFacts.from_output(router.name, out.stdout)
         clocks = pool.map(clock_offset, up)
         bandwidth = measure_bandwidth(pool, inv.nodes, up, facts)
         tag = serving_image_tag(inv)
@@ -213,7 +224,8 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
     results: list[Result] = []
     per_node = run_checks(specs, facts, checkpoint_bytes=checkpoint_bytes, ports=ports,
                           clock={k: v for k, v in clocks.items() if not isinstance(v, Exception)},
-                          bandwidth=bandwidth, pinned_gid=dict(inv.profile.env).get("NCCL_IB_GID_INDEX"))
+                          bandwidth=bandwidth, pinned_gid=dict(inv.profile.env).get("NCCL_IB_GID_INDEX"),
+                          router=router_facts)
     for r in per_node:
         if r.check == "memory" and not facts[r.node].error:
             mem = parse_meminfo(facts[r.node].text("meminfo"))

@@ -465,12 +465,15 @@ def check_driver_match(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts]
     return _r("driver-match", "cluster", Status.OK, f"driver {next(iter(drivers.values()))} on all nodes{only}")
 
 
-def check_reach(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts]) -> Result:
-    if len(specs) < 2:
+def check_reach(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts],
+                also: Mapping[str, HostFacts] | None = None) -> Result:
+    """Every path a node tried (its probe's `reach` lines); `also`: nodes outside the service that must reach it
+    (the router's node), probed for their paths only."""
+    also = also or {}
+    if len(specs) < 2 and not also:
         return _r("data-plane-reach", "cluster", Status.SKIPPED, "one node: nothing to reach")
-    bad, good = [], 0
-    for s in specs:
-        f = facts.get(s.name)
+    bad, good = [f"{n} (router): not reached: {f.error}" for n, f in also.items() if f.error], 0
+    for name, f in [(s.name, facts.get(s.name)) for s in specs] + list(also.items()):
         if f is None or f.error:
             continue
         for line in f.text("reach").splitlines():
@@ -479,7 +482,7 @@ def check_reach(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts]) -> Re
                 if parts[1] in ("ok", "refused"):  # refused: the path works, nothing listens there yet
                     good += 1
                 else:
-                    bad.append(f"{s.name} -> {parts[0]}: {parts[2] if len(parts) > 2 else parts[1]}")
+                    bad.append(f"{name} -> {parts[0]}: {parts[2] if len(parts) > 2 else parts[1]}")
     if bad:
         return _r("data-plane-reach", "cluster", Status.FAILED, "; ".join(bad),
                   "check cables, the data_ip addresses and netplan on both ends, and that no firewall blocks "
@@ -638,7 +641,7 @@ def run_checks(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts], *,
                checkpoint_bytes: int = 0, need_bytes: int = 0, reserve_bytes: int = 0,
                ports: Iterable[int] = (), clock: Mapping[str, tuple[float, float]] | None = None,
                bandwidth: Mapping[tuple[str, str], Measured | float | str] | None = None,
-               pinned_gid: str | None = None) -> list[Result]:
+               pinned_gid: str | None = None, router: Mapping[str, HostFacts] | None = None) -> list[Result]:
     """Every check on every node, then the checks across nodes. A node whose probe failed gets its SSH
     failure as the one result per check ("cannot judge: no SSH"), never a made-up verdict."""
     ports = tuple(ports)
@@ -659,7 +662,7 @@ def run_checks(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts], *,
             else:
                 results.append(chk(s, f))
     results.append(check_driver_match(specs, facts))
-    results.append(check_reach(specs, facts))
+    results.append(check_reach(specs, facts, router))
     results.append(check_gid_plan(specs, facts, pinned_gid))
     if bandwidth is not None:
         speeds = {s.name: mbit for s in specs if (f := facts.get(s.name)) and not f.error and

@@ -341,6 +341,11 @@ def probe_argv(checkpoint_dir: str | None, targets: Sequence[str], deployed_env:
     return ["sh", "-c", probe_script(), "sparkdeploy-doctor", checkpoint_dir or "", deployed_env, *targets]
 
 
+def reach_argv(targets: Sequence[str]) -> list[str]:
+    """Only the probe's `reach` section (for a node doctor does not examine: the router's, outside the service)."""
+    return ["sh", "-c", probe_script({"reach": SECTIONS["reach"]}), "sparkdeploy-doctor", "", "", *targets]
+
+
 @dataclass(frozen=True)
 class Section:
     rc: int

@@ -479,20 +479,28 @@ def test_every_pair_that_must_talk_is_tried_across_services(tmp_path, monkeypatc
     (tmp_path / ".config" / "sparkdeploy" / "api_key").write_text("k" * 32 + "\n")
     (tmp_path / ".config" / "sparkdeploy" / "api_key").chmod(0o600)
     views = inventory.load_services(paths.repo_root() / "examples" / "inventory.4node.yaml")
-    assert any(v.router.node.name in d.reach_targets(v) for v in views)
-    for view in views:
+    heads = {f"{v.head.data_ip}:{v.ports.api}" for v in views}
+    for view in views:  # the router (spark1) is in the first service only: from either, it tries every head
         targets = d.reach_targets(view)
         for node in view.nodes:
             if node.name != view.head.name:
                 assert f"{view.head.data_ip}:{view.ports.master}" in targets[node.name]
-        if view.router.node.name in targets:
-            assert {f"{v.head.data_ip}:{v.ports.api}" for v in views} <= set(targets[view.router.node.name])
+        assert heads <= set(targets[view.router.node.name]), (view.service, targets)
     specs = [SPEC, NodeSpec("spark2", "192.168.177.12", "enp1s0f1np1")]
     f1 = facts(reach="192.168.177.12 ok\n192.168.177.13:8000 refused")
     f2 = facts("spark2", reach="192.168.177.11 ok\n192.168.177.11:29501 err timed out")
     r = pf.check_reach(specs, {"spark1": f1, "spark2": f2})
     assert r.status is Status.FAILED and r.reason == "spark2 -> 192.168.177.11:29501: timed out"
     assert pf.check_reach(specs, {"spark1": f1, "spark2": facts("spark2")}).status is Status.OK
+    # the router's node, outside the service examined, probed for its paths only
+    router = {"spark9": facts("spark9", reach="192.168.177.11:8000 err [Errno 113] No route to host")}
+    r = pf.check_reach(specs, {"spark1": f1, "spark2": facts("spark2")}, router)
+    assert r.status is Status.FAILED and "spark9 -> 192.168.177.11:8000: [Errno 113]" in r.reason
+    down = pf.check_reach(specs, {"spark1": f1, "spark2": facts("spark2")},
+                          {"spark9": HostFacts("spark9", error="ssh: timed out")})
+    assert down.status is Status.FAILED and "spark9 (router): not reached: ssh: timed out" in down.reason
+    out = subprocess.run(probes.reach_argv(["127.0.0.1:1"]), capture_output=True, text=True, timeout=30).stdout
+    assert HostFacts.from_output("spark9", out).text("reach") == "127.0.0.1:1 refused"
 
 
 def test_doctors_clock_query_through_the_nvidia_smi_double(tmp_path):
