@@ -1,8 +1,10 @@
 """`sparkdeploy doctor`: read each node once, then judge it with the pure checks of `preflight`.
 
 The I/O is here: `examine()` connects, runs `probes.probe_argv(...)` (one fixed shell script, one SSH round
-trip per node), the clock samples (`clock_offset`) and one TCP stream per pair of nodes over the data plane
-(`measure_bandwidth`), the NCCL libraries of the host and of the serving image and the image's Ray
+trip per node, which also tries every path the node must use: its peers' SSH port, the head's master port from
+each worker, each service head's API port from the router's node), the clock samples (`clock_offset`) and the
+bandwidth of each pair over the data plane (`measure_bandwidth`: `ib_write_bw` where both ends have it, else
+parallel TCP streams), the NCCL libraries of the host and of the serving image and the image's Ray
 (`probes.image_libs_argv`), asks the planner for each node's memory budget on the measured /proc/meminfo, and
 hands everything to `preflight`.
 """
@@ -14,10 +16,13 @@ import re
 from dataclasses import dataclass
 
 from sparkdeploy.errors import SparkdeployError
+from sparkdeploy.layout import ENV_FILE
 from sparkdeploy.memguard import memory_margin, serving_margin
-from sparkdeploy.preflight import GIB, NodeSpec, check_api_key, check_nccl, check_ray, run_checks
+from sparkdeploy.preflight import GIB, Measured, NodeSpec, check_api_key, check_nccl, check_ray, run_checks
 from sparkdeploy.probes import (BANDWIDTH_PORT, HostFacts, bandwidth_receive_argv, bandwidth_send_argv,
-                                image_libs_argv, parse_bandwidth, parse_image_libs, parse_meminfo, probe_argv)
+                                ib_write_bw_argv, image_libs_argv, parse_bandwidth, parse_ib_write_bw,
+                                parse_image_libs, parse_meminfo, parse_rdma, port_gid_index, probe_argv,
+                                reach_argv)
 from sparkdeploy.verdict import Result, Status, worst
 
 
@@ -52,26 +57,66 @@ def clock_offset(conn, samples: int = 3) -> tuple[float, float]:
     return best
 
 
-def measure_bandwidth(pool, nodes, up: list[str]) -> dict[tuple[str, str], float | str]:
-    """{(sender, receiver): Gbit/s or why not} for every pair of answering nodes, one pair at a time (pairs
-    measured together would share links and halve each other)."""
-    by_name = {n.name: n for n in nodes}
+def rdma_path(node, hf: HostFacts | None) -> tuple[str, int | None] | None:
+    """(the HCA on the node's data netdev, its RoCE v2 IPv4 GID index) where ib_write_bw is installed; else None."""
+    if hf is None or hf.error or not hf.kv("tools").get("ib_write_bw"):
+        return None
+    ports = parse_rdma(hf.text("rdma"))
+    for dev in node.hca:
+        port = ports.get(dev)
+        if port is not None and port.netdev == node.netdev:
+            return dev, port_gid_index(port, node.data_ip)
+    return None
+
+
+#: The client of ib_write_bw retries until the server listens (started in parallel; it fails while none does).
+_RETRY = 'i=0; until "$@"; do i=$((i+1)); [ $i -ge 40 ] && exit 1; sleep 0.5; done'
+
+
+def measure_bandwidth(pool, nodes, up: list[str], facts: dict[str, HostFacts] | None = None
+                      ) -> dict[tuple[str, str], Measured | str]:
+    """{(sender, receiver): Measured or why not} for every pair of answering nodes, one pair at a time (pairs
+    measured together would share links and halve each other). RDMA writes (`ib_write_bw`) where both ends have
+    it and an HCA on their data netdev; parallel TCP streams otherwise."""
+    by_name, facts = {n.name: n for n in nodes}, facts or {}
     wait = 20.0  # for the receiver to be listening, and for the sender to connect
-    out: dict[tuple[str, str], float | str] = {}
+    out: dict[tuple[str, str], Measured | str] = {}
     for a, b in itertools.combinations([n.name for n in nodes if n.name in up], 2):
         src, dst = by_name[a].data_ip, by_name[b].data_ip
-        argv = {b: bandwidth_receive_argv(dst, wait), a: bandwidth_send_argv(src, dst, wait)}
+        rdma = rdma_path(by_name[a], facts.get(a)), rdma_path(by_name[b], facts.get(b))
+        if rdma[0] and rdma[1]:
+            argv = {b: ib_write_bw_argv(*rdma[1]),
+                    a: ["sh", "-c", _RETRY, "retry", *ib_write_bw_argv(*rdma[0], server_ip=dst)]}
+        else:
+            argv = {b: bandwidth_receive_argv(dst, wait), a: bandwidth_send_argv(src, dst, wait)}
         done = pool.map(lambda c: c.run(argv[c.name], check=False, timeout=wait + 30), [a, b])
         recv, send = done[b], done[a]
         if isinstance(recv, Exception) or isinstance(send, Exception):
             out[(a, b)] = str(recv if isinstance(recv, Exception) else send)
             continue
         try:
-            out[(a, b)] = parse_bandwidth(recv.stdout)
+            out[(a, b)] = Measured(parse_ib_write_bw(send.stdout), "ib_write_bw") if rdma[0] and rdma[1] else \
+                Measured(parse_bandwidth(recv.stdout))
         except ValueError as err:
             tail = (recv.stderr.strip().splitlines() or send.stderr.strip().splitlines() or [str(err)])[-1]
-            out[(a, b)] = f"{dst}:{BANDWIDTH_PORT}: {tail}"
+            out[(a, b)] = f"{'ib_write_bw to ' + dst if rdma[0] and rdma[1] else f'{dst}:{BANDWIDTH_PORT}'}: {tail}"
     return out
+
+
+def reach_targets(inv) -> dict[str, list[str]]:
+    """{node: the data-plane targets it must reach}: every peer's SSH port; the head's master port from each
+    worker (torch.distributed, or the Ray head's GCS with backend: ray); and from the router's node each service
+    head's API port (the router forwards there), across services."""
+    from sparkdeploy import inventory as inventory_mod
+
+    out = {n.name: [m.data_ip for m in inv.nodes if m.name != n.name] for n in inv.nodes}
+    for n in inv.nodes:
+        if n.name != inv.head.name:
+            out[n.name].append(f"{inv.head.data_ip}:{inv.ports.master}")
+    if inv.router is not None:
+        heads = inventory_mod.load_services(inv.file) if inv.services else (inv,)
+        out.setdefault(inv.router.node.name, []).extend(f"{v.head.data_ip}:{v.ports.api}" for v in heads)
+    return {k: list(dict.fromkeys(v)) for k, v in out.items()}
 
 
 def planner_facts(node, hf: HostFacts):
@@ -99,6 +144,23 @@ class Examination:
                 "results": [r.as_dict() for r in self.results]}
 
 
+def read_facts(inv, given, errors, outs) -> dict[str, HostFacts]:
+    """Each node's parsed probe (or why it has none); a facts file's gpu_name/driver replace nvidia-smi's."""
+    facts: dict[str, HostFacts] = {}
+    for n in inv.nodes:
+        over = {}
+        if n.name in given:
+            g = given[n.name]
+            over = {k: v for k, v in (("gpu_name", g.gpu_name), ("driver", g.driver)) if v is not None}
+        if n.name in errors:
+            facts[n.name] = HostFacts(n.name, overrides=over, error=str(errors[n.name]))
+        elif isinstance(outs.get(n.name), Exception):
+            facts[n.name] = HostFacts(n.name, overrides=over, error=f"probe failed: {outs[n.name]}")
+        else:
+            facts[n.name] = HostFacts.from_output(n.name, outs[n.name].stdout, over)
+    return facts
+
+
 def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = None,
             trust_new_hosts: bool = False, pool=None) -> Examination:
     """Probe every node of the inventory (in parallel) and run every check."""
@@ -115,32 +177,34 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
     specs = [spec_of(n, ckpt) for n in inv.nodes]
     given = facts_mod.load_facts_file(facts_file) if facts_file else {}
     own = pool is None
-    pool = pool or Pool([target_of(n.name, n.ssh) for n in inv.nodes], trust_new_hosts=trust_new_hosts)
+    names = {n.name for n in inv.nodes}
+    router = inv.router.node if inv.router is not None and inv.router.node.name not in names else None
+    pool = pool or Pool([target_of(n.name, n.ssh) for n in (*inv.nodes, *([router] if router else []))],
+                        trust_new_hosts=trust_new_hosts)
     try:
         errors = pool.open()
         up = [n.name for n in inv.nodes if n.name in pool.conns]
-        peers = {n.name: [m.data_ip for m in inv.nodes if m.name != n.name] for n in inv.nodes}
-        outs = pool.map(lambda c: c.run(probe_argv(ckpt, peers[c.name]), check=False, timeout=180), up)
+        targets = reach_targets(inv)
+        deployed_env = f"{inv.layout.current_link}/{ENV_FILE}"
+        outs = pool.map(lambda c: c.run(probe_argv(ckpt, targets[c.name], deployed_env), check=False, timeout=180),
+                        up)
+        facts = read_facts(inv, given, errors, outs)
+        router_facts = {}
+        if router is not None:
+            got = pool.map(lambda c: c.run(reach_argv(targets[c.name]), check=False, timeout=60), [router.name]) \
+                if router.name in pool.conns else {router.name: errors.get(router.name, "no connection")}
+            out = got[router.name]
+            router_facts[router.name] = HostFacts(router.name, error=str(out)) if isinstance(out, (Exception, str)) \
+                else HostFacts.from_output(router.name, out.stdout)
         clocks = pool.map(clock_offset, up)
-        bandwidth = measure_bandwidth(pool, inv.nodes, up)
+        bandwidth = measure_bandwidth(pool, inv.nodes, up, facts)
         tag = serving_image_tag(inv)
         libs = pool.map(lambda c: parse_image_libs(c.run(image_libs_argv(tag), check=False, timeout=180).stdout),
                         up) if tag else {}
     finally:
         if own:
             pool.close()
-    facts: dict[str, HostFacts] = {}
-    for n in inv.nodes:
-        over = {}
-        if n.name in given:
-            g = given[n.name]
-            over = {k: v for k, v in (("gpu_name", g.gpu_name), ("driver", g.driver)) if v is not None}
-        if n.name in errors:
-            facts[n.name] = HostFacts(n.name, overrides=over, error=str(errors[n.name]))
-        elif isinstance(outs.get(n.name), Exception):
-            facts[n.name] = HostFacts(n.name, overrides=over, error=f"probe failed: {outs[n.name]}")
-        else:
-            facts[n.name] = HostFacts.from_output(n.name, outs[n.name].stdout, over)
+
 
     # memory: the planner's own budget on the measured facts (never recomputed here)
     measured = {n.name: planner_facts(n, facts[n.name]) for n in inv.nodes if not facts[n.name].error}
@@ -160,7 +224,8 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
     results: list[Result] = []
     per_node = run_checks(specs, facts, checkpoint_bytes=checkpoint_bytes, ports=ports,
                           clock={k: v for k, v in clocks.items() if not isinstance(v, Exception)},
-                          bandwidth=bandwidth)
+                          bandwidth=bandwidth, pinned_gid=dict(inv.profile.env).get("NCCL_IB_GID_INDEX"),
+                          router=router_facts)
     for r in per_node:
         if r.check == "memory" and not facts[r.node].error:
             mem = parse_meminfo(facts[r.node].text("meminfo"))

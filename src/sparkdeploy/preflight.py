@@ -17,8 +17,9 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from sparkdeploy.hostsetup import DATA_PLANE_MTU, EARLYOOM_AVOID, EARLYOOM_PREFER
 from sparkdeploy.memguard import memory_margin
-from sparkdeploy.probes import (HostFacts, has_cap_sys_resource, nccl_version, parse_df_line, parse_ip_addr,
-                                parse_ip_link, parse_meminfo, parse_rdma, parse_units, port_gid_index, twin_addresses)
+from sparkdeploy.probes import (HostFacts, has_cap_sys_resource, nccl_version, parse_df_line, parse_gpu_clocks,
+                                parse_ip_addr, parse_ip_link, parse_kv, parse_meminfo, parse_rdma, parse_speeds, parse_units,
+                                port_gid_index, twin_addresses)
 from sparkdeploy.verdict import Result, Status
 
 
@@ -27,11 +28,19 @@ GIB = 1 << 30
 #: clock skew between nodes: above WARN is a warning, above FAIL a failure (seconds)
 CLOCK_SKEW_WARN_S = 0.5
 CLOCK_SKEW_FAIL_S = 5.0
-#: Gbit/s below which a pair's data-plane stream is judged slow. GB10 pairs: a CX-7 path carries tens of Gbit/s
-#: even in one Python stream, while the management network or a 10GbE port cannot pass 10. CPU-only (sim)
-#: nodes share a bridge, not a NIC: there only a path that barely works is judged.
+#: A pair is FAILED below this share of its ports' negotiated speed: RDMA (ib_write_bw) reaches most of the link;
+#: parallel Python TCP streams are CPU-bound, so their share is lower. A degraded CX-7 (~13 Gbit/s on a link that
+#: reports 200G, dgx-spark-playbooks#108) is far under both.
+BANDWIDTH_SHARE = {"ib_write_bw": 0.5, "tcp": 0.1}
+#: Where the speed is not reported: Gbit/s below which a pair is judged slow (WARN). GB10 pairs: a CX-7 path
+#: carries tens of Gbit/s, while the management network or a 10GbE port cannot pass 10. CPU-only (sim) nodes
+#: share a bridge, not a NIC: there only a path that barely works is judged.
 BANDWIDTH_FLOOR_GBIT_GPU = 10.0
 BANDWIDTH_FLOOR_GBIT_CPU = 1.0
+#: SM clock at or below this while the GPU is busy is the stuck low-power state (~702 MHz, eugr/spark-vllm-docker#334)
+STUCK_SM_MHZ = 800.0
+#: utilization from which the SM clock must have ramped up
+BUSY_UTIL_PCT = 50.0
 #: free space wanted under the docker root for the serving image (GB10 image ~15-20 GB; sim image ~3 GB)
 DOCKER_FREE_GPU = 25 * GIB
 DOCKER_FREE_SIM = 3 * GIB
@@ -39,8 +48,8 @@ DOCKER_FREE_SIM = 3 * GIB
 DISK_HEADROOM = 1 * GIB
 #: the GPU a DGX Spark reports
 GB10_NAME = "NVIDIA GB10"
-#: kernels known to need `kho=off` on the command line for ibv_reg_mr under memory pressure
-KHO_OFF_KERNELS = ("7.0.0-1019-nvidia",)
+#: the kernel builds known to break a multi-node Spark, with their source and fix (data, not code)
+BAD_KERNELS_FILE = "deploy/host/bad-kernels.yaml"
 
 
 @dataclass(frozen=True)
@@ -93,7 +102,6 @@ def check_kernel_modules(spec: NodeSpec, facts: HostFacts) -> Result:
     kernel = facts.text("uname").strip() or "?"
     kv = facts.kv("modules")
     container = facts.in_container
-    cmdline = kv.get("cmdline", "")
     if container:
         return _r("kernel-modules", spec.name, Status.SKIPPED,
                   f"node runs in a {container} container: kernel {kernel} is the host's and "
@@ -115,12 +123,83 @@ def check_kernel_modules(spec: NodeSpec, facts: HostFacts) -> Result:
             return _r("kernel-modules", spec.name, Status.FAILED,
                       f"loaded nvidia module {loaded} differs from the user-space driver {driver}",
                       "reboot so the installed module loads; keep driver and module packages in step")
-    if kernel in KHO_OFF_KERNELS and "kho=off" not in cmdline.split():
-        return _r("kernel-modules", spec.name, Status.WARN,
-                  f"kernel {kernel} without kho=off: ibv_reg_mr fails with ENOMEM under memory pressure",
-                  "add kho=off to GRUB_CMDLINE_LINUX_DEFAULT, `update-grub`, reboot")
     return _r("kernel-modules", spec.name, Status.OK,
               f"modules for {kernel} present" + (f", nvidia {kv.get('modinfo_nvidia')}" if spec.has_gpu else ""))
+
+
+@dataclass(frozen=True)
+class BadKernel:
+    kernel: str
+    breaks: str
+    source: str
+    fix: str
+    cured_by: str | None = None
+
+
+def load_bad_kernels(path=None) -> dict[str, BadKernel]:
+    """{uname -r: entry} from deploy/host/bad-kernels.yaml (or `path`); a malformed entry names its field."""
+    from sparkdeploy import paths, yamlfile
+    from sparkdeploy.errors import InventoryError
+
+    file = path or paths.repo_root() / BAD_KERNELS_FILE
+    raw = yamlfile.load(file, "bad-kernel list")
+    entries = raw.get("kernels") if isinstance(raw, dict) else None
+    if not isinstance(entries, list):
+        raise InventoryError("expected `kernels:` with a list of entries", file=str(file), field="kernels")
+    out = {}
+    for i, e in enumerate(entries):
+        keys = {"kernel", "breaks", "source", "fix", "cured_by"}
+        if not isinstance(e, dict) or not {"kernel", "breaks", "source", "fix"} <= set(e) <= keys or \
+                not all(isinstance(v, str) for v in e.values()):
+            raise InventoryError(f"expected text fields kernel, breaks, source, fix (and optional cured_by)",
+                                 file=str(file), field=f"kernels[{i}]")
+        out[e["kernel"]] = BadKernel(**e)
+    return out
+
+
+def check_kernel(spec: NodeSpec, facts: HostFacts, *, bad: Mapping[str, BadKernel] | None = None) -> Result:
+    """The running kernel against the list of builds known to break NCCL over RoCE (the field's Sep 2026 reports)."""
+    kernel = facts.text("uname").strip()
+    if not kernel:
+        return _r("kernel", spec.name, Status.FAILED, "uname -r printed nothing", "check the node's shell")
+    entry = (load_bad_kernels() if bad is None else bad).get(kernel)
+    whose = f" (the host's kernel: the node runs in a {facts.in_container} container)" if facts.in_container else ""
+    if entry is None:
+        return _r("kernel", spec.name, Status.OK, f"kernel {kernel}{whose} is not on the known-bad list "
+                  f"({BAD_KERNELS_FILE})")
+    cmdline = facts.kv("modules").get("cmdline", "").split()
+    if entry.cured_by and entry.cured_by in cmdline:
+        return _r("kernel", spec.name, Status.OK, f"kernel {kernel}{whose} is on the known-bad list but boots with "
+                  f"{entry.cured_by}, the reported workaround ({entry.source})")
+    return _r("kernel", spec.name, Status.FAILED, f"kernel {kernel}{whose}: {entry.breaks} ({entry.source})", entry.fix)
+
+
+def check_gpu_clocks(spec: NodeSpec, facts: HostFacts) -> Result:
+    """A GB10 stuck in its ~702 MHz low-power state (only a busy GPU shows it) and thermal slowdown."""
+    if not spec.has_gpu:
+        return _r("gpu-clocks", spec.name, Status.SKIPPED, "inventory says gpu: none; no clocks to read")
+    got = parse_gpu_clocks(facts.text("gpu_clocks")) if facts.rc("gpu_clocks") == 0 else None
+    if got is None:
+        return _r("gpu-clocks", spec.name, Status.WARN,
+                  f"nvidia-smi gave no clocks ({facts.text('gpu_clocks').strip()[:120] or 'no output'})",
+                  "check the NVIDIA driver (`nvidia-smi -q -d CLOCK`)")
+    seen = (f"SM {got.sm_mhz:.0f} MHz" if got.sm_mhz is not None else "SM clock n/a") + \
+        (f" at {got.util_pct:.0f} % busy" if got.util_pct is not None else "") + \
+        (f", {got.temp_c:.0f} C" if got.temp_c is not None else "")
+    if got.hw_thermal or got.sw_thermal:
+        kind = " and ".join(k for k, on in (("hardware", got.hw_thermal), ("software", got.sw_thermal)) if on)
+        return _r("gpu-clocks", spec.name, Status.FAILED, f"{seen}: {kind} thermal slowdown active",
+                  "cap the clock (`nvidia-smi -lgc 0,2000`: about 10 C cooler with no reported speed loss, "
+                  "MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#146) and clear the box's air intake")
+    if got.sm_mhz is not None and got.util_pct is not None and got.util_pct >= BUSY_UTIL_PCT \
+            and got.sm_mhz <= STUCK_SM_MHZ:
+        return _r("gpu-clocks", spec.name, Status.FAILED,
+                  f"{seen}: the GPU is stuck in its low-power state (throughput halves)",
+                  "remove AC power for a minute, then power on: a reboot does not clear it "
+                  "(eugr/spark-vllm-docker#334)")
+    idle = got.util_pct is not None and got.util_pct < BUSY_UTIL_PCT
+    return _r("gpu-clocks", spec.name, Status.OK, seen + ", no thermal slowdown" +
+              ("; idle, so a stuck clock would not show: doctor judges it while the engine serves" if idle else ""))
 
 
 def check_roce_twins(spec: NodeSpec, facts: HostFacts) -> Result:
@@ -358,7 +437,7 @@ def check_timesync(spec: NodeSpec, facts: HostFacts) -> Result:
 
 
 NODE_CHECKS: tuple[Check, ...] = (
-    check_ssh, check_gpu, check_kernel_modules, check_roce_twins, check_mtu, check_roce_gid, check_earlyoom,
+    check_ssh, check_gpu, check_gpu_clocks, check_kernel, check_kernel_modules, check_roce_twins, check_mtu, check_roce_gid, check_earlyoom,
     check_sshd_oom, check_disk, check_docker, check_gpu_processes, check_stale_units, check_memory,
     check_timesync,
 )
@@ -386,56 +465,122 @@ def check_driver_match(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts]
     return _r("driver-match", "cluster", Status.OK, f"driver {next(iter(drivers.values()))} on all nodes{only}")
 
 
-def check_reach(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts]) -> Result:
-    if len(specs) < 2:
+def check_reach(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts],
+                also: Mapping[str, HostFacts] | None = None) -> Result:
+    """Every path a node tried (its probe's `reach` lines); `also`: nodes outside the service that must reach it
+    (the router's node), probed for their paths only."""
+    also = also or {}
+    if len(specs) < 2 and not also:
         return _r("data-plane-reach", "cluster", Status.SKIPPED, "one node: nothing to reach")
-    bad, good = [], 0
-    for s in specs:
-        f = facts.get(s.name)
+    bad, good = [f"{n} (router): not reached: {f.error}" for n, f in also.items() if f.error], 0
+    for name, f in [(s.name, facts.get(s.name)) for s in specs] + list(also.items()):
         if f is None or f.error:
             continue
         for line in f.text("reach").splitlines():
             parts = line.split(None, 2)
             if len(parts) >= 2:
-                if parts[1] == "ok":
+                if parts[1] in ("ok", "refused"):  # refused: the path works, nothing listens there yet
                     good += 1
                 else:
-                    bad.append(f"{s.name} -> {parts[0]}: {parts[2] if len(parts) > 2 else parts[1]}")
+                    bad.append(f"{name} -> {parts[0]}: {parts[2] if len(parts) > 2 else parts[1]}")
     if bad:
         return _r("data-plane-reach", "cluster", Status.FAILED, "; ".join(bad),
                   "check cables, the data_ip addresses and netplan on both ends, and that no firewall blocks "
-                  "the data plane (TCP 22 and the ephemeral ports)")
+                  "the data plane (TCP 22, the service ports named, and the ephemeral ports)")
     if good == 0:
         return _r("data-plane-reach", "cluster", Status.FAILED, "no node could report reachability",
                   "check SSH to the nodes first")
-    return _r("data-plane-reach", "cluster", Status.OK, f"{good} node-to-node data-plane paths reach TCP 22")
+    return _r("data-plane-reach", "cluster", Status.OK,
+              f"{good} node-to-node data-plane paths answer (SSH port, and the ports each pair must use)")
 
 
-def check_bandwidth(specs: Sequence[NodeSpec], measured: Mapping[tuple[str, str], float | str]) -> Result:
-    """`measured`: {(sender, receiver): Gbit/s, or why the pair could not be measured}."""
+@dataclass(frozen=True)
+class Measured:
+    """One pair's measured data-plane bandwidth and how: `ib_write_bw` (RDMA) or `tcp` (parallel streams)."""
+
+    gbit: float
+    method: str = "tcp"
+
+
+def check_bandwidth(specs: Sequence[NodeSpec], measured: Mapping[tuple[str, str], "Measured | float | str"],
+                    speeds: Mapping[str, int] | None = None) -> Result:
+    """`measured`: {(sender, receiver): Measured (a bare float is a TCP figure), or why the pair could not be
+    measured}; `speeds`: {node: negotiated Mbit/s of its data-plane port}. A pair far below the slower port's
+    speed is FAILED naming the ports; where no speed is known, the absolute floors give a warning."""
     if len(specs) < 2:
         return _r("data-plane-bandwidth", "cluster", Status.SKIPPED, "one node: no pair to measure")
     if not measured:
         return _r("data-plane-bandwidth", "cluster", Status.FAILED, "no pair could be measured",
                   "check SSH to the nodes first")
-    gpu = {s.name: s.has_gpu for s in specs}
-    seen, failed, slow = [], [], []
+    by_name, speeds = {s.name: s for s in specs}, speeds or {}
+    seen, failed, far_below, slow = [], [], [], []
     for (a, b), got in sorted(measured.items()):
         if isinstance(got, str):
             failed.append(f"{a} -> {b}: {got}")
             continue
-        floor = BANDWIDTH_FLOOR_GBIT_GPU if gpu.get(a) and gpu.get(b) else BANDWIDTH_FLOOR_GBIT_CPU
-        seen.append(f"{a} -> {b} {got:.1f} Gbit/s")
-        if got < floor:
-            slow.append(f"{a} -> {b} {got:.2f} Gbit/s, below {floor:g}")
+        got = got if isinstance(got, Measured) else Measured(float(got))
+        ports = f"{a} {by_name[a].netdev} -> {b} {by_name[b].netdev}"
+        link = min((speeds[n] for n in (a, b) if n in speeds), default=None)
+        seen.append(f"{a} -> {b} {got.gbit:.1f} Gbit/s ({got.method}" +
+                    (f", link {link / 1000:g}G)" if link else ")"))
+        if link:
+            want = BANDWIDTH_SHARE[got.method] * link / 1000
+            if got.gbit < want:
+                far_below.append(f"{ports}: {got.gbit:.2f} Gbit/s ({got.method}) on a link negotiated at "
+                                 f"{link / 1000:g} Gbit/s, below {want:g}")
+            continue
+        floor = BANDWIDTH_FLOOR_GBIT_GPU if by_name[a].has_gpu and by_name[b].has_gpu else BANDWIDTH_FLOOR_GBIT_CPU
+        if got.gbit < floor:
+            slow.append(f"{a} -> {b} {got.gbit:.2f} Gbit/s, below {floor:g}")
     fix = ("the pair's traffic takes a slow or broken path: on each end check that data_ip sits on the CX-7 netdev "
            "(`ip route get <peer data_ip>` names it), its link speed (`ethtool <netdev>`), the MTU, and that no "
            "firewall drops TCP between the data_ips")
+    degraded = ("a CX-7 that negotiates its speed but moves a fraction of it came up degraded (dgx-spark-playbooks#108): "
+                "cold-boot the node that owns the port (power off, wait, on), reseat the cable, then re-run doctor; "
+                "also check `ethtool <netdev>` and that no `tc` qdisc shapes the port")
     if failed:
         return _r("data-plane-bandwidth", "cluster", Status.FAILED, "; ".join(failed + seen), fix)
+    if far_below:
+        return _r("data-plane-bandwidth", "cluster", Status.FAILED, "; ".join(far_below), degraded)
     if slow:
         return _r("data-plane-bandwidth", "cluster", Status.WARN, "; ".join(slow), fix)
-    return _r("data-plane-bandwidth", "cluster", Status.OK, "; ".join(seen) + " (one TCP stream per pair)")
+    return _r("data-plane-bandwidth", "cluster", Status.OK, "; ".join(seen))
+
+
+def check_gid_plan(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts],
+                   pinned: str | None = None) -> Result:
+    """Each HCA's RoCE v2 IPv4 GID index now, across nodes and against the NCCL_IB_GID_INDEX the node will run
+    with: the running release's (its engine.env, planned at `up`), else the profile's literal (`pinned`), else the
+    plan sets the live value at `up`. The index moves after interface or firmware events (tonyd2wild/...#38,
+    FujitsuPolycom/sparkring#186): a stale value hangs the TP handshake silently."""
+    live: dict[str, dict[str, int]] = {}
+    for s in specs:
+        f = facts.get(s.name)
+        if not s.hca or f is None or f.error:
+            continue
+        ports, addrs = parse_rdma(f.text("rdma")), parse_ip_addr(f.text("addrs"))
+        live[s.name] = {dev: idx for dev in s.hca if (port := ports.get(dev)) is not None and
+                        (idx := port_gid_index(port, twin_addresses(port.netdev, addrs, s.data_ip))) is not None}
+    if not live:
+        return _r("roce-gid-plan", "cluster", Status.SKIPPED, "no node lists RoCE devices (hca: [])")
+    wrong = []
+    for node, found in sorted(live.items()):
+        deployed = parse_kv(facts[node].text("deployed")).get("NCCL_IB_GID_INDEX")
+        expected, whence = (deployed, "the running release sets") if deployed is not None else (pinned, "the profile pins")
+        for dev, idx in found.items():
+            if expected is not None and expected != str(idx):
+                wrong.append((node, dev, idx, f"{node} {dev}: RoCE v2 IPv4 GID is at index {idx}, "
+                              f"{whence} NCCL_IB_GID_INDEX={expected or '(empty: GID 0, link-local)'}"))
+    seen = "; ".join(f"{n} " + ", ".join(f"{d}={i}" for d, i in found.items()) for n, found in sorted(live.items()))
+    if wrong:
+        values = ", ".join(f"{n}: NCCL_IB_GID_INDEX={i}" for n, _, i, _ in wrong)
+        return _r("roce-gid-plan", "cluster", Status.FAILED, "; ".join(w for *_, w in wrong) + f" (live: {seen})",
+                  f"set {values} (per node): re-run `sparkdeploy up`, which plans each node's own index from the "
+                  "live table; drop a literal NCCL_IB_GID_INDEX from the profile's env (one value for every node "
+                  "breaks when the indices differ or move)")
+    across = {i for found in live.values() for i in found.values()}
+    note = "; differs across nodes: each node's engine gets its own" if len(across) > 1 else ""
+    return _r("roce-gid-plan", "cluster", Status.OK, f"RoCE v2 IPv4 GID index {seen}{note}")
 
 
 def check_nccl(node: str, probed: Mapping[str, str] | str, image_tag: str) -> Result:
@@ -495,7 +640,8 @@ def check_clock_skew(offsets: Mapping[str, tuple[float, float]], *, shared_kerne
 def run_checks(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts], *,
                checkpoint_bytes: int = 0, need_bytes: int = 0, reserve_bytes: int = 0,
                ports: Iterable[int] = (), clock: Mapping[str, tuple[float, float]] | None = None,
-               bandwidth: Mapping[tuple[str, str], float | str] | None = None) -> list[Result]:
+               bandwidth: Mapping[tuple[str, str], Measured | float | str] | None = None,
+               pinned_gid: str | None = None, router: Mapping[str, HostFacts] | None = None) -> list[Result]:
     """Every check on every node, then the checks across nodes. A node whose probe failed gets its SSH
     failure as the one result per check ("cannot judge: no SSH"), never a made-up verdict."""
     ports = tuple(ports)
@@ -516,9 +662,12 @@ def run_checks(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts], *,
             else:
                 results.append(chk(s, f))
     results.append(check_driver_match(specs, facts))
-    results.append(check_reach(specs, facts))
+    results.append(check_reach(specs, facts, router))
+    results.append(check_gid_plan(specs, facts, pinned_gid))
     if bandwidth is not None:
-        results.append(check_bandwidth(specs, bandwidth))
+        speeds = {s.name: mbit for s in specs if (f := facts.get(s.name)) and not f.error and
+                  (mbit := parse_speeds(f.text("speed")).get(s.netdev))}
+        results.append(check_bandwidth(specs, bandwidth, speeds))
     if clock is not None:
         shared = all((facts.get(s.name) and facts[s.name].in_container) for s in specs)
         results.append(check_clock_skew(clock, shared_kernel=shared))

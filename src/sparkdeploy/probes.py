@@ -25,8 +25,14 @@ from typing import Iterable, Mapping, Sequence
 
 
 # ----------------------------------------------------------------------------------------------- probe
-#: Each section: name -> shell text. Positional args of the script: $1 checkpoint dir ("" for none),
-#: then the data-plane IPs of the other nodes. Read-only; never needs root except what a root login gives.
+#: What the clock/thermal check reads (GB10 reports these; `[N/A]` where a field is not supported).
+GPU_CLOCK_FIELDS = ("clocks.sm,clocks.max.sm,utilization.gpu,temperature.gpu,"
+                    "clocks_event_reasons.hw_thermal_slowdown,clocks_event_reasons.sw_thermal_slowdown")
+#: Every probe script starts with this: file reads under /sys and /proc take the root prefix
+#: $SPARKDEPLOY_PROBE_ROOT (unset on a real node; a test points it at a recorded tree).
+ROOT_PREAMBLE = 'R="${SPARKDEPLOY_PROBE_ROOT-}"\n'
+#: Each section: name -> shell text. Positional args of the script: $1 checkpoint dir ("" for none), $2 the
+#: running release's engine.env ("" for none), then the targets to reach (IP for its SSH port, or IP:PORT). Read-only; never needs root except what a root login gives.
 SECTIONS: dict[str, str] = {
     "uname": "uname -r",
     "virt": "systemd-detect-virt --container 2>/dev/null || true",
@@ -47,9 +53,9 @@ SECTIONS: dict[str, str] = {
     "links": "ip -o link show",
     "addrs": "ip -o -4 addr show",
     "rdma": (
-        "for p in /sys/class/infiniband/*/ports/*; do [ -e \"$p\" ] || continue; "
-        "d=${p#/sys/class/infiniband/}; d=${d%%/*}; n=${p##*/}; "
-        "nd=$(ls /sys/class/infiniband/$d/device/net 2>/dev/null | head -1); "
+        "for p in $R/sys/class/infiniband/*/ports/*; do [ -e \"$p\" ] || continue; "
+        "d=${p#$R/sys/class/infiniband/}; d=${d%%/*}; n=${p##*/}; "
+        "nd=$(ls $R/sys/class/infiniband/$d/device/net 2>/dev/null | head -1); "
         "echo \"port $d $n ${nd:--} $(cat $p/state 2>/dev/null)\"; "
         "for g in $p/gids/*; do i=${g##*/}; v=$(cat $g 2>/dev/null) || continue; "
         "case $v in 0000:0000:0000:0000:0000:0000:0000:0000|'') continue;; esac; "
@@ -93,78 +99,143 @@ SECTIONS: dict[str, str] = {
     ),
     "meminfo": "cat /proc/meminfo",
     "containers": "docker ps --format '{{.Names}}' 2>/dev/null",
+    "gpu_clocks": (
+        "command -v nvidia-smi >/dev/null 2>&1 || exit 127; "
+        f"nvidia-smi --query-gpu={GPU_CLOCK_FIELDS} --format=csv,noheader,nounits"
+    ),
+    # negotiated link speed per netdev in Mbit/s (-1: down or not reported)
+    "speed": 'for d in $R/sys/class/net/*; do echo "${d##*/} $(cat $d/speed 2>/dev/null || echo -1)"; done',
+    "tools": 'echo "ib_write_bw=$(command -v ib_write_bw)"',
+    # the NCCL_IB_GID_INDEX the running release was planned with ($2: its engine.env; absent before `up`)
+    "deployed": '[ -n "$2" ] && [ -r "$2" ] && grep -E "^NCCL_IB_GID_INDEX=" "$2"; exit 0',
     "timesync": (
         'echo "ntp=$(timedatectl show -p NTPSynchronized --value 2>/dev/null)"; '
         'for s in systemd-timesyncd chrony chronyd ntp ntpsec; do '
         'if [ "$(systemctl is-active $s 2>/dev/null)" = active ]; then echo "daemon=$s"; fi; done'
     ),
     "reach": (
-        "shift; [ $# -gt 0 ] || exit 0; "
+        # each target is IP (its SSH port) or IP:PORT; a refused connection still proves the path (nothing
+        # listens there before `up`), a timeout or no route does not
+        "shift 2; [ $# -gt 0 ] || exit 0; "
         "python3 - \"$@\" <<'PY'\n"
         "import socket, sys\n"
-        "for ip in sys.argv[1:]:\n"
+        "for target in sys.argv[1:]:\n"
+        "    ip, _, port = target.partition(':')\n"
         "    try:\n"
-        "        socket.create_connection((ip, 22), timeout=3).close(); print(ip, 'ok')\n"
+        "        socket.create_connection((ip, int(port or 22)), timeout=3).close(); print(target, 'ok')\n"
+        "    except ConnectionRefusedError:\n"
+        "        print(target, 'refused')\n"
         "    except OSError as e:\n"
-        "        print(ip, 'err', e)\n"
+        "        print(target, 'err', e)\n"
         "PY"
     ),
 }
 
 
+# ------------------------------------------------------------------------------------------------ init
+#: What `sparkdeploy init` reads from a box (the doctor probe's grammar and, where they overlap, its sections).
+#: `network` lists the files that configured the interfaces: netplan (NVIDIA Sync's Cluster Assistant or host
+#: setup write there), NetworkManager keyfiles, and those under /run (nmcli edits that vanish at reboot).
+INIT_SECTIONS: dict[str, str] = {
+    "hostname": "hostname",
+    "uname": SECTIONS["uname"],
+    "meminfo": "cat $R/proc/meminfo",
+    "gpu": SECTIONS["gpu"],
+    "ip": "ip -j addr",
+    "rdma": SECTIONS["rdma"],
+    "speed": SECTIONS["speed"],
+    "network": (
+        "for f in $R/etc/netplan/*.yaml; do [ -e \"$f\" ] || continue; "
+        "echo \"netplan /etc/netplan/${f##*/} $(grep -Eo '^ +[A-Za-z0-9_.-]+:' \"$f\" | tr -d ' :' | tr '\\n' ' ')\"; done; "
+        "for d in /etc/NetworkManager/system-connections /run/NetworkManager/system-connections; do "
+        "for f in $R$d/*; do [ -e \"$f\" ] || continue; "
+        "echo \"nm $d/${f##*/} $(sed -n 's/^interface-name=//p' \"$f\" | head -1)\"; done; done"
+    ),
+}
+
+
+def init_probe_argv() -> list[str]:
+    return ["sh", "-c", probe_script(INIT_SECTIONS), "sparkdeploy-init"]
+
+
 # ------------------------------------------------------------------------------------ pairwise bandwidth
 #: TCP port of doctor's bandwidth measurement, on the receiving node's data_ip, only while doctor runs.
 BANDWIDTH_PORT = 29481
-#: How long each sender streams. One second tells a CX-7 path (tens of Gbit/s even from one Python stream)
-#: from a pair whose traffic takes the management network or a 10GbE port.
+#: How long each sender streams. One second tells a CX-7 path from one that takes the management network or a
+#: 10GbE port, and a degraded CX-7 (~13 Gbit/s on a 200G link, dgx-spark-playbooks#108) from a healthy one.
 BANDWIDTH_SECONDS = 1.0
+#: Parallel TCP streams where ib_write_bw is not installed: one Python stream is CPU-bound far below 200G, so a
+#: single stream cannot tell a degraded CX-7 from a healthy one.
+BANDWIDTH_STREAMS = 4
 _BANDWIDTH_RECEIVE = """
-import socket, sys, time
-ip, port, wait = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+import socket, sys, threading, time
+ip, port, wait, streams = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 srv = socket.socket()
 srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 srv.bind((ip, port))
-srv.listen(1)
+srv.listen(streams)
 srv.settimeout(wait)
-conn, peer = srv.accept()
-buf, n, t0 = bytearray(1 << 20), 0, None
-while True:
-    k = conn.recv_into(buf)
-    if not k:
-        break
-    t0 = t0 or time.monotonic()
-    n += k
-print("received", n, time.monotonic() - t0 if t0 else 0.0, peer[0])
+counts, starts, ends, peer = [], [], [], None
+def drain(conn):
+    buf, n = bytearray(1 << 20), 0
+    while True:
+        k = conn.recv_into(buf)
+        if not k:
+            break
+        if not n:
+            starts.append(time.monotonic())
+        n += k
+    ends.append(time.monotonic())
+    counts.append(n)
+threads = []
+for _ in range(streams):
+    conn, peer = srv.accept()
+    threads.append(threading.Thread(target=drain, args=(conn,)))
+    threads[-1].start()
+for t in threads:
+    t.join()
+seconds = max(ends) - min(starts) if starts else 0.0
+print("received", sum(counts), seconds, peer[0])
 """
 _BANDWIDTH_SEND = """
-import socket, sys, time
-src, dst, port, seconds, wait = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+import socket, sys, threading, time
+src, dst, port, seconds, wait, streams = (sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]),
+                                          float(sys.argv[5]), int(sys.argv[6]))
 give_up = time.monotonic() + wait
-while True:
+socks = []
+while len(socks) < streams:
     try:
-        s = socket.create_connection((dst, port), timeout=5, source_address=(src, 0))
-        break
+        socks.append(socket.create_connection((dst, port), timeout=5, source_address=(src, 0)))
     except ConnectionRefusedError:
         if time.monotonic() > give_up:
             raise
         time.sleep(0.05)
-buf, n, end = bytes(4 << 20), 0, time.monotonic() + seconds
-while time.monotonic() < end:
-    s.sendall(buf)
-    n += len(buf)
-s.shutdown(socket.SHUT_WR)
-s.recv(1)
-print("sent", n)
+sent = []
+def stream(s, end):
+    buf, n = bytes(4 << 20), 0
+    while time.monotonic() < end:
+        s.sendall(buf)
+        n += len(buf)
+    s.shutdown(socket.SHUT_WR)
+    s.recv(1)
+    sent.append(n)
+end = time.monotonic() + seconds
+threads = [threading.Thread(target=stream, args=(s, end)) for s in socks]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("sent", sum(sent))
 """
 
 
 def bandwidth_receive_argv(data_ip: str, wait_s: float) -> list[str]:
-    return ["python3", "-c", _BANDWIDTH_RECEIVE, data_ip, str(BANDWIDTH_PORT), str(wait_s)]
+    return ["python3", "-c", _BANDWIDTH_RECEIVE, data_ip, str(BANDWIDTH_PORT), str(wait_s), str(BANDWIDTH_STREAMS)]
 
 
 def bandwidth_send_argv(src_ip: str, dst_ip: str, wait_s: float) -> list[str]:
     return ["python3", "-c", _BANDWIDTH_SEND, src_ip, dst_ip, str(BANDWIDTH_PORT), str(BANDWIDTH_SECONDS),
-            str(wait_s)]
+            str(wait_s), str(BANDWIDTH_STREAMS)]
 
 
 def parse_bandwidth(received: str) -> float:
@@ -177,6 +248,38 @@ def parse_bandwidth(received: str) -> float:
                 raise ValueError("no bytes arrived")
             return n * 8 / seconds / 1e9
     raise ValueError("the receiver printed no result")
+
+
+def ib_write_bw_argv(hca: str, gid_index: int | None, server_ip: str | None = None) -> list[str]:
+    """perftest's RDMA write test on one HCA: the server without `server_ip`, the client with it (Debian's
+    `perftest` package; the server waits for the client on TCP 18515)."""
+    argv = ["ib_write_bw", "-d", hca, "-F", "--report_gbits", "-D", str(int(max(BANDWIDTH_SECONDS, 1)))]
+    if gid_index is not None:
+        argv += ["-x", str(gid_index)]
+    return argv + ([server_ip] if server_ip else [])
+
+
+def parse_ib_write_bw(out: str) -> float:
+    """Gbit/s (the `BW average[Gb/sec]` column) from ib_write_bw's result table; ValueError if there is none."""
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if "BW average[Gb/sec]" in line:
+            column = [w for w in line.split() if w != "BW"].index("average[Gb/sec]")  # "BW peak[...]" is one column
+            for row in lines[i + 1:]:
+                cells = row.split()
+                if len(cells) >= column + 1 and cells[0].isdigit():
+                    return float(cells[column])
+    raise ValueError("ib_write_bw printed no result table")
+
+
+def parse_speeds(text: str) -> dict[str, int]:
+    """The probe's `NETDEV MBIT` lines (/sys/class/net/*/speed) -> {netdev: Mbit/s}; down or unknown left out."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit() and int(parts[1]) > 0:
+            out[parts[0]] = int(parts[1])
+    return out
 
 
 # ------------------------------------------------------------------------------------ the image's NCCL, Ray
@@ -230,11 +333,17 @@ def probe_script(sections: Mapping[str, str] = SECTIONS) -> str:
     parts = []
     for name, body in sections.items():
         parts.append(f"echo '@@@ {name}'; ( set -- \"$@\"; {body}\n) 2>&1; echo \"@@@ rc=$?\"")
-    return "\n".join(parts) + "\n"
+    return ROOT_PREAMBLE + "\n".join(parts) + "\n"
 
 
-def probe_argv(checkpoint_dir: str | None, peer_ips: Sequence[str]) -> list[str]:
-    return ["sh", "-c", probe_script(), "sparkdeploy-doctor", checkpoint_dir or "", *peer_ips]
+def probe_argv(checkpoint_dir: str | None, targets: Sequence[str], deployed_env: str = "") -> list[str]:
+    """Doctor's probe: `targets` are the IPs (SSH port) or IP:PORTs this node must reach."""
+    return ["sh", "-c", probe_script(), "sparkdeploy-doctor", checkpoint_dir or "", deployed_env, *targets]
+
+
+def reach_argv(targets: Sequence[str]) -> list[str]:
+    """Only the probe's `reach` section (for a node doctor does not examine: the router's, outside the service)."""
+    return ["sh", "-c", probe_script({"reach": SECTIONS["reach"]}), "sparkdeploy-doctor", "", "", *targets]
 
 
 @dataclass(frozen=True)
@@ -443,6 +552,38 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
 
 
 @dataclass(frozen=True)
+class GpuClocks:
+    """One line of the `gpu_clocks` query (GPU_CLOCK_FIELDS); None where nvidia-smi says [N/A]/[Not Supported]."""
+
+    sm_mhz: float | None
+    max_sm_mhz: float | None
+    util_pct: float | None
+    temp_c: float | None
+    hw_thermal: bool | None  # clocks_event_reasons.hw_thermal_slowdown Active
+    sw_thermal: bool | None
+
+
+def parse_gpu_clocks(text: str) -> GpuClocks | None:
+    """The first GPU's line of `nvidia-smi --query-gpu=GPU_CLOCK_FIELDS --format=csv,noheader,nounits`."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 6:
+            continue
+
+        def number(c: str) -> float | None:
+            try:
+                return float(c)
+            except ValueError:
+                return None
+
+        def active(c: str) -> bool | None:
+            return {"active": True, "not active": False}.get(c.lower())
+
+        return GpuClocks(*(number(c) for c in cells[:4]), active(cells[4]), active(cells[5]))
+    return None
+
+
+@dataclass(frozen=True)
 class DiskFree:
     path: str
     size: int
@@ -559,7 +700,7 @@ def gather_argv(hca: Sequence[str]) -> list[str]:
 
 # ------------------------------------------------------------------------------------------- host setup
 #: What `host setup` reads (same `@@@` sections as the probe; the rdma section is the probe's own).
-HOST_STATE_SCRIPT = r"""
+HOST_STATE_SCRIPT = ROOT_PREAMBLE + r"""
 echo "@@@ pkg"; command -v earlyoom >/dev/null 2>&1 && echo installed=yes || echo installed=no
 command -v rsync >/dev/null 2>&1 && echo rsync=yes || echo rsync=no
 command -v apt-get >/dev/null 2>&1 && echo apt=yes || echo apt=no

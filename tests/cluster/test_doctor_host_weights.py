@@ -106,12 +106,13 @@ def test_doctor_baseline_is_honest(nodes, host_setup_runs, capsys):
     assert rc == 0, {k: r["reason"] for k, r in res.items() if k in red(res)}
     assert not red(res)
     checks = {c for _, c in res}
-    assert checks == {"ssh", "gpu", "kernel-modules", "roce-twins", "mtu", "roce-gid", "earlyoom", "sshd-oom", "disk",
-                      "docker", "gpu-processes", "stale-units", "memory", "timesync", "driver-match",
-                      "data-plane-reach", "data-plane-bandwidth", "clock-skew", "nccl-library", "api-key"}
+    assert checks == {"ssh", "gpu", "gpu-clocks", "kernel", "kernel-modules", "roce-twins", "mtu", "roce-gid",
+                      "earlyoom", "sshd-oom", "disk", "docker", "gpu-processes", "stale-units", "memory", "timesync",
+                      "driver-match", "data-plane-reach", "roce-gid-plan", "data-plane-bandwidth", "clock-skew",
+                      "nccl-library", "api-key"}
     assert res[("cluster", "api-key")]["status"] == "ok"  # the sim inventory names a 0600 key, as users should
     for node in ("node1", "node2"):
-        for check in ("gpu", "gpu-processes", "roce-twins", "roce-gid"):
+        for check in ("gpu", "gpu-clocks", "gpu-processes", "roce-twins", "roce-gid"):
             assert res[(node, check)]["status"] == "skipped"
         # the sim shares the host's kernel: said, not judged
         assert res[(node, "kernel-modules")]["status"] == "skipped"
@@ -158,7 +159,7 @@ def test_doctor_planted_problem_turns_exactly_that_check_red(nodes, host_setup_r
 
 def test_doctor_names_a_slow_data_plane_pair(nodes, host_setup_runs, capsys):
     """node1's data-plane port held to 100 Mbit/s (tc tbf on its egress, the direction node1 -> node2 streams):
-    only the pair's bandwidth turns red, with the figure."""
+    only the pair's bandwidth turns red, a failure naming the ports against the veth's negotiated 10G."""
     nodes.sh("node1", "tc qdisc add dev eth0 root tbf rate 100mbit burst 64kb latency 50ms")
     try:
         rc, res = doctor_run(capsys, nodes)
@@ -166,8 +167,8 @@ def test_doctor_names_a_slow_data_plane_pair(nodes, host_setup_runs, capsys):
         nodes.sh("node1", "tc qdisc del dev eth0 root", check=False)
     assert red(res) == {("cluster", "data-plane-bandwidth")}, {k: res[k]["reason"] for k in red(res)}
     slow = res[("cluster", "data-plane-bandwidth")]
-    assert slow["status"] == "warn" and "node1 -> node2 0." in slow["reason"] and "below 1" in slow["reason"]
-    assert "ip route get" in slow["fix"] and rc == 0
+    assert slow["status"] == "failed" and "node1 eth0 -> node2 eth0: 0." in slow["reason"]
+    assert "negotiated at 10 Gbit/s" in slow["reason"] and "tc" in slow["fix"] and rc == 1
 
 
 def test_doctor_driver_mismatch_from_facts_file(nodes, host_setup_runs, capsys, tmp_path):

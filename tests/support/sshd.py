@@ -46,7 +46,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(workdir: Path, host_key: Path | None = None) -> Sshd:
+def start(workdir: Path, host_key: Path | None = None, options: tuple[str, ...] = ()) -> Sshd:
+    """`options`: more sshd_config lines as `-o` values (e.g. `SetEnv=NAME=VALUE` for every session)."""
     workdir.mkdir(parents=True, exist_ok=True)
     hk = host_key or workdir / "hostkey"
     if not hk.exists():
@@ -62,7 +63,8 @@ def start(workdir: Path, host_key: Path | None = None) -> Sshd:
         [SSHD, "-D", "-e", "-f", "/dev/null", "-h", str(hk), "-p", str(port),
          "-o", "ListenAddress=127.0.0.1", "-o", f"AuthorizedKeysFile={workdir}/authorized_keys",
          "-o", f"PidFile={workdir}/sshd.pid", "-o", "StrictModes=no", "-o", "PermitRootLogin=yes",
-         "-o", "PasswordAuthentication=no", "-o", "UsePAM=no", "-o", "MaxSessions=50", "-o", "MaxStartups=50"],
+         "-o", "PasswordAuthentication=no", "-o", "UsePAM=no", "-o", "MaxSessions=50", "-o", "MaxStartups=50",
+         *(arg for o in options for arg in ("-o", o))],
         stdout=subprocess.DEVNULL, stderr=open(workdir / "sshd.log", "ab"),
     )
     deadline = time.monotonic() + 10

@@ -66,6 +66,10 @@ HEALTHY = {
     "meminfo": "MemTotal:       127535896 kB\nMemFree:        100000000 kB\nMemAvailable:   120000000 kB\n",
     "timesync": "ntp=yes\ndaemon=systemd-timesyncd",
     "reach": "192.168.177.12 ok",
+    "gpu_clocks": "2405, 3003, 3, 41, Not Active, Not Active",  # idle, cool
+    "speed": "enP7s7 1000\nenp1s0f1np1 200000\nenP2p1s0f1np1 200000\nlo -1",
+    "tools": "ib_write_bw=",
+    "deployed": "",  # nothing deployed yet
 }
 
 SPEC = NodeSpec("spark1", "192.168.177.11", "enp1s0f1np1", ("rocep1s0f1", "roceP2p1s0f1"), True,
@@ -192,8 +196,8 @@ def test_reach_and_clock():
 
 
 def test_bandwidth_is_measured_per_pair_on_the_data_ips():
-    """The real scripts, run through local connections: one TCP stream per pair, from the sender's data_ip to
-    a receiver bound on the other's (127.0.0.x are all this machine's)."""
+    """The real scripts, run through local connections: parallel TCP streams per pair (no ib_write_bw here), from
+    the sender's data_ip to a receiver bound on the other's (127.0.0.x are all this machine's)."""
     from types import SimpleNamespace
 
     from sparkdeploy.connection import Target
@@ -204,7 +208,7 @@ def test_bandwidth_is_measured_per_pair_on_the_data_ips():
     pool.open()
     got = d.measure_bandwidth(pool, nodes, ["n1", "n2", "n3"])
     assert set(got) == {("n1", "n2"), ("n1", "n3"), ("n2", "n3")}, got
-    assert all(isinstance(v, float) and v > 0 for v in got.values()), got
+    assert all(isinstance(v, pf.Measured) and v.method == "tcp" and v.gbit > 0 for v in got.values()), got
     # a node that does not answer is left out of every pair, not measured as zero
     assert set(d.measure_bandwidth(pool, nodes, ["n1", "n3"])) == {("n1", "n3")}
 
@@ -221,6 +225,18 @@ def test_bandwidth_verdicts():
     broken = pf.check_bandwidth(sim, {("node1", "node2"): "172.30.0.12:29481: ConnectionRefusedError"})
     assert broken.status is Status.FAILED and "node1 -> node2: 172.30.0.12:29481" in broken.reason
     assert pf.check_bandwidth(sim[:1], {}).status is Status.SKIPPED
+    # against the negotiated speed of the ports: a CX-7 that reports 200G and moves 13 Gbit/s is a failure naming them
+    degraded = pf.check_bandwidth(gpu, {("spark1", "spark2"): pf.Measured(13.1, "tcp")},
+                                  {"spark1": 200000, "spark2": 200000})
+    assert degraded.status is Status.FAILED and "spark1 enp1s0f1np1 -> spark2 enp1s0f1np1: 13.10" in degraded.reason
+    assert "negotiated at 200 Gbit/s" in degraded.reason and "cold-boot" in degraded.fix
+    assert pf.check_bandwidth(gpu, {("spark1", "spark2"): pf.Measured(38.5, "tcp")},
+                              {"spark1": 200000, "spark2": 200000}).status is Status.OK
+    # RDMA writes reach most of the link: the same figure from ib_write_bw is far below what the port should move
+    assert pf.check_bandwidth(gpu, {("spark1", "spark2"): pf.Measured(38.5, "ib_write_bw")},
+                              {"spark1": 200000, "spark2": 200000}).status is Status.FAILED
+    # the sim's tc-shaped port (100 Mbit/s on a 10G veth) fails the same way
+    assert pf.check_bandwidth(sim, {("node1", "node2"): 0.09}, {"node1": 10000}).status is Status.FAILED
     assert pf.check_bandwidth(sim, {}).status is Status.FAILED
     assert probes.parse_bandwidth("received 1250000000 1.0 172.30.0.11\n") == pytest.approx(10.0)
     with pytest.raises(ValueError):
@@ -367,3 +383,134 @@ def test_nccl_verdicts(probed, status, words):
 def test_ray_verdicts(probed, status, words):
     r = pf.check_ray("spark3", probed, "sparkdeploy/serving:x")
     assert (r.check, r.node, r.status) == ("ray", "spark3", status) and words in r.reason, r
+
+
+IB_WRITE_BW = """\
+---------------------------------------------------------------------------------------
+                    RDMA_Write BW Test
+ Dual-port       : OFF\t\tDevice         : rocep1s0f1
+ Number of qps   : 1\t\tTransport type : IB
+ GID index       : 3
+---------------------------------------------------------------------------------------
+ #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]
+ 65536      1045123          0.00               182.64     \t\t   0.348366
+---------------------------------------------------------------------------------------
+"""
+
+
+def test_ib_write_bw_is_used_where_both_ends_have_it():
+    assert probes.parse_ib_write_bw(IB_WRITE_BW) == pytest.approx(182.64)
+    with pytest.raises(ValueError):
+        probes.parse_ib_write_bw("Couldn't connect to 192.168.177.12:18515")
+    node = NodeSpec("spark1", "192.168.177.11", "enp1s0f1np1", ("rocep1s0f1", "roceP2p1s0f1"))
+    assert d.rdma_path(node, facts()) is None  # perftest not installed: parallel TCP streams instead
+    assert d.rdma_path(node, facts(tools="ib_write_bw=/usr/bin/ib_write_bw")) == ("rocep1s0f1", 3)
+    assert probes.ib_write_bw_argv("rocep1s0f1", 3, "192.168.177.12")[-3:] == ["-x", "3", "192.168.177.12"]
+
+
+BAD = {"7.0.0-1019-nvidia": pf.BadKernel("7.0.0-1019-nvidia", "NCCL RoCE ibv_reg_mr_iova2 ENOMEM", "eugr#392",
+                                         "boot 6.17.0-1032-nvidia and hold it", "kho=off")}
+
+
+def test_a_kernel_on_the_bad_list_fails_with_its_fix_and_source():
+    bad = pf.check_kernel(SPEC, facts(uname="7.0.0-1019-nvidia"), bad=BAD)
+    assert bad.status is Status.FAILED and "ENOMEM" in bad.reason and "eugr#392" in bad.reason
+    assert "6.17.0-1032" in bad.fix
+    cured = facts(uname="7.0.0-1019-nvidia", modules=HEALTHY["modules"].replace("quiet", "kho=off quiet"))
+    assert pf.check_kernel(SPEC, cured, bad=BAD).status is Status.OK
+    assert pf.check_kernel(SPEC, facts(), bad=BAD).status is Status.OK
+    # the shipped list (deploy/host/bad-kernels.yaml) holds the field's entry, with its source
+    shipped = pf.load_bad_kernels()
+    assert "eugr/spark-vllm-docker/issues/392" in shipped["7.0.0-1019-nvidia"].source
+    assert pf.check_kernel(SPEC, facts(uname="7.0.0-1019-nvidia")).status is Status.FAILED
+
+
+def test_the_bad_kernel_list_names_a_malformed_entry(tmp_path):
+    from sparkdeploy.errors import InventoryError
+
+    f = tmp_path / "bad.yaml"
+    f.write_text("kernels:\n  - {kernel: 7.0.0-1019-nvidia, breaks: x}\n")
+    with pytest.raises(InventoryError, match=r"kernels\[0\]"):
+        pf.load_bad_kernels(f)
+
+
+@pytest.mark.parametrize("line,status,words", [
+    ("702, 3003, 97, 66, Not Active, Not Active", Status.FAILED, "AC power"),  # eugr#334
+    ("702, 3003, 0, 38, Not Active, Not Active", Status.OK, "idle"),  # idle clocks are low on every GPU
+    ("2405, 3003, 98, 92, Active, Not Active", Status.FAILED, "-lgc 0,2000"),
+    ("2405, 3003, 98, 70, [N/A], [N/A]", Status.OK, "no thermal"),
+])
+def test_sm_clock_stuck_low_and_thermal_slowdown(line, status, words):
+    """Recorded lines of GB10's `nvidia-smi` (no GB10 here; the sim's nodes have none)."""
+    r = pf.check_gpu_clocks(SPEC, facts(gpu_clocks=line))
+    assert r.status is status and words in (r.fix if status is Status.FAILED else r.reason), r
+
+
+TWO = [SPEC, NodeSpec("spark2", "192.168.177.12", "enp1s0f1np1", ("rocep1s0f1", "roceP2p1s0f1"))]
+# spark2's table after an interface event: its IPv4 GIDs moved from index 3 to 4
+MOVED = HEALTHY["rdma"].replace("c0a8:b10b", "c0a8:b10c").replace("c0a8:b20b", "c0a8:b20c").replace(
+    " 1 3 0000:0000:0000:0000:0000:ffff", " 1 4 0000:0000:0000:0000:0000:ffff")
+SPARK2 = {"addrs": HEALTHY["addrs"].replace(".11/24", ".12/24"), "rdma": MOVED}
+
+
+def test_gid_index_against_the_running_release_and_across_nodes():
+    now = {"spark1": facts(deployed="NCCL_IB_GID_INDEX=3"), "spark2": facts("spark2", deployed="NCCL_IB_GID_INDEX=3",
+                                                                             **SPARK2)}
+    r = pf.check_gid_plan(TWO, now)
+    assert r.status is Status.FAILED and "spark2 rocep1s0f1: RoCE v2 IPv4 GID is at index 4" in r.reason
+    assert "spark2: NCCL_IB_GID_INDEX=4" in r.fix and "spark1" not in r.fix
+    # nothing deployed and no literal in the profile: the plan sets each node its own index at `up`
+    fresh = {"spark1": facts(), "spark2": facts("spark2", **SPARK2)}
+    ok = pf.check_gid_plan(TWO, fresh)
+    assert ok.status is Status.OK and "differs across nodes" in ok.reason
+    # a literal pinned in the profile's env is wrong for the node whose index differs
+    pinned = pf.check_gid_plan(TWO, fresh, pinned="3")
+    assert pinned.status is Status.FAILED and "the profile pins NCCL_IB_GID_INDEX=3" in pinned.reason
+    assert pf.check_gid_plan([SIM_SPEC], {"node1": facts("node1")}).status is Status.SKIPPED
+
+
+def test_every_pair_that_must_talk_is_tried_across_services(tmp_path, monkeypatch):
+    """The router's node tries each service head's API port, each worker its head's master port; a refused
+    port proves the path (nothing listens before `up`), a timeout does not."""
+    from sparkdeploy import inventory, paths
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # the example's API key file, ~/.config/sparkdeploy/api_key
+    (tmp_path / ".config" / "sparkdeploy").mkdir(parents=True)
+    (tmp_path / ".config" / "sparkdeploy" / "api_key").write_text("k" * 32 + "\n")
+    (tmp_path / ".config" / "sparkdeploy" / "api_key").chmod(0o600)
+    views = inventory.load_services(paths.repo_root() / "examples" / "inventory.4node.yaml")
+    heads = {f"{v.head.data_ip}:{v.ports.api}" for v in views}
+    for view in views:  # the router (spark1) is in the first service only: from either, it tries every head
+        targets = d.reach_targets(view)
+        for node in view.nodes:
+            if node.name != view.head.name:
+                assert f"{view.head.data_ip}:{view.ports.master}" in targets[node.name]
+        assert heads <= set(targets[view.router.node.name]), (view.service, targets)
+    specs = [SPEC, NodeSpec("spark2", "192.168.177.12", "enp1s0f1np1")]
+    f1 = facts(reach="192.168.177.12 ok\n192.168.177.13:8000 refused")
+    f2 = facts("spark2", reach="192.168.177.11 ok\n192.168.177.11:29501 err timed out")
+    r = pf.check_reach(specs, {"spark1": f1, "spark2": f2})
+    assert r.status is Status.FAILED and r.reason == "spark2 -> 192.168.177.11:29501: timed out"
+    assert pf.check_reach(specs, {"spark1": f1, "spark2": facts("spark2")}).status is Status.OK
+    # the router's node, outside the service examined, probed for its paths only
+    router = {"spark9": facts("spark9", reach="192.168.177.11:8000 err [Errno 113] No route to host")}
+    r = pf.check_reach(specs, {"spark1": f1, "spark2": facts("spark2")}, router)
+    assert r.status is Status.FAILED and "spark9 -> 192.168.177.11:8000: [Errno 113]" in r.reason
+    down = pf.check_reach(specs, {"spark1": f1, "spark2": facts("spark2")},
+                          {"spark9": HostFacts("spark9", error="ssh: timed out")})
+    assert down.status is Status.FAILED and "spark9 (router): not reached: ssh: timed out" in down.reason
+    out = subprocess.run(probes.reach_argv(["127.0.0.1:1"]), capture_output=True, text=True, timeout=30).stdout
+    assert HostFacts.from_output("spark9", out).text("reach") == "127.0.0.1:1 refused"
+
+
+def test_doctors_clock_query_through_the_nvidia_smi_double(tmp_path):
+    """The probe's real gpu_clocks section against tests/support/fake_nvidia_smi (a test double for GB10's
+    nvidia-smi: there is no GB10 here) planted at 702 MHz under load."""
+    from tests.support import fake_nvidia_smi
+
+    bin_dir = fake_nvidia_smi.install(tmp_path / "bin", "40.1, 702, 97", clocks="702, 3003, 97, 71, Not Active, Not Active")
+    script = probes.probe_script({"gpu_clocks": probes.SECTIONS["gpu_clocks"]})
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout
+    r = pf.check_gpu_clocks(SPEC, HostFacts.from_output("spark1", out))
+    assert r.status is Status.FAILED and "702 MHz at 97 % busy" in r.reason and "AC power" in r.fix

@@ -27,9 +27,12 @@ _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAILED: "red bold", 
               help="checkpoint directory on the nodes (default: the profile's model.host_dir)")
 @click.option("--trust-new-hosts", is_flag=True, help="accept and record SSH host keys not seen before")
 def doctor(inventory_file, as_json, facts_file, checkpoint_dir, trust_new_hosts):
-    """Check every node before a deployment: SSH, GPU/driver, kernel modules, RoCE twins, MTU 9000, GID index,
+    """Check every node before a deployment: SSH, GPU/driver, SM clock and thermal slowdown, kernel (the known-bad
+    list) and modules, RoCE twins, MTU 9000, GID index (against the running release's and across nodes),
     earlyoom, sshd OOM protection, disk, Docker + NVIDIA runtime, other GPU processes, stale units, memory,
-    data-plane reachability and clock skew. Exit 0 when nothing fails (warnings allowed), 1 otherwise."""
+    every path that must work (peers, the head's master port, the router to each service head), bandwidth per
+    pair against the ports' negotiated speed, and clock skew. Exit 0 when nothing fails (warnings allowed),
+    1 otherwise."""
     inv = inventory_mod.load(inventory_file or paths.default_inventory(), chosen_service())
     exam = doctor_mod.examine(inv, facts_file=facts_file, checkpoint_dir=checkpoint_dir,
                               trust_new_hosts=trust_new_hosts)
