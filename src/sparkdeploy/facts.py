@@ -89,7 +89,8 @@ class NodeFacts:
 
 # ------------------------------------------------------------------------------------------- nominal
 def nominal_gb10(node: Any) -> NodeFacts:
-    """Nominal facts for a GB10 node of the inventory: its netdev carries its data_ip, MTU 9000, GIDs unknown."""
+    """Nominal facts for a GB10 node of the inventory: each link's netdev carries its address, MTU 9000, GIDs
+    unknown."""
     return NodeFacts(
         node=node.name,
         mem_total_bytes=NOMINAL_GB10_MEM_TOTAL_BYTES,
@@ -97,8 +98,8 @@ def nominal_gb10(node: Any) -> NodeFacts:
         has_gpu=True,
         gpu_name="NVIDIA GB10",
         driver=NOMINAL_GB10_DRIVER,
-        netdevs=(NetDev(node.netdev, (f"{node.data_ip}/24",), 9000, True),),
-        roce=tuple(RoceDev(dev, None, 1, None) for dev in node.hca),
+        netdevs=_link_netdevs(node, 9000),
+        roce=tuple(RoceDev(dev, None, 1, None) for link in node.data_links() for dev in link.hca),
         source="nominal",
     )
 
@@ -110,9 +111,13 @@ def nominal_sim(node: Any) -> NodeFacts:
         mem_total_bytes=NOMINAL_SIM_MEM_TOTAL_BYTES,
         mem_available_bytes=NOMINAL_SIM_MEM_AVAILABLE_BYTES,
         has_gpu=False,
-        netdevs=(NetDev(node.netdev, (f"{node.data_ip}/24",), 1500, True),),
+        netdevs=_link_netdevs(node, 1500),
         source="nominal",
     )
+
+
+def _link_netdevs(node: Any, mtu: int) -> tuple[NetDev, ...]:
+    return tuple(NetDev(link.netdev, (f"{link.ip}/{link.prefix}",), mtu, True) for link in node.data_links())
 
 
 def nominal(node: Any) -> NodeFacts:

@@ -300,22 +300,26 @@ def _speculative_config(profile, features: tuple[Feature, ...]) -> dict[str, Any
 
 
 def _check_facts(node: Node, index: int, facts: NodeFacts) -> None:
+    """The node's facts show its GPU, and every data link of it: the netdev, its address, its RoCE devices."""
     where = f"nodes[{index}]"
     if node.has_gpu and not facts.has_gpu:
         raise PlanError(f"{where}.gpu: node {node.name} is declared {node.gpu} but its facts show no GPU")
-    if facts.netdevs:
-        dev = facts.netdev(node.netdev)
-        if dev is None:
-            have = ", ".join(d.name for d in facts.netdevs)
-            raise PlanError(f"{where}.netdev: node {node.name} has no interface {node.netdev!r} (has: {have})")
-        if dev.ipv4 and node.data_ip not in dev.addresses():
-            raise PlanError(f"{where}.data_ip: {node.data_ip} is not on {node.name}'s {node.netdev} "
-                            f"({', '.join(dev.ipv4)})")
-    if facts.roce:
-        for i, hca in enumerate(node.hca):
-            if facts.roce_dev(hca) is None:
-                have = ", ".join(d.name for d in facts.roce)
-                raise PlanError(f"{where}.hca[{i}]: node {node.name} has no RoCE device {hca!r} (has: {have})")
+    links = node.data_links()
+    for li, link in enumerate(links):
+        at, ip_field = (f"{where}.links[{li}].", "ip") if len(links) > 1 else (f"{where}.", "data_ip")
+        if facts.netdevs:
+            dev = facts.netdev(link.netdev)
+            if dev is None:
+                have = ", ".join(d.name for d in facts.netdevs)
+                raise PlanError(f"{at}netdev: node {node.name} has no interface {link.netdev!r} (has: {have})")
+            if dev.ipv4 and link.ip not in dev.addresses():
+                raise PlanError(f"{at}{ip_field}: {link.ip} is not on "
+                                f"{node.name}'s {link.netdev} ({', '.join(dev.ipv4)})")
+        if facts.roce:
+            for i, hca in enumerate(link.hca):
+                if facts.roce_dev(hca) is None:
+                    have = ", ".join(d.name for d in facts.roce)
+                    raise PlanError(f"{at}hca[{i}]: node {node.name} has no RoCE device {hca!r} (has: {have})")
 
 
 def _gid_index(node: Node, facts: NodeFacts) -> tuple[int | None, str | None]:
