@@ -36,9 +36,9 @@ GIB = 1 << 30
 MAX_MEMORY_GIB = 1 << 16  # 64 TiB: far above any node, far below a float that int() cannot hold
 MAX_ITEMS = 256  # netdevs, RDMA devices and units a node may list in a facts file
 
-# Nominal GB10 (DGX Spark): 128 GB LPDDR5x shared by CPU and GPU; the kernel reports about 119.7 GiB MemTotal
-# (`free -h` shows 119Gi) and a headless idle box with dropped caches about 116 GiB MemAvailable. Estimates,
-# used only when nothing was measured; `plan` labels them "nominal".
+# Nominal GB10 (DGX Spark), the 128 GB model: the kernel reports about 119.7 GiB MemTotal (`free -h` shows 119Gi)
+# and a headless idle box with dropped caches about 116 GiB MemAvailable. Estimates, used only when nothing was
+# measured (`plan` labels them "nominal"); a 64 GB Spark is planned from its own facts (`plan --facts`, gather).
 NOMINAL_GB10_MEM_TOTAL_BYTES = int(119.7 * GIB)
 NOMINAL_GB10_MEM_AVAILABLE_BYTES = int(116.0 * GIB)
 NOMINAL_GB10_DRIVER = "580.95.05"
