@@ -4,7 +4,8 @@ Why this exists. A GB10 has one memory pool shared by CPU and GPU (64 GB or 128 
 from the node's own MemTotal and MemAvailable, measured or given in a facts file). vLLM's GMU is a
 fraction of *that whole pool*, and vLLM takes it for weights + activations + KV cache, while the host still
 needs memory for everything vLLM does not count: the OS, dockerd, sshd, the page cache of the checkpoint just
-read, the CUDA context, NCCL buffers, the API-server and engine-core processes. `nvidia-smi` memory fields are N/A on GB10, so the only truth is /proc/meminfo.
+read, the CUDA context, NCCL buffers, the API-server and engine-core processes. `nvidia-smi` memory fields are
+N/A on GB10, so the only truth is /proc/meminfo.
 
 The field seeds (DESIGN.md) fix the scale of "everything vLLM does not count":
   * GMU 0.835 (about 99.9 GiB) took the box down through an earlyoom cascade;

@@ -161,3 +161,9 @@ def test_facts_must_show_every_link_of_a_node(tmp_path):
     with pytest.raises(PlanError, match=r"nodes\[0\]\.links\[1\]\.netdev: node spark1 has no interface "
                                         r"'enp1s0f1np1'"):
         plan(inventory.load(path, "left"), load_facts_file(facts_path))
+
+
+def test_the_shipped_ring_example_plans_its_pair_over_their_cable():
+    p = plan(inventory.load(paths.repo_root() / "examples" / "inventory.3ring.yaml"))
+    assert [(n.name, n.env["NCCL_SOCKET_IFNAME"], n.env["VLLM_HOST_IP"]) for n in p.nodes] == [
+        ("spark1", "enp1s0f0np0", "192.168.10.1"), ("spark2", "enp1s0f1np1", "192.168.10.2")]
