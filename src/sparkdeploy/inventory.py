@@ -63,13 +63,13 @@ from sparkdeploy.fields import Fields, path_text, short
 from sparkdeploy.layout import ServiceLayout
 from sparkdeploy.profile import (SERVED_RE, ImageConfig, Profile, Speculative, find_profile, image_config, image_part,
                                  load_profile)
+from sparkdeploy.topology import DEFAULT_PREFIX, Link
 
 FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align")
 GPU_KINDS = ("gb10", "none")
 MAX_NODES = 64  # nodes, services and a service's nodes (a Spark cluster is a handful)
 MAX_HCA = 16  # RoCE devices per node (a GB10 lists two to four)
 MAX_LINKS = 8  # data links per node (a GB10 has two CX-7 ports, each with its twin netdev)
-DEFAULT_PREFIX = 24  # what the Cluster Assistant and host setup give a CX-7 subnet
 ROLES = ("head", "worker")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -88,24 +88,6 @@ class SshTarget:
     key: str | None = None
     known_hosts: str | None = None
     proxy_jump: str | None = None  # from ~/.ssh/config
-
-
-@dataclass(frozen=True)
-class Link:
-    """One data link of a node: a netdev with its address on one subnet, the RoCE devices behind it, and the
-    node at its other end where the cable goes to one (a direct cable, a ring; none through a switch)."""
-    netdev: str
-    ip: str
-    prefix: int = DEFAULT_PREFIX
-    hca: tuple[str, ...] = ()
-    peer: str | None = None
-
-    @property
-    def subnet(self) -> ipaddress.IPv4Network:
-        return ipaddress.IPv4Network(f"{self.ip}/{self.prefix}", strict=False)
-
-    def describe(self) -> str:
-        return f"{self.netdev} {self.ip}/{self.prefix}"
 
 
 @dataclass(frozen=True)

@@ -13,18 +13,44 @@ collective.
 
 from __future__ import annotations
 
+import ipaddress
+from dataclasses import dataclass
 from itertools import combinations
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
-if TYPE_CHECKING:
-    from sparkdeploy.inventory import Link, Node
+DEFAULT_PREFIX = 24  # what the Cluster Assistant and host setup give a CX-7 subnet
+
+
+@dataclass(frozen=True)
+class Link:
+    """One data link of a node: a netdev with its address on one subnet, the RoCE devices behind it, and the
+    node at its other end where the cable goes to one (a direct cable, a ring; none through a switch)."""
+    netdev: str
+    ip: str
+    prefix: int = DEFAULT_PREFIX
+    hca: tuple[str, ...] = ()
+    peer: str | None = None
+
+    @property
+    def subnet(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(f"{self.ip}/{self.prefix}", strict=False)
+
+    def describe(self) -> str:
+        return f"{self.netdev} {self.ip}/{self.prefix}"
+
+
+class LinkedNode(Protocol):
+    """What the choice needs of an inventory node (inventory.Node)."""
+    name: str
+
+    def data_links(self) -> tuple[Link, ...]: ...
 
 
 class TopologyError(ValueError):
     """A group whose nodes do not all share a subnet; the message names the nodes and their links."""
 
 
-def group_links(nodes: Sequence["Node"]) -> tuple["Link", ...]:
+def group_links(nodes: Sequence[LinkedNode]) -> tuple[Link, ...]:
     """For each node of the group (in order), the link on the subnet the whole group shares. Where several
     subnets are shared (two rails through a switch), the head's (first node's) first such link wins, so the plan
     is stable. A single node keeps its first link."""
@@ -37,11 +63,11 @@ def group_links(nodes: Sequence["Node"]) -> tuple["Link", ...]:
     return tuple(next(link for link in n.data_links() if link.subnet == subnet) for n in nodes)
 
 
-def _links_of(node: "Node") -> str:
+def _links_of(node: LinkedNode) -> str:
     return f"{node.name} has {', '.join(link.describe() for link in node.data_links())}"
 
 
-def _why_not_connected(nodes: Sequence["Node"]) -> str:
+def _why_not_connected(nodes: Sequence[LinkedNode]) -> str:
     names = ", ".join(n.name for n in nodes)
     apart = [(a, b) for a, b in combinations(nodes, 2)
              if not {link.subnet for link in a.data_links()} & {link.subnet for link in b.data_links()}]
