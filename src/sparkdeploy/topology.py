@@ -80,3 +80,13 @@ def _why_not_connected(nodes: Sequence[LinkedNode]) -> str:
     return (f"nodes {names} are cabled as a ring ({where}): each pair shares a cable, but no subnet reaches all "
             f"{len(nodes)}, and NCCL and Gloo bind one interface per rank; a group of {len(nodes)} needs a switch "
             "(one subnet for all), else run TP=2 on two of them (a service whose two nodes share a cable)")
+
+
+def address_for(source: LinkedNode, target: LinkedNode, preferred: str | None = None) -> str | None:
+    """The address of `target` that `source` reaches over a data link: `preferred` (the address a service uses)
+    when it is on a subnet `source` is on, else another link of `target` that is, else None (on a ring the
+    router's node may share a cable with a service's head only through its other port)."""
+    mine = {link.subnet for link in source.data_links()}
+    theirs = [link for link in target.data_links() if link.subnet in mine]
+    chosen = next((link for link in theirs if link.ip == preferred), theirs[0] if theirs else None)
+    return chosen.ip if chosen else None

@@ -167,3 +167,21 @@ def test_the_shipped_ring_example_plans_its_pair_over_their_cable():
     p = plan(inventory.load(paths.repo_root() / "examples" / "inventory.3ring.yaml"))
     assert [(n.name, n.env["NCCL_SOCKET_IFNAME"], n.env["VLLM_HOST_IP"]) for n in p.nodes] == [
         ("spark1", "enp1s0f0np0", "192.168.10.1"), ("spark2", "enp1s0f1np1", "192.168.10.2")]
+
+
+def test_the_router_reaches_each_head_over_a_cable_it_shares_with_it(tmp_path):
+    """On a ring the router's node may not be on a service's subnet: it takes the head's port on their own cable."""
+    from sparkdeploy.router import plan_router
+
+    data = _services(_ring(), {"left": ["spark1", "spark2"], "right": ["spark2", "spark3"]})
+    data["router"] = {"node": "spark3", "port": 8080}
+    key = tmp_path / "api.key"
+    key.write_text("k" * 32 + "\n")
+    key.chmod(0o600)
+    data["auth"] = {"api_key_file": str(key)}
+    for i, service in enumerate(data["services"]):
+        service["served_name"] = f"m{i}"
+    rp = plan_router(inventory.load_services(_write(tmp_path, data)))
+    # left's head spark1 serves on .10 (spark3 is not on it): the router uses spark1's .12 port, their cable;
+    # right's head spark2 serves on .11, a subnet spark3 shares
+    assert [w.url for w in rp.workers] == ["http://192.168.12.1:8000", "http://192.168.11.2:8001"]
