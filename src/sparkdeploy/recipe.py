@@ -1,6 +1,7 @@
 """Import a recipe from the field into a profile: the community kit's (eugr/spark-vllm-docker `recipes/*.yaml`,
-`recipe_version: "1"`) and sparkrun's (`recipe_version: "2"`, `runtime: vllm`). Pure: reads one file, returns
-the profile as data plus what the recipe asked for that a profile cannot hold.
+`recipe_version: "1"`) and sparkrun's (`recipe_version: "2"`, `runtime: vllm`). Reads one file (and loads the
+result through the profile loader from a temporary copy); returns the profile as data plus what the recipe asked
+for that a profile cannot hold.
 
 A recipe is a `vllm serve` command with `{placeholders}` filled from `defaults` (the kit formats it with
 Python's str.format, so `{{` is a brace; sparkrun fills only the names it knows), a model, a container, env, and
@@ -20,6 +21,7 @@ wrapper before `vllm serve`, defaults no placeholder uses) is listed in `Importe
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 import string
@@ -31,6 +33,7 @@ import yaml
 
 from sparkdeploy import checkpoint, engine_args, yamlfile
 from sparkdeploy.errors import InventoryError
+from sparkdeploy.fields import CONTROL_RE
 from sparkdeploy.profile import DIGEST_REF_RE, KV_DTYPES, MODEL_STORE, SERVED_RE, env_items
 
 # vLLM's short spellings (its parser adds them beside the long flags the catalogue lists)
@@ -46,7 +49,6 @@ _SLUG_RE = re.compile(r"[^a-z0-9._-]+")
 _ENGINE_FIELDS = {"max_model_len": "max_model_len", "max_num_seqs": "max_num_seqs",
                   "max_num_batched_tokens": "max_num_batched_tokens"}
 _PARALLEL_FIELDS = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "data_parallel_size": "dp"}
-_INVENTORY_FIELDS = {"port": "ports.api", "gpu_memory_utilization": "memory.gpu_memory_utilization"}
 _SPEC_FLAGS = {"spec_method": "method", "spec_tokens": "num_speculative_tokens", "spec_model": "model"}
 
 
@@ -67,9 +69,14 @@ class Imported:
                     ("Decided by sparkdeploy instead:", self.notes))
         for title, items in sections:
             if items:
-                lines += [f"# {title}"] + [f"#   - {item}" for item in items] + ["#"]
+                lines += [f"# {title}"] + [f"#   - {_one_line(item)}" for item in items] + ["#"]
         body = yaml.safe_dump(self.profile, sort_keys=False, width=110, allow_unicode=False)
         return "\n".join(lines[:-1]) + "\n" + body
+
+
+def _one_line(text: str) -> str:
+    """A listed item as one printable comment line (recipe text may hold any character)."""
+    return CONTROL_RE.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def import_recipe(path: str | Path, *, series: str, name: str | None = None, weights_gib: float | None = None,
@@ -163,8 +170,27 @@ def import_recipe(path: str | Path, *, series: str, name: str | None = None, wei
         if raw.get(key) not in (None, False):
             builder.notes.append(f"{key}: {_text(raw[key])} (the inventory's nodes and parallel.tp decide where it "
                                  "runs)")
-    return Imported(name=name or path.stem, kind=kind, profile=profile, inventory=tuple(builder.inventory),
-                    unmapped=tuple(unmapped + builder.unmapped), notes=tuple(builder.notes))
+    imported = Imported(name=name or path.stem, kind=kind, profile=profile, inventory=tuple(builder.inventory),
+                        unmapped=tuple(unmapped + builder.unmapped), notes=tuple(builder.notes))
+    _check_loads(imported, file)
+    return imported
+
+
+def _check_loads(imported: Imported, file: str) -> None:
+    """The profile loads as a shipped one would (its bounds: TP 1..64, MTP depth 0..8, ...); a refusal names the
+    recipe and the profile field its value went to."""
+    import tempfile
+
+    from sparkdeploy.profile import load_profile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / f"{imported.name}.yaml"
+        out.write_text(imported.to_yaml(file))
+        try:
+            load_profile(out)
+        except InventoryError as err:
+            raise InventoryError(f"gives a profile sparkdeploy refuses: {err.field}: {err.reason}", file=file,
+                                 field="command") from None
 
 
 def _fill(command: str, values: dict[str, Any], sparkrun: bool, file: str) -> tuple[str, set[str]]:
@@ -177,14 +203,14 @@ def _fill(command: str, values: dict[str, Any], sparkrun: bool, file: str) -> tu
             raise InventoryError(f"placeholder {{{missing[0]}}} has no value in defaults", file=file, field="command")
         return _PLACEHOLDER_RE.sub(lambda m: _text(values[m.group(1)]), command), used
     try:
-        used = {name for _, name, _, _ in string.Formatter().parse(command) if name}
-    except ValueError as err:
+        used = {name for _, name, _, _ in string.Formatter().parse(command) if name is not None}
+        missing = sorted(used - set(values))
+        if missing:
+            raise InventoryError(f"placeholder {{{missing[0]}}} has no value in defaults", file=file, field="command")
+        return command.format_map({k: _text(v) for k, v in values.items()}), used
+    except (ValueError, IndexError) as err:  # a lone brace, a conversion the kit's runner would refuse as well
         raise InventoryError(f"not a str.format template ({err}); write a literal brace as {{{{", file=file,
                              field="command") from None
-    missing = sorted(used - set(values))
-    if missing:
-        raise InventoryError(f"placeholder {{{missing[0]}}} has no value in defaults", file=file, field="command")
-    return command.format_map({k: _text(v) for k, v in values.items()}), used
 
 
 def _text(value: Any) -> str:
@@ -329,10 +355,20 @@ class _Builder:
                 self.checkpoint_format = value
             else:
                 self.notes.append(f"{flag} {value}: the checkpoint's own config on the head decides the quantization")
-        elif dest in _INVENTORY_FIELDS:
-            self.inventory.append(f"{_INVENTORY_FIELDS[dest]}: {value} (the recipe's {flag}"
-                                  + ("; unset, the kit derives one from each node's memory)" if dest ==
-                                     "gpu_memory_utilization" else ")"))
+        elif dest == "port":
+            port = self._int(flag, value)
+            if not 1 <= port <= 65535:
+                self.fail(flag, f"{flag} {port} is not a port 1..65535")
+            self.inventory.append(f"ports.api: {port} (the recipe's {flag})")
+        elif dest == "gpu_memory_utilization":
+            try:
+                gmu = float(value)
+            except ValueError:
+                gmu = math.nan
+            if not 0 < gmu < 1:
+                self.fail(flag, f"{flag} takes a fraction between 0 and 1, not {str(value)[:60]!r}")
+            self.inventory.append(f"memory.gpu_memory_utilization: {gmu:g} (the recipe's {flag}; unset, the kit "
+                                  "derives one from each node's memory)")
         elif dest == "distributed_executor_backend":
             if value in ("ray", "mp"):
                 self.inventory.append(f"backend: {value} (the recipe's {flag})")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkdeploy import inventory, paths, recipe
 from sparkdeploy.cli import main
@@ -143,3 +145,31 @@ def test_a_profile_cannot_set_speculation_behind_the_kits_back():
 
     with pytest.raises(InventoryError, match="--spec-tokens is set by sparkdeploy; use speculative"):
         engine_args.to_argv({"spec-tokens": 3}, SERIES, file="p.yaml")
+
+
+_WORDS = ["--port", "8000", "-tp", "2", "--tensor-parallel-size", "x", "--speculative-config", '{"method":"mtp"}',
+          "{}", "--max-model-len", "4k", "--enable-prefix-caching", "--disable-prefix-caching", "--kv-cache-dtype",
+          "fp8", "nvfp4", "--tool-call-parser", "hermes", "--api-key", "--no-such-flag", "--served-model-name",
+          "a b", "--load-format=safetensors", "--trust-remote-code=1", "-", "--", "'", "{x}", "{{", "}}", "\\", "\n"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(words=st.lists(st.one_of(st.sampled_from(_WORDS), st.text(max_size=12)), max_size=14),
+       sparkrun=st.booleans())
+def test_any_command_imports_or_is_refused_naming_the_recipe(tmp_path_factory, words, sparkrun):
+    """Whatever words follow `vllm serve`: a profile the profile loader takes, or an InventoryError naming the
+    recipe file (never another exception)."""
+    from sparkdeploy.profile import load_profile
+
+    path = tmp_path_factory.mktemp("r") / "recipe.yaml"
+    raw = {"recipe_version": "2" if sparkrun else "1", "model": "org/m", "container": "img",
+           "defaults": {"port": 8000}, "command": "vllm serve org/m --max-model-len 4096 " + " ".join(words)}
+    path.write_text(yaml.safe_dump(raw))
+    try:
+        imp = recipe.import_recipe(path, series=SERIES)
+    except InventoryError as err:
+        assert str(path) in str(err)
+        return
+    out = path.with_name("p.yaml")
+    out.write_text(imp.to_yaml("recipe.yaml"))
+    load_profile(out)
