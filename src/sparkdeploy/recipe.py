@@ -4,7 +4,8 @@ result through the profile loader from a temporary copy); returns the profile as
 for that a profile cannot hold.
 
 A recipe is a `vllm serve` command with `{placeholders}` filled from `defaults` (the kit formats it with
-Python's str.format, so `{{` is a brace; sparkrun fills only the names it knows), a model, a container, env, and
+Python's str.format, so `{{` is a brace; sparkrun fills only the names it knows; a sparkrun recipe without a
+command has one flag per `defaults` key, as sparkrun's runtime renders it), a model, a container, env, and
 the kit's own parts (mods, build_args, cluster_only/solo_only). The command's flags are read with the pinned
 vLLM's flag catalogue (engine_args.catalogue), so a flag that vLLM does not have is refused here, not on the
 node. Each flag lands where sparkdeploy keeps it:
@@ -41,14 +42,16 @@ SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size
                "-q": "--quantization"}
 _KIT_KEYS = ("recipe_version", "name", "description", "model", "container", "build_args", "mods", "cluster_only",
              "solo_only", "defaults", "env", "command")
-_SPARKRUN_KEYS = ("recipe_version", "model", "runtime", "executor", "container", "min_nodes", "max_nodes",
-                  "metadata", "mods", "defaults", "env", "command")
+_SPARKRUN_KEYS = ("recipe_version", "model", "runtime", "executor", "builder", "container", "min_nodes",
+                  "max_nodes", "metadata", "mods", "defaults", "env", "command")
 _PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SLUG_RE = re.compile(r"[^a-z0-9._-]+")
 # vLLM dest -> the profile's engine key (integers), parallel key, the inventory field, the speculative key
 _ENGINE_FIELDS = {"max_model_len": "max_model_len", "max_num_seqs": "max_num_seqs",
                   "max_num_batched_tokens": "max_num_batched_tokens"}
 _PARALLEL_FIELDS = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "data_parallel_size": "dp"}
+# sparkrun's command-less recipes: its defaults keys whose flag is not the key's own name
+_STRUCTURED_FLAGS = {"tensor_parallel": "-tp", "pipeline_parallel": "-pp", "data_parallel": "--data-parallel-size"}
 _SPEC_FLAGS = {"spec_method": "method", "spec_tokens": "num_speculative_tokens", "spec_model": "model"}
 
 
@@ -99,25 +102,29 @@ def import_recipe(path: str | Path, *, series: str, name: str | None = None, wei
         raise InventoryError(f"runtime {raw['runtime']!r}: sparkdeploy serves with vLLM only", file=file,
                              field="runtime")
     command = raw.get("command")
-    if not isinstance(command, str) or not command.strip():
-        raise InventoryError("missing; expected the `vllm serve ...` command", file=file, field="command")
     defaults = raw.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise InventoryError("expected a mapping of placeholder names to values", file=file, field="defaults")
     model = raw.get("model")
-    values = {**{str(k): v for k, v in defaults.items()}, **({"model": model} if model else {})}
-    text, used = _fill(command, values, sparkrun, file)
-    unmapped += [f"defaults.{k}: {v!r} (no placeholder of the command uses it)" for k, v in defaults.items()
-                 if k not in used]
-
-    words = _words(text, file)
-    prefix, model_word, flags = _split_serve(words, file)
-    if prefix:
-        unmapped.append(f"command prefix `{shlex.join(prefix)}` (a wrapper, CPU pinning or env before `vllm serve`;"
-                        " the kit starts vllm serve itself)")
     builder = _Builder(series, file)
-    for flag, value in flags:
-        builder.add(flag, value)
+    model_word = None
+    if command is None and sparkrun:  # sparkrun renders a command-less recipe's flags from its defaults
+        for key, value in defaults.items():
+            builder.add_default(str(key), value)
+        builder.notes.append("no command: the flags are the defaults' own names, as sparkrun renders them")
+    else:
+        if not isinstance(command, str) or not command.strip():
+            raise InventoryError("missing; expected the `vllm serve ...` command", file=file, field="command")
+        values = {**{str(k): v for k, v in defaults.items()}, **({"model": model} if model else {})}
+        text, used = _fill(command, values, sparkrun, file)
+        unmapped += [f"defaults.{k}: {v!r} (no placeholder of the command uses it)" for k, v in defaults.items()
+                     if k not in used]
+        prefix, model_word, flags = _split_serve(_words(text, file), file)
+        if prefix:
+            unmapped.append(f"command prefix `{shlex.join(prefix)}` (a wrapper, CPU pinning or env before `vllm "
+                            "serve`; the kit starts vllm serve itself)")
+        for flag, words in flags:
+            builder.add(flag, words)
     builder.fail_on_unknown()
 
     model_id = builder.model or model_word or model
@@ -163,6 +170,10 @@ def import_recipe(path: str | Path, *, series: str, name: str | None = None, wei
     elif container:
         unmapped.append(f"container {container!r}: not pinned by digest (a tag or a locally built image); the "
                         "kit builds its serving image from the inventory's image.base, name@sha256:...")
+    for key in ("builder", "executor"):
+        if raw.get(key):
+            unmapped.append(f"{key}: {_text(raw[key])} (how sparkrun builds or runs its container; the kit builds and "
+                            "runs its own image)")
     for key in ("build_args", "mods"):
         for item in raw.get(key) or ():
             unmapped.append(f"{key[:-1].replace('_', ' ')} {item}: {owner}'s own; its effect is not in the profile")
@@ -316,7 +327,22 @@ class _Builder:
             self.fail(flag, f"{flag} takes one value, got {shlex.join(words)!r}")
         self._value(flag, dest, value)
 
-    def _switch(self, flag: str, dest: str, on: bool) -> None:
+    def add_default(self, key: str, value: Any) -> None:
+        """A `defaults` key of a command-less sparkrun recipe: the flag of its name (`tensor_parallel`: -tp), as
+        sparkrun renders it; a key no vLLM flag has is listed (a setting of sparkrun's own)."""
+        flag = _STRUCTURED_FLAGS.get(key, "--" + key.replace("_", "-"))
+        spec = self.flags.get(SHORT_FLAGS.get(flag, flag))
+        if spec is None:
+            self.unmapped.append(f"defaults.{key}: {_text(value)} (no vllm serve flag {flag}; sparkrun's own setting)")
+        elif not spec["takes_value"]:
+            if not isinstance(value, bool):
+                self.fail(flag, f"defaults.{key} is a switch ({flag}): use true or false")
+            self._switch(SHORT_FLAGS.get(flag, flag), spec["dest"], value, spelled=False)
+        else:
+            many = isinstance(value, list) and spec["many"]
+            self.add(flag, [_text(v) for v in value] if many else [_text(value)])
+
+    def _switch(self, flag: str, dest: str, on: bool, spelled: bool = True) -> None:
         if dest == "enable_prefix_caching":
             self.engine["prefix_caching"] = on
         elif dest == "enforce_eager":
@@ -325,8 +351,8 @@ class _Builder:
             self.parallel["expert_parallel"] = on
         elif dest in engine_args.OWNED:
             self.notes.append(f"{flag}: {engine_args.OWNED[dest]}")
-        else:
-            self.engine_args[flag[2:]] = True
+        else:  # a flag of the command is on as written; a default renders true or the pin's "off" spelling
+            self.engine_args[flag[2:]] = True if spelled else on
 
     def _value(self, flag: str, dest: str, value: Any) -> None:
         if dest == "model":
@@ -387,7 +413,7 @@ class _Builder:
         scale = {"k": 1000, "m": 1000 ** 2}.get(text[-1:], 1)  # vLLM's human_readable_int: 8k = 8000
         try:
             return int(float(text[:-1] if scale > 1 else text) * scale)
-        except ValueError:
+        except (ValueError, OverflowError):  # not a number, or infinity
             self.fail(flag, f"{flag} takes an integer, not {str(value)[:60]!r}")
         raise AssertionError  # unreachable: fail raises
 

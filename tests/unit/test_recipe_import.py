@@ -44,6 +44,7 @@ def _plan_with(tmp_path: Path, profile_file: Path):
     ("kit-mtp-nemotron-super.yaml", 2, ["--mamba-ssm-cache-dtype", "float32", "--attention-backend"]),
     ("kit-mtp-gemma-escaped.yaml", 2, ["--enable-force-include-usage"]),
     ("sparkrun-env-heavy-qwen3.8.yaml", 2, ["--moe-backend", "b12x", "--dtype", "bfloat16"]),
+    ("sparkrun-structured-qwen3.yaml", 1, ["--reasoning-parser", "deepseek_r1", "--disable-chunked-prefill"]),
 ])
 def test_each_recipe_imports_to_a_profile_that_plans(tmp_path, name, tp, argv_has):
     p = _plan_with(tmp_path, _import(tmp_path, name, "--weights-gib", "20"))
@@ -91,6 +92,16 @@ def test_what_a_profile_cannot_hold_is_listed_in_the_file_and_on_stderr(tmp_path
            "profile" in nano.unmapped
     assert any(line.startswith("defaults.tensor_parallel: 1") for line in nano.unmapped)
     assert any(line.startswith("solo_only: true") for line in nano.notes)
+
+
+def test_a_command_less_sparkrun_recipe_takes_its_flags_from_defaults():
+    imp = recipe.import_recipe(RECIPES / "sparkrun-structured-qwen3.yaml", series=SERIES)
+    assert imp.profile["model"]["served_name"] == "qwen3-1.7b" and imp.profile["engine"]["max_model_len"] == 32768
+    assert imp.profile["engine_args"] == {"reasoning-parser": "deepseek_r1", "trust-remote-code": True,
+                                          "enable-chunked-prefill": False}
+    assert any(line.startswith("defaults.speculative_tokens: 2 (no vllm serve flag") for line in imp.unmapped)
+    assert any(line.startswith("builder: eugr") for line in imp.unmapped)
+    assert any(line.startswith("memory.gpu_memory_utilization: 0.3") for line in imp.inventory)
 
 
 def test_flags_the_pinned_vllm_lacks_are_refused_naming_each(capsys):
@@ -165,6 +176,30 @@ def test_any_command_imports_or_is_refused_naming_the_recipe(tmp_path_factory, w
     raw = {"recipe_version": "2" if sparkrun else "1", "model": "org/m", "container": "img",
            "defaults": {"port": 8000}, "command": "vllm serve org/m --max-model-len 4096 " + " ".join(words)}
     path.write_text(yaml.safe_dump(raw))
+    try:
+        imp = recipe.import_recipe(path, series=SERIES)
+    except InventoryError as err:
+        assert str(path) in str(err)
+        return
+    out = path.with_name("p.yaml")
+    out.write_text(imp.to_yaml("recipe.yaml"))
+    load_profile(out)
+
+
+_KEYS = ["port", "tensor_parallel", "max_model_len", "trust_remote_code", "enable_chunked_prefill", "api_key",
+         "speculative_config", "kv_cache_dtype", "served_model_name", "tool_call_parser", "data_parallel"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(defaults=st.dictionaries(st.one_of(st.sampled_from(_KEYS), st.text(max_size=10)),
+                                st.one_of(st.booleans(), st.integers(-5, 70000), st.floats(allow_nan=True),
+                                          st.text(max_size=10), st.lists(st.integers(), max_size=2)), max_size=8))
+def test_any_command_less_sparkrun_defaults_import_or_are_refused(tmp_path_factory, defaults):
+    from sparkdeploy.profile import load_profile
+
+    path = tmp_path_factory.mktemp("r") / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"recipe_version": "2", "runtime": "vllm", "model": "org/m",
+                                    "defaults": {"max_model_len": 4096, **defaults}}))
     try:
         imp = recipe.import_recipe(path, series=SERIES)
     except InventoryError as err:
