@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sparkdeploy import inventory, paths
 from sparkdeploy.cli import main
@@ -185,3 +187,29 @@ def test_the_router_reaches_each_head_over_a_cable_it_shares_with_it(tmp_path):
     # left's head spark1 serves on .10 (spark3 is not on it): the router uses spark1's .12 port, their cable;
     # right's head spark2 serves on .11, a subnet spark3 shares
     assert [w.url for w in rp.workers] == ["http://192.168.12.1:8000", "http://192.168.11.2:8001"]
+
+
+_IPS = ["192.168.10.1", "192.168.10.2", "192.168.11.2", "192.168.10.1/24", "10.0.0.11", "0.0.0.0", "::1", "x"]
+_NETDEVS = st.one_of(st.sampled_from(["enp1s0f0np0", "enp1s0f1np1"]), st.text(max_size=17))
+_LINK = st.fixed_dictionaries({"netdev": _NETDEVS, "ip": st.one_of(st.sampled_from(_IPS), st.text(max_size=16))},
+                              optional={"prefix": st.one_of(st.integers(-1, 40), st.text(max_size=3)),
+                                        "hca": st.lists(st.one_of(st.sampled_from(["rocep1s0f0", "rocep1s0f1"]),
+                                                                  st.text(max_size=8)), max_size=3),
+                                        "peer": st.one_of(st.sampled_from(["spark1", "spark2", "spark3", "nope"]),
+                                                          st.text(max_size=6)),
+                                        "extra": st.integers()})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(links=st.lists(st.one_of(_LINK, st.integers(), st.text(max_size=4)), max_size=4))
+def test_any_links_plan_or_exit_2_naming_the_field(tmp_path, links):
+    """Whatever a node's links: it plans, or the refusal (InventoryError, PlanError) names the inventory and field."""
+    data = _services(_ring(), {"left": ["spark1", "spark2"]})
+    data["nodes"][0]["links"] = links
+    path = _write(tmp_path, data)
+    try:
+        plan(inventory.load(path, "left"))
+    except InventoryError as err:
+        assert err.field and str(path) in str(err)
+    except PlanError as err:
+        assert "spark1" in str(err) or "nodes[" in str(err)
