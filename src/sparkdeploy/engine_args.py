@@ -39,6 +39,8 @@ OWNED = {
     "gpu_memory_utilization": "memory.gpu_memory_utilization (or memory.reserve_gib)",
     "kv_cache_memory_bytes": "memory.gpu_memory_utilization (or memory.reserve_gib)",
     "speculative_config": "speculative (profile) / speculative_tokens (inventory)",
+    "spec_method": "speculative.method (profile)", "spec_tokens": "speculative.num_speculative_tokens (profile)",
+    "spec_model": "speculative.model (profile)",
     "additional_config": "patches", "quantization": "checkpoint.format and patches.fp8_gdn",
     "quantization_config": "checkpoint.format and patches.fp8_gdn",
     "api_key": "auth.api_key_file (a key in argv is visible to every process)",

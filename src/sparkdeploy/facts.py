@@ -36,9 +36,9 @@ GIB = 1 << 30
 MAX_MEMORY_GIB = 1 << 16  # 64 TiB: far above any node, far below a float that int() cannot hold
 MAX_ITEMS = 256  # netdevs, RDMA devices and units a node may list in a facts file
 
-# Nominal GB10 (DGX Spark): 128 GB LPDDR5x shared by CPU and GPU; the kernel reports about 119.7 GiB MemTotal
-# (`free -h` shows 119Gi) and a headless idle box with dropped caches about 116 GiB MemAvailable. Estimates,
-# used only when nothing was measured; `plan` labels them "nominal".
+# Nominal GB10 (DGX Spark), the 128 GB model: the kernel reports about 119.7 GiB MemTotal (`free -h` shows 119Gi)
+# and a headless idle box with dropped caches about 116 GiB MemAvailable. Estimates, used only when nothing was
+# measured (`plan` labels them "nominal"); a 64 GB Spark is planned from its own facts (`plan --facts`, gather).
 NOMINAL_GB10_MEM_TOTAL_BYTES = int(119.7 * GIB)
 NOMINAL_GB10_MEM_AVAILABLE_BYTES = int(116.0 * GIB)
 NOMINAL_GB10_DRIVER = "580.95.05"
@@ -89,7 +89,8 @@ class NodeFacts:
 
 # ------------------------------------------------------------------------------------------- nominal
 def nominal_gb10(node: Any) -> NodeFacts:
-    """Nominal facts for a GB10 node of the inventory: its netdev carries its data_ip, MTU 9000, GIDs unknown."""
+    """Nominal facts for a GB10 node of the inventory: each link's netdev carries its address, MTU 9000, GIDs
+    unknown."""
     return NodeFacts(
         node=node.name,
         mem_total_bytes=NOMINAL_GB10_MEM_TOTAL_BYTES,
@@ -97,8 +98,8 @@ def nominal_gb10(node: Any) -> NodeFacts:
         has_gpu=True,
         gpu_name="NVIDIA GB10",
         driver=NOMINAL_GB10_DRIVER,
-        netdevs=(NetDev(node.netdev, (f"{node.data_ip}/24",), 9000, True),),
-        roce=tuple(RoceDev(dev, None, 1, None) for dev in node.hca),
+        netdevs=_link_netdevs(node, 9000),
+        roce=tuple(RoceDev(dev, None, 1, None) for link in node.data_links() for dev in link.hca),
         source="nominal",
     )
 
@@ -110,9 +111,13 @@ def nominal_sim(node: Any) -> NodeFacts:
         mem_total_bytes=NOMINAL_SIM_MEM_TOTAL_BYTES,
         mem_available_bytes=NOMINAL_SIM_MEM_AVAILABLE_BYTES,
         has_gpu=False,
-        netdevs=(NetDev(node.netdev, (f"{node.data_ip}/24",), 1500, True),),
+        netdevs=_link_netdevs(node, 1500),
         source="nominal",
     )
+
+
+def _link_netdevs(node: Any, mtu: int) -> tuple[NetDev, ...]:
+    return tuple(NetDev(link.netdev, (f"{link.ip}/{link.prefix}",), mtu, True) for link in node.data_links())
 
 
 def nominal(node: Any) -> NodeFacts:

@@ -35,11 +35,10 @@ def parse_gather(node: Any, text: str, *, mem_available: int | None = None) -> F
             g[int(parts[2])], t[int(parts[2])] = parts[3], parts[4]
     ndev_of = {p[1]: p[2] for p in (l.split() for l in sec.get("ndev", [])) if len(p) >= 3}
     ipv4_of = {d.name: d.ipv4 for d in netdevs}
-    ip = getattr(node, "data_ip", None)
-    roce = tuple(
-        F.RoceDev(dev, getattr(node, "netdev", None), 1,
+    roce = tuple(  # each link's HCAs, their GID judged by that link's own address (a ring node has two)
+        F.RoceDev(dev, netdev, 1,
                   probes.roce_v2_ipv4_gid_index(*gids[dev], probes.twin_addresses(ndev_of.get(dev), ipv4_of, ip)))
-        for dev in getattr(node, "hca", ()) if dev in gids
+        for netdev, ip, hca in _links(node) for dev in hca if dev in gids
     )
     return F.NodeFacts(
         node=node.name,
@@ -56,9 +55,17 @@ def parse_gather(node: Any, text: str, *, mem_available: int | None = None) -> F
     )
 
 
+def _links(node: Any) -> list[tuple[str | None, str | None, tuple[str, ...]]]:
+    """(netdev, address, HCAs) of each data link of an inventory node (or of anything with data_ip/netdev/hca)."""
+    if hasattr(node, "data_links"):
+        return [(link.netdev, link.ip, link.hca) for link in node.data_links()]
+    return [(getattr(node, "netdev", None), getattr(node, "data_ip", None), tuple(getattr(node, "hca", ())))]
+
+
 def gather(conn: Conn, node: Any) -> F.NodeFacts:
     """Read one node's facts over its connection."""
-    out = conn.run(probes.gather_argv(getattr(node, "hca", ())), timeout=60).stdout
+    hcas = [dev for _, _, hca in _links(node) for dev in hca]
+    out = conn.run(probes.gather_argv(hcas), timeout=60).stdout
     avail = None
     if isinstance(conn, LocalConn):
         import psutil

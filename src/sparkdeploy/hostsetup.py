@@ -29,7 +29,8 @@ EARLYOOM_DEFAULT = "/etc/default/earlyoom"
 NETPLAN_FILE = "/etc/netplan/40-cx7.yaml"
 SSHD_DROPIN_NAME = "50-sparkdeploy-oom.conf"
 
-# Thresholds: see the template. 4% of a GB10's 119.7 GiB is about 4.8 GiB, 2% about 2.4 GiB.
+# Thresholds: see the template. Fractions of the node's own MemTotal: 4% is about 4.8 GiB on a 128 GB GB10 and
+# 2.4 GiB on a 64 GB one.
 EARLYOOM_MEM_TERM, EARLYOOM_MEM_KILL = 4, 2
 EARLYOOM_SWAP, EARLYOOM_REPORT_S = "100,100", 3600
 

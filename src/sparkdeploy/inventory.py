@@ -17,6 +17,10 @@ Inventory shape (see the top-level `inventory.yaml` and `tests/unit/fixtures/inv
         netdev: enp1s0f1np1             # the netdev carrying data_ip
         hca: [rocep1s0f1, roceP2p1s0f1] # RoCE devices (both twins), [] for none
         gpu: gb10                       # gb10 | none (simulated nodes)
+      - name: spark2                    # several data links (a 3-node ring: two cables, two peers, two subnets)
+        links:                          # instead of data_ip/netdev/hca, never both
+          - {netdev: enp1s0f0np0, ip: 192.168.10.2, prefix: 24, hca: [rocep1s0f0], peer: spark1}
+          - {netdev: enp1s0f1np1, ip: 192.168.12.2, hca: [rocep1s0f1], peer: spark3}   # prefix: 24 by default
     image:      {base: REF@sha256:..., vllm_version: 0.34.0, local: false, repository: sparkdeploy/serving}
     patches:    {shortlist: true, skinny_gemm: true, fp8_gdn: true, prefix_align: true}
     vocab:      vocabs/x.txt            # draft vocab list, relative to this file; null only if shortlist is off
@@ -33,6 +37,12 @@ memory, watchdog, speculative_tokens, served_name; `image` merges over the top-l
 `router: {node: spark1, port: 8080}` puts vLLM's router on that node:
 one OpenAI endpoint that sends each request to the service serving its `model` (steps/router.py).
 
+Links. A node's data links are `links:` or the one-link shorthand (data_ip, netdev, hca: prefix 24). Each service
+uses one link per node, the one on the subnet all its nodes share (`topology.group_links`): its view of a node has
+that link's address, netdev and HCAs as `data_ip`, `netdev` and `hca`, so everything that reaches NCCL, Gloo and
+the master address comes from the link the node actually uses. Outside a service (`elsewhere`, the router's node)
+a node shows its first link.
+
 The profile's `image:` block gives defaults (python, pip, and for the simulated profiles the base too) that
 the inventory's `image:` overrides key by key.
 """
@@ -46,18 +56,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from sparkdeploy import credentials, engine_args, layout, paths, sshconfig, yamlfile
+from sparkdeploy import credentials, engine_args, layout, paths, sshconfig, topology, yamlfile
 from sparkdeploy.credentials import Auth
 from sparkdeploy.errors import InventoryError, RemoteError
 from sparkdeploy.fields import Fields, path_text, short
 from sparkdeploy.layout import ServiceLayout
 from sparkdeploy.profile import (SERVED_RE, ImageConfig, Profile, Speculative, find_profile, image_config, image_part,
                                  load_profile)
+from sparkdeploy.topology import DEFAULT_PREFIX, Link
 
 FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align")
 GPU_KINDS = ("gb10", "none")
 MAX_NODES = 64  # nodes, services and a service's nodes (a Spark cluster is a handful)
 MAX_HCA = 16  # RoCE devices per node (a GB10 lists two to four)
+MAX_LINKS = 8  # data links per node (a GB10 has two CX-7 ports, each with its twin netdev)
 ROLES = ("head", "worker")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -83,14 +95,22 @@ class Node:
     name: str
     role: str  # "head" | "worker"
     ssh: SshTarget
-    data_ip: str
+    data_ip: str  # these three: the link this view uses (a service's: the one its group shares; else the first)
     netdev: str
     hca: tuple[str, ...]
     gpu: str  # "gb10" | "none"
+    links: tuple[Link, ...] = ()  # every data link of the node (the shorthand: one); () for a bare test node
 
     @property
     def has_gpu(self) -> bool:
         return self.gpu != "none"
+
+    def data_links(self) -> tuple[Link, ...]:
+        return self.links or (Link(self.netdev, self.data_ip, DEFAULT_PREFIX, self.hca),)
+
+    def using(self, link: Link) -> "Node":
+        """This node as a group that talks over `link` sees it."""
+        return _replace(self, data_ip=link.ip, netdev=link.netdev, hca=link.hca)
 
 
 @dataclass(frozen=True)
@@ -187,7 +207,9 @@ class Inventory:
 
 
 # ------------------------------------------------------------------------------------------- sections
-_NODE_KEYS = ("name", "role", "ssh", "data_ip", "netdev", "hca", "gpu")
+_LINK_SHORTHAND = ("data_ip", "netdev", "hca")
+_NODE_KEYS = ("name", "role", "ssh", *_LINK_SHORTHAND, "links", "gpu")
+_LINK_KEYS = ("netdev", "ip", "prefix", "hca", "peer")
 _SSH_KEYS = ("host", "user", "port", "key", "known_hosts")
 
 
@@ -228,16 +250,43 @@ def _node(raw: Any, index: int, file: str, *, in_services: bool) -> Node:
         known_hosts=path_text(s, "known_hosts", None),
         proxy_jump=cfg.get("proxyjump"),
     )
-    data_ip = f.text("data_ip", None, what="an IPv4 address")
+    shorthand = [key for key in _LINK_SHORTHAND if f.has(key)]
+    if f.has("links"):
+        if shorthand:
+            f.fail(shorthand[0], "give links: or the one-link shorthand (data_ip, netdev, hca), not both; move "
+                                 f"{', '.join(shorthand)} into an entry of links:")
+        raw_links = f.items("links", MAX_LINKS, what="a list of data links ({netdev, ip, prefix, hca, peer})")
+        if not raw_links:
+            f.fail("links", "must list at least one data link ({netdev, ip, prefix, hca, peer})")
+        links = tuple(_link(Fields(raw, f.at(f"links[{i}]"), file, allowed=_LINK_KEYS)) for i, raw in
+                      enumerate(raw_links))
+        _check_own_links(f, name, links)
+    elif not shorthand:
+        f.fail("data_ip", "missing; give the node's data link as data_ip, netdev and hca, or its links as "
+                          "links: [{netdev, ip, prefix, hca, peer}, ...]")
+    else:
+        links = (_link(f, ip_key="data_ip"),)
+    gpu = f.text("gpu", None, "gb10", what="gb10 or none")
+    if gpu not in GPU_KINDS:
+        f.fail("gpu", f"{gpu!r} is not one of {', '.join(GPU_KINDS)}")
+    first = links[0]
+    return Node(name=name, role=role, ssh=ssh, data_ip=first.ip, netdev=first.netdev, hca=first.hca, gpu=gpu,
+                links=links)
+
+
+def _link(f: Fields, ip_key: str = "ip") -> Link:
+    """One data link: an entry of `links:` (ip, prefix, peer) or a node's shorthand (data_ip, netdev, hca)."""
+    ip = f.text(ip_key, None, what="an IPv4 address")
     try:
-        address = ipaddress.IPv4Address(data_ip)
+        address = ipaddress.IPv4Address(ip)
     except ValueError:
-        f.fail("data_ip", f"{short(data_ip)} is not an IPv4 address")
+        f.fail(ip_key, f"{short(ip)} is not an IPv4 address")
     if address.is_unspecified or address.is_loopback or address.is_multicast or address == _BROADCAST:
-        f.fail("data_ip", f"{address} is not a node's own address; expected the IPv4 address of this node on the "
-                          "data network (the other ranks connect to it), not 0.0.0.0, loopback, multicast or broadcast")
-    data_ip = str(address)
+        f.fail(ip_key, f"{address} is not a node's own address; expected the IPv4 address of this node on the "
+                       "data network (the other ranks connect to it), not 0.0.0.0, loopback, multicast or broadcast")
     netdev = f.text("netdev", IFNAME_RE, what="a network interface name (1-15 of letters, digits, '.', '_', '-')")
+    prefix = f.integer("prefix", 8, 31, DEFAULT_PREFIX, what="a subnet prefix length 8..31") if ip_key == "ip" \
+        else DEFAULT_PREFIX
     hca_raw = f.items("hca", MAX_HCA, [], what="a list of RoCE device names")
     hca: dict[str, None] = {}  # insertion-ordered, so a repeat is found in constant time
     for i, dev in enumerate(hca_raw):
@@ -246,10 +295,22 @@ def _node(raw: Any, index: int, file: str, *, in_services: bool) -> Node:
         if dev in hca:
             f.fail(f"hca[{i}]", f"{dev!r} listed twice")
         hca[dev] = None
-    gpu = f.text("gpu", None, "gb10", what="gb10 or none")
-    if gpu not in GPU_KINDS:
-        f.fail("gpu", f"{gpu!r} is not one of {', '.join(GPU_KINDS)}")
-    return Node(name=name, role=role, ssh=ssh, data_ip=data_ip, netdev=netdev, hca=tuple(hca), gpu=gpu)
+    peer = f.text("peer", NAME_RE, None, what="the name of the node at the other end") if ip_key == "ip" else None
+    return Link(netdev=netdev, ip=str(address), prefix=prefix, hca=tuple(hca), peer=peer)
+
+
+def _check_own_links(f: Fields, node: str, links: tuple[Link, ...]) -> None:
+    """A node's links are distinct ports: each netdev, and each subnet, once (two links on one subnet would leave
+    the choice of port to the routing table, not to the plan)."""
+    for i, link in enumerate(links):
+        for j, other in enumerate(links[:i]):
+            if link.netdev == other.netdev:
+                f.fail(f"links[{i}].netdev", f"{link.netdev!r} is also links[{j}] of node {node}: one entry per port")
+            if link.subnet == other.subnet:
+                f.fail(f"links[{i}].ip", f"{link.describe()} is on {link.subnet}, like links[{j}] "
+                                         f"({other.describe()}): each link of a node is its own subnet")
+        if link.peer == node:
+            f.fail(f"links[{i}].peer", f"{node!r} is this node; peer names the node at the link's other end")
 
 
 # ------------------------------------------------------------------------------------------------ load
@@ -336,7 +397,7 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
     if not nodes_raw:
         f.fail("nodes", "must list at least one node")
     nodes = tuple(_node(raw_node, i, file, in_services=in_services) for i, raw_node in enumerate(nodes_raw))
-    _check_unique(nodes, file)
+    _check_unique(nodes, [isinstance(r, dict) and "links" in r for r in nodes_raw], file)
     auth = _auth(f, inventory_file)
     if not in_services:
         if f.has("router"):
@@ -504,6 +565,10 @@ def _service(f: Fields, cluster: str, nodes: tuple[Node, ...], inventory_file: P
             f"profile {profile.name!r} needs tp x pp x dp = {profile.tp} x {profile.pp} x {profile.dp} = "
             f"{profile.world_size} node(s) (one GPU each) but {'the service' if service else 'the inventory'} "
             f"lists {len(nodes)} (1 = single box)", file=file, field=f.at("nodes"))
+    try:  # the service's view of each node: the link its group shares
+        nodes = tuple(n.using(link) for n, link in zip(nodes, topology.group_links(nodes)))
+    except topology.TopologyError as err:
+        raise InventoryError(str(err), file=file, field=f.at("nodes")) from None
     if any(n.has_gpu for n in nodes) != all(n.has_gpu for n in nodes):
         raise InventoryError("mixing gpu: none and GPU nodes is not supported", file=file, field=f.at("nodes"))
     if nodes[0].has_gpu != profile.gpus:
@@ -534,10 +599,20 @@ def _replace(obj: Any, **changes: Any) -> Any:
     return dataclasses.replace(obj, **changes)
 
 
-def _check_unique(nodes: tuple[Node, ...], file: str) -> None:
+def _check_unique(nodes: tuple[Node, ...], in_links_form: list[bool], file: str) -> None:
     checks: list[tuple[str, Callable[[Node], Any]]] = [
-        ("name", lambda n: n.name), ("data_ip", lambda n: n.data_ip), ("ssh.host", lambda n: (n.ssh.host, n.ssh.port)),
+        ("name", lambda n: n.name), ("ssh.host", lambda n: (n.ssh.host, n.ssh.port)),
     ]
+    owner: dict[str, str] = {}  # link address -> "nodes[i].links[j].ip"
+    for i, node in enumerate(nodes):
+        for j, link in enumerate(node.links):
+            where = f"nodes[{i}].links[{j}].ip" if in_links_form[i] else f"nodes[{i}].data_ip"
+            if link.ip in owner:
+                raise InventoryError(f"duplicate of {owner[link.ip]} ({link.ip})", file=file, field=where)
+            owner[link.ip] = where
+            if link.peer is not None and all(n.name != link.peer for n in nodes):
+                raise InventoryError(f"no node named {link.peer!r} in nodes: ({', '.join(n.name for n in nodes)})",
+                                     file=file, field=f"nodes[{i}].links[{j}].peer")
     for field, key in checks:
         seen: dict[Any, int] = {}
         for i, node in enumerate(nodes):

@@ -1,10 +1,11 @@
 """The one place `--gpu-memory-utilization` (GMU) is decided, and the memory budget every plan shows.
 
-Why this exists. A GB10 has one 128 GB pool shared by CPU and GPU (the kernel reports about 119.7 GiB
-MemTotal). vLLM's GMU is a fraction of *that whole pool*, and vLLM takes it for weights + activations + KV
-cache, while the host still needs memory for everything vLLM does not count: the OS, dockerd, sshd, the
-page cache of the checkpoint just read, the CUDA context, NCCL buffers, the API-server and engine-core
-processes. `nvidia-smi` memory fields are N/A on GB10, so the only truth is /proc/meminfo.
+Why this exists. A GB10 has one memory pool shared by CPU and GPU (64 GB or 128 GB: every figure here comes
+from the node's own MemTotal and MemAvailable, measured or given in a facts file). vLLM's GMU is a
+fraction of *that whole pool*, and vLLM takes it for weights + activations + KV cache, while the host still
+needs memory for everything vLLM does not count: the OS, dockerd, sshd, the page cache of the checkpoint just
+read, the CUDA context, NCCL buffers, the API-server and engine-core processes. `nvidia-smi` memory fields are
+N/A on GB10, so the only truth is /proc/meminfo.
 
 The field seeds (DESIGN.md) fix the scale of "everything vLLM does not count":
   * GMU 0.835 (about 99.9 GiB) took the box down through an earlyoom cascade;
@@ -25,12 +26,16 @@ The rule, in GiB, per node:
                65,536 rows x 2,560 x 2 bytes = 320 MiB at TP=1, 160 MiB (~168 MB) per rank at TP=2
     KV pool  = GMU x MemTotal - weights - draft - activation_gib   (expected; vLLM logs the real figure)
     tokens   = KV pool / kv_bytes_per_token (per rank)
+    fits     = KV pool >= max_model_len x kv_bytes_per_token: vLLM refuses to start when its pool cannot hold one
+               sequence of the longest length it serves. A profile that does not fit is refused per node with
+               its shortfall (what the node would need more of), so a 64 GB box and a 128 GB box can be told apart.
 
 A node several services share (`services:`): each takes an equal part of MemTotal - reserve (its base is the
 reserve plus that part; MemAvailable, read while the other services run, would count them twice), so the
 derived GMUs, and any explicit one that passes, sum to at most what the node has. Refusals name the service.
 
-With nominal GB10 facts (MemAvailable 116, MemTotal 119.7) and the default reserve this gives GMU 0.73:
+With the nominal facts of a 128 GB GB10 (MemAvailable 116, MemTotal 119.7; `facts.nominal_gb10`, used only
+when nothing was measured) and the default reserve this gives GMU 0.73:
 0.68 (known good) < 0.73 < 0.78 (1.8 GiB left). An explicit GMU is refused (PlanError, not a warning) when
 `base - GMU x MemTotal < reserve`: with the default reserve 0.78 and 0.835 are refused and 0.68 passes.
 
@@ -115,11 +120,13 @@ def budget(
     cpu_kv_space_gib: float | None = None,
     draft_head_gib: float = 0.0,
     shared_by: int = 1,
+    min_kv_gib: float = 0.0,
 ) -> MemoryBudget:
     """The memory budget of one service on one node; raise PlanError when it cannot keep `reserve_gib` for the
     host. On a node `shared_by` several services, each may take an equal part of what the reserve leaves of
     MemTotal (MemAvailable there is read while the other services run, so it would count them twice): its base
-    is the reserve plus (MemTotal - reserve) / shared_by, and the services' budgets sum to the node's."""
+    is the reserve plus (MemTotal - reserve) / shared_by, and the services' budgets sum to the node's.
+    `min_kv_gib` is the smallest KV pool the engine starts with (one sequence of max_model_len)."""
     total = facts.mem_total_bytes / GIB
     available = None if facts.mem_available_bytes is None else facts.mem_available_bytes / GIB
     base_name, base = ("MemAvailable", available) if available is not None else ("MemTotal", total)
@@ -155,11 +162,18 @@ def budget(
         engine = gmu * total
         left = base - engine
     kv = engine - weights_gib - draft_head_gib - activation_gib
-    if gmu < 0.05 or kv <= 0:
+    need = weights_gib + draft_head_gib + activation_gib + min_kv_gib
+    if gmu < 0.05 or kv <= 0 or kv < min_kv_gib:
+        short = need - max(engine, 0.0)
+        how = ("raise memory.gpu_memory_utilization (up to the highest safe value) or remove it" if source == "explicit"
+               else f"a node with {short:.1f} GiB more MemAvailable, a memory.reserve_gib that much lower, or a "
+                    "profile with fewer weights per rank (more nodes) or a shorter engine.max_model_len")
         raise PlanError(
-            f"node {node}: memory.reserve_gib {reserve_gib:.1f}: with {base_name} {base:.1f} GiB vLLM may take "
-            f"{max(engine, 0):.1f} GiB, not enough for {weights_gib + draft_head_gib:.1f} GiB of weights + "
-            f"{activation_gib:.1f} GiB of activations and a KV pool")
+            f"node {node}: short by {short:.1f} GiB: with {base_name} {base:.1f} GiB of MemTotal {total:.1f} GiB and "
+            f"memory.reserve_gib {reserve_gib:.1f}, vLLM may take {max(engine, 0):.1f} GiB, but needs {need:.1f} GiB "
+            f"({weights_gib + draft_head_gib:.1f} GiB of weights + {activation_gib:.1f} GiB of activations + "
+            + (f"{min_kv_gib:.1f} GiB of KV for one max_model_len sequence" if min_kv_gib else "a KV pool")
+            + f"); {how}")
     tokens = int(kv * GIB // kv_bytes_per_token) if kv_bytes_per_token > 0 else None
     return MemoryBudget(node, True, _r(total), None if available is None else _r(available), base_name, _r(base),
                         reserve_gib, gmu, source, _r(engine), _r(weights_gib), _r(activation_gib), _r(kv),

@@ -34,7 +34,7 @@ from sparkdeploy import __version__, engine_args
 from sparkdeploy import checkpoint as checkpoint_mod
 from sparkdeploy.checkpoint import Checkpoint
 from sparkdeploy.errors import PlanError
-from sparkdeploy.facts import NodeFacts, facts_for
+from sparkdeploy.facts import GIB, NodeFacts, facts_for
 from sparkdeploy.inventory import FEATURES, Inventory, Node, SshTarget
 from sparkdeploy.layout import (CACHE_HOST_DIR, CAPTURE_SCHEDULER, ENV_FILE, LAUNCH_FILE, NODE_PLAN_FILE, PLAIN,
                                 REGISTRY_PORT, VOCAB_CONTAINER_DIR, VOCAB_CONTAINER_FILE, ServiceLayout)
@@ -300,22 +300,26 @@ def _speculative_config(profile, features: tuple[Feature, ...]) -> dict[str, Any
 
 
 def _check_facts(node: Node, index: int, facts: NodeFacts) -> None:
+    """The node's facts show its GPU, and every data link of it: the netdev, its address, its RoCE devices."""
     where = f"nodes[{index}]"
     if node.has_gpu and not facts.has_gpu:
         raise PlanError(f"{where}.gpu: node {node.name} is declared {node.gpu} but its facts show no GPU")
-    if facts.netdevs:
-        dev = facts.netdev(node.netdev)
-        if dev is None:
-            have = ", ".join(d.name for d in facts.netdevs)
-            raise PlanError(f"{where}.netdev: node {node.name} has no interface {node.netdev!r} (has: {have})")
-        if dev.ipv4 and node.data_ip not in dev.addresses():
-            raise PlanError(f"{where}.data_ip: {node.data_ip} is not on {node.name}'s {node.netdev} "
-                            f"({', '.join(dev.ipv4)})")
-    if facts.roce:
-        for i, hca in enumerate(node.hca):
-            if facts.roce_dev(hca) is None:
-                have = ", ".join(d.name for d in facts.roce)
-                raise PlanError(f"{where}.hca[{i}]: node {node.name} has no RoCE device {hca!r} (has: {have})")
+    links = node.data_links()
+    for li, link in enumerate(links):
+        at, ip_field = (f"{where}.links[{li}].", "ip") if len(links) > 1 else (f"{where}.", "data_ip")
+        if facts.netdevs:
+            dev = facts.netdev(link.netdev)
+            if dev is None:
+                have = ", ".join(d.name for d in facts.netdevs)
+                raise PlanError(f"{at}netdev: node {node.name} has no interface {link.netdev!r} (has: {have})")
+            if dev.ipv4 and link.ip not in dev.addresses():
+                raise PlanError(f"{at}{ip_field}: {link.ip} is not on "
+                                f"{node.name}'s {link.netdev} ({', '.join(dev.ipv4)})")
+        if facts.roce:
+            for i, hca in enumerate(link.hca):
+                if facts.roce_dev(hca) is None:
+                    have = ", ".join(d.name for d in facts.roce)
+                    raise PlanError(f"{at}hca[{i}]: node {node.name} has no RoCE device {hca!r} (has: {have})")
 
 
 def _gid_index(node: Node, facts: NodeFacts) -> tuple[int | None, str | None]:
@@ -517,6 +521,21 @@ def _layout(inv: Inventory, nodes: int | None) -> tuple[tuple[Node, ...], int, i
     return head_first, tp, pp
 
 
+def _each_node(nodes: tuple[Node, ...], budget_of: Callable[[Node], MemoryBudget]) -> dict[str, MemoryBudget]:
+    """Every node's budget; where some do not fit, one refusal naming each of them with its own shortfall (a 64 GB
+    box beside a 128 GB one falls short alone, and a pair of them each by its own amount)."""
+    budgets, refused = {}, []
+    for node in nodes:
+        try:
+            budgets[node.name] = budget_of(node)
+        except PlanError as err:
+            refused.append(str(err))
+    if refused:
+        raise PlanError(refused[0] if len(refused) == 1 else
+                        f"{len(refused)} nodes do not fit:\n  " + "\n  ".join(refused))
+    return budgets
+
+
 def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = None, nodes: int | None = None,
          *, git_commit: str = "unknown", overlays_digest: str | None = None,
          compat: tuple[Callable[[str, str], str], Callable[[str, str], list[str]]] | None = None,
@@ -552,7 +571,7 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
                           activation_gib=p.activation_gib, kv_bytes_per_token=kv_bytes, explicit_gmu=gmu,
                           cpu_kv_space_gib=float(cpu_kv) if cpu_kv and cpu_kv.replace(".", "", 1).isdigit() else None,
                           draft_head_gib=shortlist_head_gib(features, inv.vocab, tp),
-                          shared_by=inv.shared_by(node.name))
+                          shared_by=inv.shared_by(node.name), min_kv_gib=p.max_model_len * kv_bytes / GIB)
         except PlanError as err:
             if inv.service is None:
                 raise
@@ -560,12 +579,13 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
 
     for node in chosen:
         _check_facts(node, inv.nodes.index(node), facts[node.name])
-    budgets = {n.name: node_budget(n, inv.memory.gpu_memory_utilization) for n in chosen}
+    budgets = _each_node(chosen, lambda n: node_budget(n, inv.memory.gpu_memory_utilization))
     derived = [b.gpu_memory_utilization for b in budgets.values() if b.gmu_source == "derived"]
     if len(derived) > 1 and len(set(derived)) > 1:
         # One fraction for every rank (vLLM sizes the KV pool by the smallest rank anyway): the lowest wins.
         lowest = min(derived)
-        budgets = {n.name: dataclasses.replace(node_budget(n, lowest), gmu_source="derived") for n in chosen}
+        budgets = {name: dataclasses.replace(b, gmu_source="derived")
+                   for name, b in _each_node(chosen, lambda n: node_budget(n, lowest)).items()}
 
     node_plans = []
     for rank, node in enumerate(chosen):

@@ -195,7 +195,7 @@ def _speculative(raw: Any, path: str, file: str) -> Speculative:
 SECRET_ENV_RE = re.compile(r"VLLM_API_KEY|HF_TOKEN|.*_TOKEN|.*_KEY|.*SECRET.*|.*PASSWORD.*", re.IGNORECASE)
 
 
-def _env(raw: Any, path: str, file: str) -> tuple[tuple[str, str], ...]:
+def env_items(raw: Any, path: str, file: str) -> tuple[tuple[str, str], ...]:
     """The container env; secret-like names are refused (their place is the inventory's `auth:`, a 0600 file)."""
     if raw is None:
         return ()
@@ -276,7 +276,7 @@ def load_profile(path: Path, name: str | None = None) -> tuple[Profile, dict[str
         rdma=c.flag("rdma", True),
         shm_size=shm,
         caches=c.flag("caches", True),
-        env=_env(raw.get("env"), "env", file),
+        env=env_items(raw.get("env"), "env", file),
         checkpoint_format=ck_format,
     )
     image = image_part(raw.get("image"), "image", file)

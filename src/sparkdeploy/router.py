@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from sparkdeploy import layout
+from sparkdeploy import layout, topology
 from sparkdeploy.inventory import Inventory, Node
 
 ROUTER_VERSION = "0.1.17"  # the vllm-router wheel: manylinux_2_28, x86_64 and aarch64, abi3 (CPython >= 3.8)
@@ -76,11 +76,20 @@ def router_files(rp: RouterPlan) -> dict[str, bytes]:
     return {layout.ROUTER_UNIT: unit(rp), "router.json": rp.config()}
 
 
+def _head_address(router_node: Node, head: Node) -> str:
+    """Where the router reaches a service's head (its API listens on every interface): the service's data address
+    when the router's node is on that subnet (a pair, a switch), else a link of the head on a subnet the router's
+    node shares (a ring), else the head's SSH address (the management network)."""
+    if router_node.name == head.name:
+        return head.data_ip
+    return topology.address_for(router_node, head, head.data_ip) or head.ssh.host
+
+
 def plan_router(views: tuple[Inventory, ...]) -> RouterPlan | None:
     """The router of an inventory's services (None without `router:`)."""
     cfg = views[0].router
     if cfg is None:
         return None
-    workers = tuple(Worker(str(v.service), v.profile.served_name, f"http://{v.head.data_ip}:{v.ports.api}")
-                    for v in views)
+    workers = tuple(Worker(str(v.service), v.profile.served_name, f"http://{_head_address(cfg.node, v.head)}:"
+                           f"{v.ports.api}") for v in views)
     return RouterPlan(node=cfg.node, port=cfg.port, workers=workers)

@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "credentials", "facts", "probes", "memory", "memguard", "engine_args", "served_tokenizer", "vocab",
         "bench.stats", "bench.metrics", "bench.prompts", "bench.compare", "bench.results", "bench.report",
         "model_fetch_node", "weights_node", "steps.node_files")),
-    ("model: the inventory and the profile it names", ("fields", "profile", "inventory")),
+    ("model: the inventory and the profile it names", ("fields", "profile", "topology", "inventory", "recipe")),
     ("planning core: inventory + facts -> plan -> files (no I/O on nodes)", ("plan", "render", "router")),
     ("remote: connections", ("connection", "remote", "streams")),
     ("node effects and reads", (

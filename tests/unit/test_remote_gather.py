@@ -39,3 +39,21 @@ def test_parse_gather_sim_node():
     node = SimpleNamespace(name="n2", data_ip="172.30.0.12", netdev="eth0", hca=())
     f = gather.parse_gather(node, "@@meminfo\nMemTotal: 1000 kB\n@@gpu\n\n@@end\n", mem_available=5)
     assert not f.has_gpu and f.gpu_name is None and f.roce == () and f.mem_available_bytes == 5
+
+
+def test_parse_gather_reads_every_links_hcas_each_by_its_own_address():
+    """A ring node has two links: each HCA's RoCE v2 GID is the one mapping its own link's IPv4 address."""
+    from sparkdeploy.topology import Link
+
+    links = (Link("enp1s0f1np1", "192.168.177.11", 24, ("rocep1s0f1",)),
+             Link("enp1s0f0np0", "192.168.10.1", 24, ("rocep1s0f0",)))
+    node = SimpleNamespace(name="spark1", data_links=lambda: links)
+    ring = OUT.replace("@@ndev rocep1s0f1 enp1s0f1np1\n", "@@ndev rocep1s0f1 enp1s0f1np1\n"
+                       "@@gid rocep1s0f0 4 0000:0000:0000:0000:0000:ffff:c0a8:0a01 RoCE v2\n"
+                       "@@gid rocep1s0f0 5 0000:0000:0000:0000:0000:ffff:c0a8:b10b RoCE v2\n"
+                       "@@ndev rocep1s0f0 enp1s0f0np0\n")
+    ring = ring.replace('"prefixlen":24}]}]', '"prefixlen":24}]},{"ifname":"enp1s0f0np0","mtu":9000,"operstate":"UP",'
+                                              '"addr_info":[{"family":"inet","local":"192.168.10.1","prefixlen":24}]}]')
+    f = gather.parse_gather(node, ring)
+    assert [(r.name, r.netdev, r.gid_index) for r in f.roce] == [("rocep1s0f1", "enp1s0f1np1", 3),
+                                                               ("rocep1s0f0", "enp1s0f0np0", 4)]

@@ -20,7 +20,8 @@ from sparkdeploy.router import ROUTER_VERSION, plan_router, router_files
 
 _inventory_option = inventory_option()
 _facts_option = click.option("--facts", "facts_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                             help="node facts YAML (default: nominal GB10 / simulated-node facts; nothing is read)")
+                             help="node facts YAML (default: nominal 128 GB GB10 / simulated-node facts, nothing "
+                                  "is read; a 64 GB Spark needs its own)")
 _nodes_option = click.option("--nodes", type=click.IntRange(min=1), default=None,
                              help="plan this many nodes: 1 = single box, or the profile's tp x pp x dp")
 
