@@ -99,7 +99,7 @@ def test_switch_puts_every_node_on_one_subnet(tmp_path):
         I.render(I.work_out(boxes[:3]), user=None, profile="tp4.yaml", hosts=["a", "b", "c"], out=path, now=NOW)
 
 
-def test_ring_gets_a_link_per_peer():
+def test_ring_gets_a_link_per_peer(tmp_path):
     lay = I.work_out(ring_boxes())
     assert lay.kind == "ring" and lay.nodes[0].box.name == "spark1"
     raw = yaml.safe_load(I.render(lay, user=None, profile=None, hosts=["spark1", "spark2", "spark3"], now=NOW))
@@ -108,6 +108,11 @@ def test_ring_gets_a_link_per_peer():
         {"netdev": "enp1s0f0np0", "ip": "192.168.12.1", "prefix": 24, "hca": ["rocep1s0f0"], "peer": "spark2"},
         {"netdev": "enp1s0f1np1", "ip": "192.168.31.1", "prefix": 24, "hca": ["rocep1s0f1"], "peer": "spark3"}]
     assert not {"data_ip", "netdev", "hca"} & set(raw["nodes"][0])
+    # and it plans as written: each service on two of the three, over the cable those two share
+    text = I.render(lay, user=None, profile=None, hosts=["spark1", "spark2", "spark3"], now=NOW)
+    (tmp_path / "inventory.yaml").write_text(text)
+    s1 = plan.plan(inventory.load(tmp_path / "inventory.yaml", "s1"))
+    assert [(n.name, n.data_ip) for n in s1.nodes] == [("spark1", "192.168.12.1"), ("spark2", "192.168.12.2")]
 
 
 def test_sim_like_boxes_without_rdma_use_their_plain_interface(tmp_path):
