@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from sparkdeploy import connection, memguard, probes
+from sparkdeploy import memguard, probes
 from sparkdeploy.errors import PlanError, RemoteError, SparkdeployError
 from sparkdeploy.remote import host_key_line, parallel
 from sparkdeploy.verdict import Result, Status
@@ -67,16 +67,15 @@ def diff_manifests(src: Manifest, dst: Manifest) -> tuple[list[str], list[str]]:
     return send, extra
 
 
-def helper(conn, *args: str, input: bytes | None = None, timeout: float = 3600, reads_only: bool = False) -> dict:
-    """Run the node-side helper with the node's python3; returns its JSON answer ({} in a dry run, which
-    records the command and carries nothing out). `reads_only`: a fact, carried out and never recorded."""
+def helper(conn, *args: str, input: bytes | None = None, timeout: float = 3600, reads_only: bool = False,
+           answer: dict | None = None) -> dict:
+    """Run the node-side helper with the node's python3; returns its JSON answer (a dry run records the command,
+    carries nothing out and answers `answer`, default {}). `reads_only`: a fact, carried out and never recorded."""
     argv = ["python3", "-c", HELPER_SOURCE, *args]
     if reads_only:
         res = conn.query(argv, check=False, timeout=timeout)
     else:
-        res = conn.run(argv, input=input, check=False, timeout=timeout)
-        if connection.dry():
-            return {}
+        res = conn.run(argv, input=input, check=False, timeout=timeout, answer=json.dumps(answer or {}))
     if not res.ok:
         tail = (res.stderr or res.stdout).strip().splitlines()[-2:]
         raise RemoteError(f"weights helper `{args[0]}` exited {res.rc}: {' | '.join(tail)}", node=conn.name)
@@ -91,7 +90,9 @@ def manifest(conn, directory: str) -> Manifest:
 
 
 def evict(conn, directory: str) -> dict:
-    return helper(conn, "evict", directory, timeout=1800)
+    """Drop the page cache of `directory`'s files; the report (a dry run's names what was not measured)."""
+    return helper(conn, "evict", directory, timeout=1800,
+                  answer={"evicted": f"<page cache of {directory} on {conn.name}, dropped at the start>"})
 
 
 # ----------------------------------------------------------------------------------------------- rsync
@@ -376,30 +377,25 @@ def evict_and_guard(pool, plan, directory: str | None) -> tuple[dict[str, dict],
     """Before a start: evict the checkpoint's page cache on every planned node (when there is a host
     directory), then judge MemAvailable after eviction against each node's planned budget. Returns
     ({node: evict report}, guard results); `enforce(results)` refuses the start. For `up` and `weights evict`.
-    A dry run has no guard results: with the engine still running, MemAvailable says nothing about the start."""
+    A report without a measure (a dry run's answer: with the engine still running, MemAvailable would say
+    nothing about the start) gets no guard result; the real start judges it."""
     names = [np.name for np in plan.nodes]
     if directory:
         out = pool.map(lambda c: evict(c, directory), names)
     else:  # model baked into the image: nothing to evict, still measure
         def measure(c) -> dict:
-            mem = _meminfo(c)
-            return {"files": 0, "bytes": 0, "cached_before": None, "cached_after": None,
-                    "mem_available_before": mem["MemAvailable"], "mem_available_after": mem["MemAvailable"],
-                    "mem_free_after": mem.get("MemFree")}
+            # read once this run stopped the engine; a dry run stopped none, and the recorder's answer holds no
+            # measure
+            mem = probes.parse_meminfo(c.query(["cat", "/proc/meminfo"], timeout=30, answer="").stdout)
+            return {"files": 0, "bytes": 0, "cached_before": None, "cached_after": None} | (
+                {"mem_available_before": mem["MemAvailable"], "mem_available_after": mem["MemAvailable"],
+                 "mem_free_after": mem.get("MemFree")} if "MemAvailable" in mem else {})
 
         out = pool.map(measure, names)
     for name, res in out.items():
         if isinstance(res, Exception):
             raise res
-    if connection.dry():  # the eviction recorded, not made: MemAvailable is judged at the real start
-        return out, []
     guards = [guard(np.name, out[np.name]["mem_available_after"], np.memory,
-                    mem_free=out[np.name].get("mem_free_after")) for np in plan.nodes]
+                    mem_free=out[np.name].get("mem_free_after")) for np in plan.nodes
+              if "mem_available_after" in out[np.name]]
     return out, guards
-
-
-def _meminfo(conn) -> dict[str, int]:
-    mem = probes.parse_meminfo(conn.query(["cat", "/proc/meminfo"], timeout=30).stdout)
-    if "MemAvailable" not in mem:
-        raise RemoteError("no MemAvailable in /proc/meminfo", node=conn.name)
-    return mem
