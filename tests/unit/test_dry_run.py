@@ -28,25 +28,28 @@ FIXTURES = paths.repo_root() / "tests/unit/fixtures"
 
 @pytest.fixture
 def nodes(tmp_path, monkeypatch):
-    """An inventory of two loopback nodes (node1 at 127.0.0.1, node2 at 127.0.0.2: both this machine) and a
-    `systemctl` on PATH that appends each call to tmp_path/systemctl.log."""
+    """An inventory of two loopback nodes (node1 at 127.0.0.1, node2 at 127.0.0.2: both this machine), and
+    `systemctl`, `apt-get` and `netplan` on PATH that append each call to tmp_path/calls.log."""
     text = (FIXTURES / "inventory.sim.yaml").read_text()
     text = re.sub(r"host: 172\.30\.97\.1(\d)", lambda m: f"host: 127.0.0.{int(m.group(1)) + 1}", text)
     (tmp_path / "inventory.yaml").write_text(text)
     (tmp_path / "vocab-1k.txt").write_bytes((FIXTURES / "vocab-1k.txt").read_bytes())
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/systemctl.log\n')
-    (bin_dir / "systemctl").chmod(0o755)
+    for tool in ("systemctl", "apt-get", "netplan"):
+        (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {tmp_path}/calls.log\n')
+        (bin_dir / tool).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return tmp_path
 
 
-def _systemctl_calls(tmp_path: Path) -> list[str]:
-    """The systemctl calls that change a unit (reads such as is-active run in a dry run too)."""
-    log = tmp_path / "systemctl.log"
+def _changes(tmp_path: Path) -> list[str]:
+    """The calls of the stand-ins that change the node (reads such as `systemctl is-active` run in a dry run
+    too)."""
+    log = tmp_path / "calls.log"
     calls = log.read_text().splitlines() if log.exists() else []
-    return [c for c in calls if c.split()[0] not in ("is-active", "is-enabled", "show", "status")]
+    reads = ("is-active", "is-enabled", "show", "status", "cat")
+    return [c for c in calls if not (c.startswith("systemctl ") and c.split()[1] in reads)]
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -59,7 +62,7 @@ def test_down_dry_run_prints_the_commands_of_the_real_down_and_runs_none(nodes, 
     inventory = str(nodes / "inventory.yaml")
     assert main(["down", "--dry-run", "--inventory", inventory]) == 0
     printed = capsys.readouterr().err
-    assert _systemctl_calls(nodes) == []  # nothing was stopped or disabled
+    assert _changes(nodes) == []  # nothing was stopped or disabled
     dry = Cluster(I.load(inventory), Options(dry_run=True)).down()
     effects = [e for o in dry for e in o.effects]
     assert "node1: run systemctl stop sparkdeploy-engine.service" in effects
@@ -68,7 +71,7 @@ def test_down_dry_run_prints_the_commands_of_the_real_down_and_runs_none(nodes, 
     real = Cluster(I.load(inventory), Options()).down()
     assert [(o.node, o.status) for o in real if o.step == "down"] == [("node1", "changed"), ("node2", "changed")]
     assert sorted(e for o in real for e in o.effects) == sorted(effects)
-    assert sorted("node: run systemctl " + c for c in _systemctl_calls(nodes)) == sorted(
+    assert sorted("node: run " + c for c in _changes(nodes)) == sorted(
         re.sub(r"^node\d", "node", e) for e in effects)  # what the dry run listed is what ran
 
 
@@ -95,7 +98,7 @@ def test_rollback_dry_run_lists_the_switch_and_restart_and_changes_nothing(nodes
     assert start.status == "would change" and start.actions == ["restart on release 1"]
     assert {"node1: run systemctl stop sparkdeploy-engine.service",
             "node1: run systemctl start sparkdeploy-engine.service", f"node1: link {cx.lay.current_link} -> releases/0001"} <= set(start.effects)
-    assert _tree(nodes / "node") == before and _systemctl_calls(nodes) == []
+    assert _tree(nodes / "node") == before and _changes(nodes) == []
 
 
 def test_rollback_dry_run_from_the_cli_prints_the_commands_and_exits_0(nodes, capsys, monkeypatch):
@@ -110,7 +113,28 @@ def test_rollback_dry_run_from_the_cli_prints_the_commands_and_exits_0(nodes, ca
     err = capsys.readouterr().err
     assert "node1: run systemctl start sparkdeploy-engine.service" in err and "releases/0001" in err
     assert "dry run: would roll back from release 2 to 1" in err
-    assert _systemctl_calls(nodes) == [], err
+    assert _changes(nodes) == [], err
+
+
+def test_host_setup_dry_run_prints_the_commands_and_writes_and_changes_nothing(nodes, capsys, monkeypatch):
+    from sparkdeploy import hostsetup as hs
+
+    etc = nodes / "etc"  # the host files moved under tmp_path; earlyoom's default file is there, stale
+    monkeypatch.setattr(hs, "EARLYOOM_DEFAULT", str(etc / "default/earlyoom"))
+    monkeypatch.setattr(hs, "NETPLAN_FILE", str(etc / "netplan/40-cx7.yaml"))
+    monkeypatch.setattr(hs, "dropin_path", lambda unit: str(etc / f"systemd/{unit}.service.d/oom.conf"))
+    (etc / "default").mkdir(parents=True)
+    (etc / "default/earlyoom").write_text('EARLYOOM_ARGS="-r 3600"\n')
+    before = _tree(etc)
+    assert main(["host", "setup", "--dry-run", "--json", "--inventory", str(nodes / "inventory.yaml")]) == 0
+    out = capsys.readouterr()
+    effects = json.loads(out.out)["effects"]
+    for node in ("node1", "node2"):
+        assert f"{node}: run mkdir -p {etc}/default" in effects[node]
+        assert any(e.startswith(f"{node}: write {etc}/default/earlyoom mode 0644 ") for e in effects[node])
+        assert f"{node}: run systemctl restart earlyoom" in effects[node]
+        assert all(e in out.err for e in effects[node])
+    assert _tree(etc) == before and _changes(nodes) == []
 
 
 def test_a_dry_write_shows_its_diff_against_the_nodes_file(tmp_path, capsys):
