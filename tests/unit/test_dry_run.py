@@ -97,7 +97,8 @@ def test_rollback_dry_run_lists_the_switch_and_restart_and_changes_nothing(nodes
     start, = [o for o in res.outcomes if o.step == "start"]
     assert start.status == "would change" and start.actions == ["restart on release 1"]
     assert {"node1: run systemctl stop sparkdeploy-engine.service",
-            "node1: run systemctl start sparkdeploy-engine.service", f"node1: link {cx.lay.current_link} -> releases/0001"} <= set(start.effects)
+            "node1: run systemctl start sparkdeploy-engine.service",
+            f"node1: link {cx.lay.current_link} -> releases/0001"} <= set(start.effects)
     assert _tree(nodes / "node") == before and _changes(nodes) == []
 
 
@@ -114,6 +115,35 @@ def test_rollback_dry_run_from_the_cli_prints_the_commands_and_exits_0(nodes, ca
     assert "node1: run systemctl start sparkdeploy-engine.service" in err and "releases/0001" in err
     assert "dry run: would roll back from release 2 to 1" in err
     assert _changes(nodes) == [], err
+
+
+def test_vocab_rollout_dry_run_lists_the_store_release_and_switch_and_changes_nothing(nodes):
+    import numpy as np
+
+    from sparkdeploy import rollout
+
+    cx = Cluster(I.load(str(nodes / "inventory.yaml")), Options(nodes=1))
+    _two_releases(cx, nodes / "node")
+    old_sha = "a" * 64
+    conn = cx.conn("node1")
+    conn.put(f"{releases.rdir(cx.lay, 2)}/engine.env", f"SHORTLIST={old_sha}\n".encode())
+    cx.scan()
+    cx.plan = cx.release_plan(2)
+    data = b"0\n1\n"
+    cand = rollout.Candidate("l.txt", data, np.arange(2), releases.sha(data), "sha256:t", None)
+    r = rollout.Rollout(cx, cand, rollout.RolloutOptions(dry_run=True))
+    r.prev, r.old_sha, r.new_num = 2, old_sha, 3  # what reading the nodes found (Rollout._prepare), with the plan
+    before = _tree(nodes / "node")
+    res = r._dry(rollout.RolloutResult())
+    assert res.status == "dry-run" and res.ok and res.new_release is None, res.message
+    vocab_dir, new_dir = cx.lay.vocab_host_dir, releases.rdir(cx.lay, 3)
+    assert f"node1: link {vocab_dir}/current.txt -> {cand.sha256}.txt" in res.effects
+    assert f"node1: link {cx.lay.current_link} -> releases/0003" in res.effects
+    assert "node1: run systemctl start sparkdeploy-engine.service" in res.effects
+    env, = [e for e in res.effects if e.startswith(f"node1: write {new_dir}/engine.env ")]
+    assert f"-SHORTLIST={old_sha}" not in env.diff and f"+SHORTLIST={cand.sha256}" in env.diff  # a new file
+    assert _tree(nodes / "node") == before and _changes(nodes) == []
+    assert json.loads(json.dumps(res.to_dict()))["effects"] == res.effects
 
 
 def test_host_setup_dry_run_prints_the_commands_and_writes_and_changes_nothing(nodes, capsys, monkeypatch):
