@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from sparkdeploy import memguard, probes
+from sparkdeploy.connection import effect, recording
 from sparkdeploy.errors import PlanError, RemoteError, SparkdeployError
 from sparkdeploy.remote import host_key_line, parallel
 from sparkdeploy.verdict import Result, Status
@@ -135,9 +136,9 @@ def one_time_key(comment: str) -> tuple[bytes, str]:
     return private, f"{public} {comment}"
 
 
-# On the head: a private directory holding the key (stdin) and the pinned host key ($1); prints it and nproc.
+# On the head: a private directory holding the key (stdin) and the pinned host key ($1); prints it.
 _HEAD_SETUP = ('d=$(mktemp -d /tmp/sparkdeploy-sync-XXXXXX) && umask 077 && cat > "$d/key" && '
-               'printf %s "$1" > "$d/known_hosts" && echo "$d" && nproc')
+               'printf %s "$1" > "$d/known_hosts" && echo "$d"')
 
 
 @dataclass
@@ -148,19 +149,19 @@ class Channel:
     node: object  # connection.Conn
     tmpdir: str
     marker: str
-    head_cores: int
-    manifest: Manifest | None  # the node's manifest of the directory named when opening, if any
     closed: bool = False
 
     @property
     def ssh(self) -> list[str]:
         return ssh_command(f"{self.tmpdir}/key", f"{self.tmpdir}/known_hosts")
 
-    def finish(self, directory: str, verified: Mapping[str, Sequence]) -> Manifest:
+    def finish(self, directory: str, verified: Mapping[str, Sequence], expected: Mapping[str, Sequence]) -> Manifest:
         """Seed the node's hash cache with what rsync verified, revoke the key, list the result; the head's key
-        directory goes at the same time. Returns the node's manifest."""
+        directory goes at the same time. Returns the node's manifest (`expected`, its files once rsync made
+        them, is what a dry run, where rsync made nothing, answers)."""
         out = self._close(lambda: helper(self.node, "finish", directory, self.marker,
-                                         input=json.dumps(verified).encode()))
+                                         input=json.dumps(verified).encode(),
+                                         answer={"manifest": {"files": expected}}))
         return Manifest.from_json(out["manifest"])
 
     def close(self) -> None:
@@ -177,26 +178,24 @@ class Channel:
 
 
 @contextmanager
-def data_plane_channel(head, head_ip: str, node, node_ip: str, *, directory: str | None = None) -> Iterator[Channel]:
+def data_plane_channel(head, head_ip: str, node, node_ip: str) -> Iterator[Channel]:
     """A one-time key for the head, authorized on `node` only from `head_ip`, with the node's host key pinned
-    (as our own verified connection saw it); revoked and removed on exit, even on failure. With `directory`
-    the node also creates it and lists it (Channel.manifest). Opening and closing are one round trip each:
-    head and node are reached at the same time."""
+    (as our own verified connection saw it); revoked and removed on exit, even on failure. Opening and closing
+    are one round trip each: head and node are reached at the same time."""
     marker = f"sparkdeploy-weights-{secrets.token_hex(6)}"
     private, public = one_time_key(marker)
     known = host_key_line(node, node_ip) + "\n"
     line = f'from="{head_ip}",restrict {public}\n'.encode()
-    res = parallel([lambda: head.run(["sh", "-c", _HEAD_SETUP, "setup", known], input=private, timeout=60),
-                    lambda: helper(node, "authorize", *([directory] if directory else []), input=line)],
+    res = parallel([lambda: head.run(["sh", "-c", _HEAD_SETUP, "setup", known], input=private, timeout=60,
+                                     answer=f"<directory mktemp makes on {head.name}>"),
+                    lambda: helper(node, "authorize", input=line)],
                    lambda fn: fn())
     at_head, at_node = res[0], res[1]
     if isinstance(at_head, Exception):
         with suppress(SparkdeployError):  # the head's error is the one to report
             helper(node, "unauthorize", marker, timeout=30)
         raise at_head
-    tmpdir, cores = at_head.stdout.split()[:2]
-    ch = Channel(head, node, tmpdir, marker, max(1, int(cores)),
-                 None if isinstance(at_node, Exception) or not directory else Manifest.from_json(at_node))
+    ch = Channel(head, node, at_head.stdout.strip(), marker)
     try:
         if isinstance(at_node, Exception):
             raise at_node
@@ -207,6 +206,13 @@ def data_plane_channel(head, head_ip: str, node, node_ip: str, *, directory: str
 
 def run_rsync(head, argv: Sequence[str], files: Sequence[str], total: int,
               progress: Callable[[int, int], None] | None = None, timeout: float = 24 * 3600) -> None:
+    """rsync on the head, its file list fed on stdin: an effect through the recorder (a dry run lists it)."""
+    effect(f"{head.name}: run {shlex.join(argv)} <{len(files)} files, {total} bytes listed on stdin>",
+           lambda: _rsync(head, argv, files, total, progress, timeout), None)
+
+
+def _rsync(head, argv: Sequence[str], files: Sequence[str], total: int,
+           progress: Callable[[int, int], None] | None, timeout: float) -> None:
     proc = head.popen(argv)
     buf = ""
     try:
@@ -246,6 +252,7 @@ class SyncResult:
     extra: list[str] = field(default_factory=list)
     detail: str = ""
     streams: int = 0  # parallel rsync streams used (0: nothing sent)
+    effects: list[str] = field(default_factory=list)  # the exact commands (a dry run: would run)
 
     @property
     def rate(self) -> float:
@@ -254,7 +261,7 @@ class SyncResult:
     def to_dict(self) -> dict:
         return {"node": self.node, "status": self.status, "files": self.files, "bytes": self.bytes,
                 "seconds": round(self.seconds, 3), "transfer_seconds": round(self.transfer_seconds, 3),
-                "streams": self.streams, "extra": self.extra, "detail": self.detail}
+                "streams": self.streams, "extra": self.extra, "detail": self.detail, "effects": self.effects}
 
 
 @dataclass(frozen=True)
@@ -310,30 +317,29 @@ def sync(head: Endpoint, targets: Sequence[Endpoint], directory: str, *, dry_run
     results = []
     for t in targets:
         t0 = time.monotonic()
-        if dry_run:
-            send, extra = diff_manifests(src, manifest(t.conn, directory))
-            results.append(_skipped(t.name, src, extra, t0) if not send else
-                           SyncResult(t.name, "would sync", len(send), sum(src.files[f][0] for f in send), 0.0, 0.0,
-                                      extra, f"{len(send)} of {len(src.files)} files differ or are missing"))
+        send, extra = diff_manifests(src, manifest(t.conn, directory))
+        if not send:
+            results.append(_skipped(t.name, src, extra, t0))
             continue
-        with data_plane_channel(head.conn, head.data_ip, t.conn, t.data_ip, directory=directory) as ch:
-            send, extra = diff_manifests(src, ch.manifest)
-            if not send:
-                results.append(_skipped(t.name, src, extra, t0))
-                continue
-            sizes = {f: src.files[f][0] for f in send}
-            groups = split_streams(sizes, streams or auto_streams(ch.head_cores))
-            cb = (lambda done, total, n=t.name: progress(n, done, total)) if progress else None
-            t1 = time.monotonic()
-            run_streams(head.conn, rsync_argv(directory, t.user, t.data_ip, directory, ch.ssh), groups, sizes, cb)
-            transfer = time.monotonic() - t1
-            after = ch.finish(directory, {f: list(src.files[f]) for f in send})
+        sizes = {f: src.files[f][0] for f in send}
+        groups = split_streams(sizes, streams or auto_streams(int(head.conn.query(["nproc"]).stdout)))
+        with recording(dry=dry_run) as made:
+            t.conn.run(["mkdir", "-p", directory])
+            with data_plane_channel(head.conn, head.data_ip, t.conn, t.data_ip) as ch:
+                cb = (lambda done, total, n=t.name: progress(n, done, total)) if progress else None
+                t1 = time.monotonic()
+                run_streams(head.conn, rsync_argv(directory, t.user, t.data_ip, directory, ch.ssh), groups, sizes, cb)
+                transfer = time.monotonic() - t1
+                after = ch.finish(directory, {f: list(src.files[f]) for f in send},
+                                  {f: list(sig) for f, sig in src.files.items()})
         still, _ = diff_manifests(src, after)
         if still:
             raise RemoteError(f"after rsync {len(still)} files still differ from the head's: {', '.join(still[:3])}",
                               node=t.name)
-        results.append(SyncResult(t.name, "synced", len(send), sum(sizes.values()), time.monotonic() - t0, transfer,
-                                  extra, f"{len(send)} files, {len(groups)} rsync stream(s)", len(groups)))
+        results.append(SyncResult(t.name, "would sync" if dry_run else "synced", len(send), sum(sizes.values()),
+                                  time.monotonic() - t0, transfer, extra,
+                                  f"{len(send)} of {len(src.files)} files, {len(groups)} rsync stream(s)",
+                                  len(groups), list(made)))
     return results
 
 

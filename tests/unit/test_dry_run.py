@@ -146,6 +146,32 @@ def test_vocab_rollout_dry_run_lists_the_store_release_and_switch_and_changes_no
     assert json.loads(json.dumps(res.to_dict()))["effects"] == res.effects
 
 
+@pytest.mark.skipif(not os.path.exists("/etc/ssh/ssh_host_ed25519_key.pub"), reason="no sshd host key to pin")
+def test_weights_sync_dry_run_lists_the_copy_and_changes_nothing(tmp_path, monkeypatch):
+    from sparkdeploy import weights as w
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # where the one-time key would be authorized
+    head_dir, node_dir = tmp_path / "head-ckpt", tmp_path / "ckpt"
+    for d, names in ((head_dir, ("config.json", "model.safetensors")), (node_dir, ("config.json",))):
+        d.mkdir()
+        for name in names:
+            (d / name).write_text(f"{name}\n")
+    head, node = (LocalConn(Target(n, "localhost", local=True)) for n in ("node1", "node2"))
+    before = _tree(node_dir)
+    # the head's listing of its checkpoint (read from head_dir: both nodes here are this machine)
+    res, = w.sync(w.Endpoint(head, "node1", "127.0.0.1"), [w.Endpoint(node, "node2", "127.0.0.2")], str(node_dir),
+                  dry_run=True, head_manifest=w.manifest(head, str(head_dir)), streams=2)
+    assert (res.status, res.files, res.streams) == ("would sync", 1, 1)
+    assert res.effects[0] == f"node2: run mkdir -p {node_dir}"
+    rsync, = [e for e in res.effects if e.startswith("node1: run rsync ")]
+    assert "<directory mktemp makes on node1>/key" in rsync and rsync.endswith(
+        f"{node_dir}/ root@127.0.0.2:{node_dir}/ <1 files, 18 bytes listed on stdin>")
+    assert any(e.startswith("node2: run python3 -c ") and " authorize " in e for e in res.effects)
+    assert "node1: run rm -rf '<directory mktemp makes on node1>'" in res.effects
+    assert _tree(node_dir) == before  # nothing copied; no key authorized (the hash cache may be written: a read's)
+    assert not (tmp_path / "home/.ssh").exists()
+
+
 def test_host_setup_dry_run_prints_the_commands_and_writes_and_changes_nothing(nodes, capsys, monkeypatch):
     from sparkdeploy import hostsetup as hs
 
