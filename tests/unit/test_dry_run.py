@@ -220,8 +220,8 @@ def test_a_dry_write_shows_its_diff_against_the_nodes_file(tmp_path, capsys):
     assert {"-b = 2", "+b = 3", "+x", f"+++ n1:{new} (this run)"} <= set(printed)
 
 
-def test_the_recorder_answers_what_steers_later_effects_with_named_placeholders():
-    from sparkdeploy.steps import image
+def test_the_recorder_answers_what_steers_later_effects_with_named_placeholders(tmp_path):
+    from sparkdeploy.steps import image, supervise
 
     c = LocalConn(Target("n1", "localhost", local=True))
     with recording(dry=True) as made:
@@ -229,6 +229,11 @@ def test_the_recorder_answers_what_steers_later_effects_with_named_placeholders(
         assert image.image_id(c, "serving:test", made_as=built) == built
     assert built == "<image id of serving:test built on n1>"
     assert made[0].startswith("n1: run docker build -q -t serving:test -f Dockerfile - <build context")
+    lay = ServiceLayout(etc_root=str(tmp_path / "etc"), state_root=str(tmp_path / "state"))
+    with recording(dry=True) as made:
+        pub = supervise.ensure_key(c, lay)
+    assert pub == f"ssh-ed25519 <public key ssh-keygen makes on n1> {lay.watchdog_key_comment}"
+    assert [m.split()[2] for m in made] == ["mkdir", "ssh-keygen"] and not (tmp_path / "etc").exists()
 
 
 def test_no_effect_code_asks_whether_it_runs_dry():

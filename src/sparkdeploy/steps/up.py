@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import requests
 
 from sparkdeploy import faults, releases
-from sparkdeploy.connection import dry_session
+from sparkdeploy.connection import dry_session, recording
 from sparkdeploy.errors import InputError, RemoteError, SparkdeployError
 from sparkdeploy.steps import engine
 from sparkdeploy.steps import image as img
@@ -60,9 +60,10 @@ def step_image(cx: Context, out: list[Outcome]) -> str | None:
 
 
 def up(cx: Context) -> UpResult:
-    """Converge; a dry run is one `connection.dry_session`: what a step would write is there for the next."""
+    """Converge; a dry run is one `connection.dry_session` (what a step would write is there for the next),
+    inside a recording that carries nothing out, whatever it reaches."""
     if cx.opts.dry_run:
-        with dry_session():
+        with dry_session(), recording(dry=True):
             return _up(cx)
     return _up(cx)
 
