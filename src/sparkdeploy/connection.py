@@ -86,8 +86,11 @@ def recording(*, dry: bool) -> Iterator[list[str]]:
     """Collect, as one line each, the commands and file writes made through any `Conn` in this context (and the
     nodes' threads `remote.parallel` starts from it): the exact effects of a step's action (pyinfra's
     "operations yield commands", taken from the calls themselves, so what a dry run prints cannot drift from
-    what a real run does). With `dry`, nothing reaches a node: a command answers success with no output, a
-    write is dropped. Reads (`query`, `get`, `exists`) always go through and are never recorded."""
+    what a real run does). With `dry`, nothing reaches a node: a command answers success with the output its
+    caller named (`Conn.run(answer=)`, a placeholder such as `<image id of TAG built on node1>`; else none), a
+    write is dropped (its line carries the diff against the node's file, `Effect.diff`). Reads (`query`, `get`,
+    `exists`) always go through and are never recorded. This is the one place that asks whether a run is dry:
+    effect code never does (tests/unit/test_dry_run.py)."""
     log: list[str] = []
     token = _effects.set((log, dry))
     try:
@@ -245,11 +248,18 @@ class Conn:
         line = Effect(f"{self.name}: write {path} mode {mode:04o}{' owner ' + owner if owner else ''} "
                       f"{len(data)} bytes sha256:{hashlib.sha256(data).hexdigest()[:12]}")
         if dry() and shows_diff(data, mode):
-            line.diff = write_diff(f"{self.name}:{path}", self.get(path), data)
+            line.diff = self._diff_against_node(path, data)
         if _record_write(self.name, path, line):
             return
         with _not_recorded():
             self._put(path, data, mode=mode, owner=owner)
+
+    def _diff_against_node(self, path: str, data: bytes) -> str:
+        """What writing `data` changes in the node's file (a read); "" when the file cannot be read."""
+        try:
+            return write_diff(f"{self.name}:{path}", self.get(path), data)
+        except RemoteError:
+            return ""
 
     def _put(self, path: str, data: bytes, *, mode: int, owner: str | None) -> None:
         tmp = _atomic_tmp(path)
