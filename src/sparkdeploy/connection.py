@@ -5,6 +5,7 @@ local and SSH connections; `streams` pipes bytes between them."""
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import posixpath
 import secrets
@@ -12,11 +13,12 @@ import shlex
 import contextvars
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, ContextManager, Iterator, Sequence, TypeVar
 
 from sparkdeploy.errors import RemoteError
 
 CHUNK = 1 << 20
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,11 @@ def recording(*, dry: bool) -> Iterator[list[str]]:
     """Collect, as one line each, the commands and file writes made through any `Conn` in this context (and the
     nodes' threads `remote.parallel` starts from it): the exact effects of a step's action (pyinfra's
     "operations yield commands", taken from the calls themselves, so what a dry run prints cannot drift from
-    what a real run does). With `dry`, nothing reaches a node: a command answers success with no output, a
-    write is dropped. Reads (`query`, `get`, `exists`) always go through and are never recorded."""
+    what a real run does). With `dry`, nothing reaches a node: a command answers success with the output its
+    caller named (`Conn.run(answer=)`, a placeholder such as `<image id of TAG built on node1>`; else none), a
+    write is dropped (its line carries the diff against the node's file, `Effect.diff`). Reads (`query`, `get`,
+    `exists`) always go through and are never recorded. This is the one place that asks whether a run is dry:
+    effect code never does (tests/unit/test_dry_run.py)."""
     log: list[str] = []
     token = _effects.set((log, dry))
     try:
@@ -121,13 +126,39 @@ def _not_recorded() -> Iterator[None]:
 
 
 def record(line: str) -> bool:
-    """Log an effect if recording; True when it must not be carried out (dry run). For effects made by other
-    means than `Conn.run/put/symlink` (a command fed through a byte stream)."""
+    """Log an effect if recording; True when it must not be carried out (dry run). The recorder's own switch:
+    effect code calls `effect` (or `Conn.run`/`put`/`symlink`), never this."""
     state = _effects.get()
     if state is None:
         return False
     state[0].append(line)
     return state[1]
+
+
+def effect(line: str, carry_out: Callable[[], T], answer: T) -> T:
+    """An effect made by other means than `Conn.run/put/symlink` (a build context fed through a byte stream, an
+    SSH tunnel): recorded as `line`; carried out, or in a dry run answered with `answer`, a named placeholder
+    for what it would return (`<image id of TAG built on node1>`), so the code after it runs the same way."""
+    return answer if record(line) else carry_out()
+
+
+@contextmanager
+def held(open_: Callable[[], ContextManager[T]], answer: T) -> Iterator[T]:
+    """A means to later effects held open on this machine (an SSH tunnel), itself no change to a node: opened,
+    or in a dry run stood in for by `answer`, a named placeholder (`<tunnel to 10.0.0.1:5000>`) the effects it
+    carries show."""
+    if dry():
+        yield answer
+        return
+    with open_() as it:
+        yield it
+
+
+def narrate(log: Callable[[str], None], msg: str) -> None:
+    """Progress for the user about an effect being carried out; silent in a dry run, whose effect lines say
+    what would be done."""
+    if not dry():
+        log(msg)
 
 
 def _record_write(node: str, path: str, line: str) -> bool:
@@ -147,6 +178,38 @@ def _shown(arg: str) -> str:
     return f"<{len(arg)} chars sha256:{hashlib.sha256(arg.encode()).hexdigest()[:12]}>"
 
 
+class Effect(str):
+    """An effect line (compared and stored as the plain string, so a dry run's lines equal the real run's), with
+    what a dry run shows under it: `diff`, the change a file write makes to the file on the node."""
+
+    diff: str = ""
+
+
+DIFF_MAX_BYTES = 64 * 1024  # a larger file is shown by size and hash only
+
+
+def shows_diff(data: bytes, mode: int) -> bool:
+    """Is a write of `data` shown as a diff? Small text that every user of the node may read; never a file only
+    its owner may read (a key, an env file of secrets), whose content a dry run must not print."""
+    return bool(mode & 0o004) and len(data) <= DIFF_MAX_BYTES and b"\0" not in data
+
+
+def write_diff(where: str, old: bytes | None, new: bytes) -> str:
+    """The unified diff a write of `new` makes to `old` (None: no file yet), for a dry run to show; "" where
+    either side is not small text (the effect line's size and sha256 stand alone)."""
+    if old is not None and (len(old) > DIFF_MAX_BYTES or b"\0" in old):
+        return ""
+    try:
+        before, after = (old or b"").decode(), new.decode()
+    except UnicodeDecodeError:
+        return ""
+    if old is not None and before == after:
+        return "(content unchanged)"
+    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                 "/dev/null" if old is None else f"{where} (on the node)", f"{where} (this run)")
+    return "".join(ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n" for ln in lines).rstrip("\n")
+
+
 class Conn:
     """One node. Subclasses implement `_run` (one command), `popen`; files and links are built on them."""
 
@@ -156,15 +219,23 @@ class Conn:
     def name(self) -> str:
         return self.target.name
 
-    def run(self, argv: Sequence[str], *, timeout: float = 120, check: bool = True, input: bytes | None = None) -> Result:
+    def run(self, argv: Sequence[str], *, timeout: float = 120, check: bool = True, input: bytes | None = None,
+            answer: str = "") -> Result:
+        """A command that changes the node: recorded; in a dry run not carried out but answered with success and
+        `answer` on stdout (a named placeholder where later effects depend on the output)."""
         argv = [str(a) for a in argv]
         stdin = f" <{len(input)} bytes sha256:{hashlib.sha256(input).hexdigest()[:12]}>" if input is not None else ""
         if record(f"{self.name}: run {shlex.join(_shown(a) for a in argv)}{stdin}"):
-            return Result(argv, 0, "", "", self.name)
+            return Result(argv, 0, answer, "", self.name)
         return self._run(argv, timeout=timeout, check=check, input=input)
 
-    def query(self, argv: Sequence[str], *, timeout: float = 120, check: bool = True) -> Result:
-        """A command that only reads the node's state (a fact): carried out and not recorded, in a dry run too."""
+    def query(self, argv: Sequence[str], *, timeout: float = 120, check: bool = True,
+              answer: str | None = None) -> Result:
+        """A command that only reads the node's state (a fact): carried out and not recorded, in a dry run too.
+        `answer`: this read looks at what this run's own effects made (an image pulled, a service restarted);
+        a dry run made none, so there the recorder answers it (success, `answer` on stdout) instead of the node."""
+        if answer is not None and dry():
+            return Result([str(a) for a in argv], 0, answer, "", self.name)
         with _not_recorded():
             return self.run(argv, timeout=timeout, check=check)
 
@@ -174,12 +245,21 @@ class Conn:
     def put(self, path: str, data: bytes, *, mode: int = 0o644, owner: str | None = None) -> None:
         """Write to a temp file beside `path`, set mode/owner, fsync, rename over. On failure the temp is removed
         and `path` is untouched (disk full leaves the old file in place). Through `run`, so through sudo."""
-        effect = f"{self.name}: write {path} mode {mode:04o}{' owner ' + owner if owner else ''} " \
-                 f"{len(data)} bytes sha256:{hashlib.sha256(data).hexdigest()[:12]}"
-        if _record_write(self.name, path, effect):
+        line = Effect(f"{self.name}: write {path} mode {mode:04o}{' owner ' + owner if owner else ''} "
+                      f"{len(data)} bytes sha256:{hashlib.sha256(data).hexdigest()[:12]}")
+        if dry() and shows_diff(data, mode):
+            line.diff = self._diff_against_node(path, data)
+        if _record_write(self.name, path, line):
             return
         with _not_recorded():
             self._put(path, data, mode=mode, owner=owner)
+
+    def _diff_against_node(self, path: str, data: bytes) -> str:
+        """What writing `data` changes in the node's file (a read); "" when the file cannot be read."""
+        try:
+            return write_diff(f"{self.name}:{path}", self.get(path), data)
+        except RemoteError:
+            return ""
 
     def _put(self, path: str, data: bytes, *, mode: int, owner: str | None) -> None:
         tmp = _atomic_tmp(path)

@@ -65,7 +65,7 @@ def _links(node: Any) -> list[tuple[str | None, str | None, tuple[str, ...]]]:
 def gather(conn: Conn, node: Any) -> F.NodeFacts:
     """Read one node's facts over its connection."""
     hcas = [dev for _, _, hca in _links(node) for dev in hca]
-    out = conn.run(probes.gather_argv(hcas), timeout=60).stdout
+    out = conn.query(probes.gather_argv(hcas), timeout=60).stdout
     avail = None
     if isinstance(conn, LocalConn):
         import psutil
@@ -79,7 +79,7 @@ def checkpoint_facts(conn: Conn, host_dir: str | None) -> Checkpoint | None:
     if not host_dir:
         return None
     script = 'cat "$1/config.json" 2>/dev/null || exit 3; echo; echo @@hf_quant; cat "$1/hf_quant_config.json" 2>/dev/null'
-    res = conn.run(["sh", "-c", script, "checkpoint", host_dir], check=False, timeout=30)
+    res = conn.query(["sh", "-c", script, "checkpoint", host_dir], check=False, timeout=30)
     if res.rc == 3:
         return None
     config_text, _, quant_text = res.stdout.partition("\n@@hf_quant\n")

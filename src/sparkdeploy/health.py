@@ -118,8 +118,8 @@ echo "vocab_configured $(grep -o 'sha256[^0-9a-f]\{1,8\}[0-9a-f]\{64\}' "$curren
 
 
 def node_snapshot(conn: Conn, lay: ServiceLayout, extra_units: tuple[str, ...] = ()) -> dict:
-    out = conn.run(["sh", "-c", _NODE_SCRIPT, "health", lay.unit, lay.container, lay.current_link,
-                    lay.watchdog_state, lay.vocab_pointer, *extra_units], timeout=30, check=False).stdout
+    out = conn.query(["sh", "-c", _NODE_SCRIPT, "health", lay.unit, lay.container, lay.current_link,
+                      lay.watchdog_state, lay.vocab_pointer, *extra_units], timeout=30, check=False).stdout
     snap: dict = {"extra": {}}
     for line in out.splitlines():
         key, _, val = line.partition(" ")

@@ -225,7 +225,7 @@ def sudo_prefix(user: str) -> list[str]:
 
 
 def read_state(conn, hca: Sequence[str] = (), *, sudo: Sequence[str] = ()) -> HostState:
-    out = conn.run(probes.host_state_argv(), timeout=60).stdout
+    out = conn.query(probes.host_state_argv(), timeout=60).stdout
     sec = probes.split_sections(out)
     pkg, eo, ssh = (probes.parse_kv(sec.get(k, probes.Section(0, "")).text) for k in ("pkg", "earlyoom", "sshd"))
     ports = probes.parse_rdma(sec.get("rdma", probes.Section(0, "")).text)
@@ -240,7 +240,7 @@ def read_state(conn, hca: Sequence[str] = (), *, sudo: Sequence[str] = ()) -> Ho
         twin_netdevs=tuple(ports[d].netdev for d in hca if d in ports and ports[d].netdev),
     )
     for path in (EARLYOOM_DEFAULT, dropin_path(st.ssh_unit), NETPLAN_FILE):
-        res = conn.run([*sudo, "cat", path], check=False, timeout=30)
+        res = conn.query([*sudo, "cat", path], check=False, timeout=30)
         st.files[path] = res.stdout if res.rc == 0 else None
     return st
 
@@ -256,7 +256,8 @@ def write_file(conn, path: str, content: str, mode: int, *, sudo: Sequence[str] 
         return
     # A private directory made by mktemp (0700, unpredictable name): nobody else on the node can plant a link
     # or race a file where the content waits for `sudo install`.
-    tmp_dir = conn.run(["mktemp", "-d", "/tmp/.sparkdeploy-host.XXXXXXXXXX"], timeout=30).stdout.strip()
+    tmp_dir = conn.run(["mktemp", "-d", "/tmp/.sparkdeploy-host.XXXXXXXXXX"], timeout=30,
+                       answer=f"<directory mktemp makes on {conn.name}>").stdout.strip()
     tmp = posixpath.join(tmp_dir, posixpath.basename(path))
     try:
         conn.put(tmp, content.encode(), mode=0o600)

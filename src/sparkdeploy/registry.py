@@ -29,7 +29,7 @@ from typing import Iterator
 
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.layout import REGISTRY_CONFIG_DIR, REGISTRY_PORT, REGISTRY_STORAGE_DIR, REGISTRY_UNIT
-from sparkdeploy.connection import Conn, dry
+from sparkdeploy.connection import Conn, narrate
 
 PORT = REGISTRY_PORT
 CONFIG_DIR = REGISTRY_CONFIG_DIR
@@ -140,10 +140,8 @@ def ensure(head: Conn, data_ip: str, log=lambda msg: None) -> tuple[bytes, list[
         head.run(["systemctl", "enable", UNIT_NAME], timeout=60)
         head.run(["systemctl", "restart", UNIT_NAME], timeout=60)
         done.append(f"(re)started {UNIT_NAME}")
-    if dry():  # recorded, not made: nothing to report or wait for
-        return ca, done
     for d in done:
-        log(f"{head.name}: registry: {d}")
+        narrate(log, f"{head.name}: registry: {d}")
     wait_answering(head, data_ip)
     return ca, done
 
@@ -157,7 +155,8 @@ def wait_answering(head: Conn, data_ip: str, timeout: float = 30) -> None:
     """The registry's API answers over TLS, verified against its CA (from the head itself)."""
     end = time.monotonic() + timeout
     while True:
-        res = head.query(["python3", "-c", _PROBE, address(data_ip), CA_FILE], check=False, timeout=30)
+        res = head.query(["python3", "-c", _PROBE, address(data_ip), CA_FILE], check=False, timeout=30,
+                         answer="")  # the registry this run (re)started: a dry run started none
         if res.ok:
             return
         if time.monotonic() > end:
@@ -250,7 +249,7 @@ def collect(head: Conn, repository: str, keep_tags: set[str]) -> list[str]:
 
 @dataclass
 class Tunnel:
-    port: int  # on 127.0.0.1 here
+    port: int | str  # on 127.0.0.1 here (a dry run's placeholder names the far end)
     sent: int = 0  # bytes sent through it to the far end (what the SSH server's node received, less SSH framing)
 
 

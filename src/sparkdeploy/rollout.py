@@ -33,6 +33,7 @@ from typing import Callable
 import requests
 
 from sparkdeploy import faults, health, releases, vocab_live
+from sparkdeploy.connection import dry_session, narrate, recording
 from sparkdeploy.errors import SparkdeployError, VocabError
 from sparkdeploy.rollout_checks import (Candidate, Failed, Golden, RolloutError, boot_time, capture,
                                         check_candidate, check_ranks, coverage_change, derive_release,
@@ -72,6 +73,7 @@ class RolloutResult:
     acceptance_after: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
+    effects: list[str] = field(default_factory=list)  # a dry run's exact writes and commands up to the gate
     nodes: dict = field(default_factory=dict)  # node -> live vocab at the end
     timings: dict = field(default_factory=dict)
     seconds: float = 0.0
@@ -153,12 +155,22 @@ class Rollout:
 
     # ------------------------------------------------------------------------------------------ phases
     def run(self, res: RolloutResult | None = None) -> RolloutResult:
+        """Roll out; a dry run reads the nodes and lists the exact effects up to the gate (`_dry`), inside a
+        recording that carries nothing out, whatever it reaches."""
+        if self.opts.dry_run:
+            with recording(dry=True):
+                return self._run(res)
+        return self._run(res)
+
+    def _run(self, res: RolloutResult | None) -> RolloutResult:
         res = res or RolloutResult()
         t0 = time.monotonic()
         res.to_sha256, res.to_version, res.size = self.cand.sha256, self.cand.version, self.cand.size
         try:
             if not self._prepare(res):
                 return res
+            if self.opts.dry_run:
+                return self._dry(res)
             # The watchdog's probes would land inside the golden metric deltas; it is stopped for the switch anyway.
             self.watchdog_was = engine.watchdog_active(self.c)
             engine.watchdog(self.c, False)
@@ -244,12 +256,20 @@ class Rollout:
                        f"{self.cand.version}",
                        "capture golden outputs; stop head, workers; switch current.txt and `current`; start "
                        "workers, head; gate; compare outputs"]
-        if self.opts.dry_run:
-            res.status = "dry-run"
-            res.message = f"dry run: would roll out {self.cand.version} as release {self.new_num} (nothing changed)"
-            return False
         self.boots = self.c.each(boot_time, "reading boot time")
         return True
+
+    def _dry(self, res: RolloutResult) -> RolloutResult:
+        """The real path up to the gate under the effects recorder: what it would write and run, made nowhere
+        (one `dry_session`: the list and release it would store are there to switch to)."""
+        with dry_session(), recording(dry=True) as made:
+            engine.watchdog(self.c, False)
+            self._distribute(res)
+            self._switch_and_start(res)
+        res.effects, res.new_release = list(made), None
+        res.status = "dry-run"
+        res.message = f"dry run: would roll out {self.cand.version} as release {self.new_num} (nothing changed)"
+        return res
 
     def _capture_before(self, res: RolloutResult) -> None:
         t0 = time.monotonic()
@@ -286,7 +306,7 @@ class Rollout:
         self.writing = True  # from here a failure may leave release new_num on some nodes: _discard removes it
         self.c.each(put, "distributing the list and release")
         res.new_release = self.new_num
-        self.log(f"list {self.cand.version} and release {self.new_num} are on every node")
+        narrate(self.log, f"list {self.cand.version} and release {self.new_num} are on every node")
         self._timed(res, "distribute", t0)
 
     def _switch_and_start(self, res: RolloutResult) -> None:
@@ -294,7 +314,7 @@ class Rollout:
         # from here on (before the line that says so, which a Ctrl-C may follow at once) a failure puts the
         # previous release back, not a discard: the first stop may have begun
         self.switched = True
-        self.log(f"switching to release {self.new_num} (list {self.cand.version}): stop head, workers; start "
+        narrate(self.log, f"switching to release {self.new_num} (list {self.cand.version}): stop head, workers; start "
                  "workers, head")
         engine.switch_and_restart(self.c, self.new_num, list_sha=self.cand.sha256, what="switching")
         self.started_at = time.monotonic()

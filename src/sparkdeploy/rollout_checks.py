@@ -232,14 +232,14 @@ def boot_time(conn) -> str:
     Neither depends on the wall clock. `ps -o lstart` did (btime moves when the clock is stepped), and a VM's
     clock step once read as a reboot in CI. The tick count tells a restarted container (the sim's reboot)
     from the one that was there."""
-    return conn.run(["sh", "-c", "echo $(cat /proc/sys/kernel/random/boot_id)/$(sed 's/.*) //' /proc/1/stat | cut -d' ' -f20)"],
-                    check=False, timeout=20).stdout.strip()
+    return conn.query(["sh", "-c", "echo $(cat /proc/sys/kernel/random/boot_id)/$(sed 's/.*) //' /proc/1/stat | cut -d' ' -f20)"],
+                      check=False, timeout=20).stdout.strip()
 
 
 def rank_state(conn, lay) -> dict:
     """The engine unit's state on a node and its boot time."""
-    out = conn.run(["systemctl", "show", "-p", "ActiveState,SubState,Result,ExecMainStatus", lay.unit],
-                   check=False, timeout=20).stdout
+    out = conn.query(["systemctl", "show", "-p", "ActiveState,SubState,Result,ExecMainStatus", lay.unit],
+                     check=False, timeout=20).stdout
     st = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     st["boot"] = boot_time(conn)
     return st
@@ -259,7 +259,7 @@ def check_ranks(cx, boots: dict[str, str], num: int | None) -> None:
             raise Failed(f"{n} rebooted during the rollout (boot/PID 1 start {st['boot']}, was {boots[n]})")
         # inactive too: a foreground server whose engine died can exit 0 (vLLM's EngineDeadError path)
         if st.get("ActiveState") in ("failed", "inactive") or st.get("SubState") == "auto-restart":
-            tail = cx.conn(n).run(["journalctl", "-u", cx.lay.unit, "-n", "4", "--no-pager", "-o", "cat"],
+            tail = cx.conn(n).query(["journalctl", "-u", cx.lay.unit, "-n", "4", "--no-pager", "-o", "cat"],
                                     check=False, timeout=20).stdout.strip().replace("\n", " | ")
             role = "worker" if n != cx.head else "head"
             raise Failed(f"{n} ({role}) failed to start or stopped on release {num}: unit "

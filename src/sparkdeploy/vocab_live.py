@@ -112,10 +112,12 @@ def read_list(conn: Conn, lay: ServiceLayout, sha: str | None = None) -> bytes |
     return conn.get(f"{lay.vocab_host_dir}/{file_name(sha)}" if sha else f"{lay.vocab_host_dir}/current.txt")
 
 
-def has(conn: Conn, lay: ServiceLayout, sha: str) -> bool:
-    """The stored file exists and hashes to its name."""
-    out = conn.query(["sha256sum", f"{lay.vocab_host_dir}/{file_name(sha)}"], check=False, timeout=30).stdout.split()
-    return out[:1] == [sha]
+def has(conn: Conn, lay: ServiceLayout, sha: str, *, written: bool = False) -> bool:
+    """The stored file exists and hashes to its name. `written`: this run has just written it, so a dry run,
+    which wrote nothing, answers with the hash the write would have left."""
+    path = f"{lay.vocab_host_dir}/{file_name(sha)}"
+    out = conn.query(["sha256sum", path], check=False, timeout=30, answer=f"{sha}  {path}" if written else None)
+    return out.stdout.split()[:1] == [sha]
 
 
 def store(conn: Conn, lay: ServiceLayout, data: bytes, sha: str, meta: dict) -> bool:
@@ -126,7 +128,7 @@ def store(conn: Conn, lay: ServiceLayout, data: bytes, sha: str, meta: dict) -> 
     conn.put(f"{lay.vocab_host_dir}/{file_name(sha)}", data, mode=0o644)
     conn.put(f"{lay.vocab_host_dir}/{sha}.json", json.dumps(dict(meta, sha256=sha, stored_at=time.time()), sort_keys=True).encode()
              + b"\n", mode=0o644)
-    if not has(conn, lay, sha):
+    if not has(conn, lay, sha, written=True):
         raise RemoteError(f"{lay.vocab_host_dir}/{file_name(sha)} does not hash to {sha[:12]} after writing it", node=conn.name)
     return True
 

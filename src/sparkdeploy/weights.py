@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from sparkdeploy import connection, memguard, probes
+from sparkdeploy import memguard, probes
+from sparkdeploy.connection import effect, recording
 from sparkdeploy.errors import PlanError, RemoteError, SparkdeployError
 from sparkdeploy.remote import host_key_line, parallel
 from sparkdeploy.verdict import Result, Status
@@ -67,16 +68,15 @@ def diff_manifests(src: Manifest, dst: Manifest) -> tuple[list[str], list[str]]:
     return send, extra
 
 
-def helper(conn, *args: str, input: bytes | None = None, timeout: float = 3600, reads_only: bool = False) -> dict:
-    """Run the node-side helper with the node's python3; returns its JSON answer ({} in a dry run, which
-    records the command and carries nothing out). `reads_only`: a fact, carried out and never recorded."""
+def helper(conn, *args: str, input: bytes | None = None, timeout: float = 3600, reads_only: bool = False,
+           answer: dict | None = None) -> dict:
+    """Run the node-side helper with the node's python3; returns its JSON answer (a dry run records the command,
+    carries nothing out and answers `answer`, default {}). `reads_only`: a fact, carried out and never recorded."""
     argv = ["python3", "-c", HELPER_SOURCE, *args]
     if reads_only:
         res = conn.query(argv, check=False, timeout=timeout)
     else:
-        res = conn.run(argv, input=input, check=False, timeout=timeout)
-        if connection.dry():
-            return {}
+        res = conn.run(argv, input=input, check=False, timeout=timeout, answer=json.dumps(answer or {}))
     if not res.ok:
         tail = (res.stderr or res.stdout).strip().splitlines()[-2:]
         raise RemoteError(f"weights helper `{args[0]}` exited {res.rc}: {' | '.join(tail)}", node=conn.name)
@@ -91,7 +91,9 @@ def manifest(conn, directory: str) -> Manifest:
 
 
 def evict(conn, directory: str) -> dict:
-    return helper(conn, "evict", directory, timeout=1800)
+    """Drop the page cache of `directory`'s files; the report (a dry run's names what was not measured)."""
+    return helper(conn, "evict", directory, timeout=1800,
+                  answer={"evicted": f"<page cache of {directory} on {conn.name}, dropped at the start>"})
 
 
 # ----------------------------------------------------------------------------------------------- rsync
@@ -134,9 +136,9 @@ def one_time_key(comment: str) -> tuple[bytes, str]:
     return private, f"{public} {comment}"
 
 
-# On the head: a private directory holding the key (stdin) and the pinned host key ($1); prints it and nproc.
+# On the head: a private directory holding the key (stdin) and the pinned host key ($1); prints it.
 _HEAD_SETUP = ('d=$(mktemp -d /tmp/sparkdeploy-sync-XXXXXX) && umask 077 && cat > "$d/key" && '
-               'printf %s "$1" > "$d/known_hosts" && echo "$d" && nproc')
+               'printf %s "$1" > "$d/known_hosts" && echo "$d"')
 
 
 @dataclass
@@ -147,19 +149,19 @@ class Channel:
     node: object  # connection.Conn
     tmpdir: str
     marker: str
-    head_cores: int
-    manifest: Manifest | None  # the node's manifest of the directory named when opening, if any
     closed: bool = False
 
     @property
     def ssh(self) -> list[str]:
         return ssh_command(f"{self.tmpdir}/key", f"{self.tmpdir}/known_hosts")
 
-    def finish(self, directory: str, verified: Mapping[str, Sequence]) -> Manifest:
+    def finish(self, directory: str, verified: Mapping[str, Sequence], expected: Mapping[str, Sequence]) -> Manifest:
         """Seed the node's hash cache with what rsync verified, revoke the key, list the result; the head's key
-        directory goes at the same time. Returns the node's manifest."""
+        directory goes at the same time. Returns the node's manifest (`expected`, its files once rsync made
+        them, is what a dry run, where rsync made nothing, answers)."""
         out = self._close(lambda: helper(self.node, "finish", directory, self.marker,
-                                         input=json.dumps(verified).encode()))
+                                         input=json.dumps(verified).encode(),
+                                         answer={"manifest": {"files": expected}}))
         return Manifest.from_json(out["manifest"])
 
     def close(self) -> None:
@@ -176,26 +178,24 @@ class Channel:
 
 
 @contextmanager
-def data_plane_channel(head, head_ip: str, node, node_ip: str, *, directory: str | None = None) -> Iterator[Channel]:
+def data_plane_channel(head, head_ip: str, node, node_ip: str) -> Iterator[Channel]:
     """A one-time key for the head, authorized on `node` only from `head_ip`, with the node's host key pinned
-    (as our own verified connection saw it); revoked and removed on exit, even on failure. With `directory`
-    the node also creates it and lists it (Channel.manifest). Opening and closing are one round trip each:
-    head and node are reached at the same time."""
+    (as our own verified connection saw it); revoked and removed on exit, even on failure. Opening and closing
+    are one round trip each: head and node are reached at the same time."""
     marker = f"sparkdeploy-weights-{secrets.token_hex(6)}"
     private, public = one_time_key(marker)
     known = host_key_line(node, node_ip) + "\n"
     line = f'from="{head_ip}",restrict {public}\n'.encode()
-    res = parallel([lambda: head.run(["sh", "-c", _HEAD_SETUP, "setup", known], input=private, timeout=60),
-                    lambda: helper(node, "authorize", *([directory] if directory else []), input=line)],
+    res = parallel([lambda: head.run(["sh", "-c", _HEAD_SETUP, "setup", known], input=private, timeout=60,
+                                     answer=f"<directory mktemp makes on {head.name}>"),
+                    lambda: helper(node, "authorize", input=line)],
                    lambda fn: fn())
     at_head, at_node = res[0], res[1]
     if isinstance(at_head, Exception):
         with suppress(SparkdeployError):  # the head's error is the one to report
             helper(node, "unauthorize", marker, timeout=30)
         raise at_head
-    tmpdir, cores = at_head.stdout.split()[:2]
-    ch = Channel(head, node, tmpdir, marker, max(1, int(cores)),
-                 None if isinstance(at_node, Exception) or not directory else Manifest.from_json(at_node))
+    ch = Channel(head, node, at_head.stdout.strip(), marker)
     try:
         if isinstance(at_node, Exception):
             raise at_node
@@ -206,6 +206,13 @@ def data_plane_channel(head, head_ip: str, node, node_ip: str, *, directory: str
 
 def run_rsync(head, argv: Sequence[str], files: Sequence[str], total: int,
               progress: Callable[[int, int], None] | None = None, timeout: float = 24 * 3600) -> None:
+    """rsync on the head, its file list fed on stdin: an effect through the recorder (a dry run lists it)."""
+    effect(f"{head.name}: run {shlex.join(argv)} <{len(files)} files, {total} bytes listed on stdin>",
+           lambda: _rsync(head, argv, files, total, progress, timeout), None)
+
+
+def _rsync(head, argv: Sequence[str], files: Sequence[str], total: int,
+           progress: Callable[[int, int], None] | None, timeout: float) -> None:
     proc = head.popen(argv)
     buf = ""
     try:
@@ -245,6 +252,7 @@ class SyncResult:
     extra: list[str] = field(default_factory=list)
     detail: str = ""
     streams: int = 0  # parallel rsync streams used (0: nothing sent)
+    effects: list[str] = field(default_factory=list)  # the exact commands (a dry run: would run)
 
     @property
     def rate(self) -> float:
@@ -253,7 +261,7 @@ class SyncResult:
     def to_dict(self) -> dict:
         return {"node": self.node, "status": self.status, "files": self.files, "bytes": self.bytes,
                 "seconds": round(self.seconds, 3), "transfer_seconds": round(self.transfer_seconds, 3),
-                "streams": self.streams, "extra": self.extra, "detail": self.detail}
+                "streams": self.streams, "extra": self.extra, "detail": self.detail, "effects": self.effects}
 
 
 @dataclass(frozen=True)
@@ -309,30 +317,29 @@ def sync(head: Endpoint, targets: Sequence[Endpoint], directory: str, *, dry_run
     results = []
     for t in targets:
         t0 = time.monotonic()
-        if dry_run:
-            send, extra = diff_manifests(src, manifest(t.conn, directory))
-            results.append(_skipped(t.name, src, extra, t0) if not send else
-                           SyncResult(t.name, "would sync", len(send), sum(src.files[f][0] for f in send), 0.0, 0.0,
-                                      extra, f"{len(send)} of {len(src.files)} files differ or are missing"))
+        send, extra = diff_manifests(src, manifest(t.conn, directory))
+        if not send:
+            results.append(_skipped(t.name, src, extra, t0))
             continue
-        with data_plane_channel(head.conn, head.data_ip, t.conn, t.data_ip, directory=directory) as ch:
-            send, extra = diff_manifests(src, ch.manifest)
-            if not send:
-                results.append(_skipped(t.name, src, extra, t0))
-                continue
-            sizes = {f: src.files[f][0] for f in send}
-            groups = split_streams(sizes, streams or auto_streams(ch.head_cores))
-            cb = (lambda done, total, n=t.name: progress(n, done, total)) if progress else None
-            t1 = time.monotonic()
-            run_streams(head.conn, rsync_argv(directory, t.user, t.data_ip, directory, ch.ssh), groups, sizes, cb)
-            transfer = time.monotonic() - t1
-            after = ch.finish(directory, {f: list(src.files[f]) for f in send})
+        sizes = {f: src.files[f][0] for f in send}
+        groups = split_streams(sizes, streams or auto_streams(int(head.conn.query(["nproc"]).stdout)))
+        with recording(dry=dry_run) as made:
+            t.conn.run(["mkdir", "-p", directory])
+            with data_plane_channel(head.conn, head.data_ip, t.conn, t.data_ip) as ch:
+                cb = (lambda done, total, n=t.name: progress(n, done, total)) if progress else None
+                t1 = time.monotonic()
+                run_streams(head.conn, rsync_argv(directory, t.user, t.data_ip, directory, ch.ssh), groups, sizes, cb)
+                transfer = time.monotonic() - t1
+                after = ch.finish(directory, {f: list(src.files[f]) for f in send},
+                                  {f: list(sig) for f, sig in src.files.items()})
         still, _ = diff_manifests(src, after)
         if still:
             raise RemoteError(f"after rsync {len(still)} files still differ from the head's: {', '.join(still[:3])}",
                               node=t.name)
-        results.append(SyncResult(t.name, "synced", len(send), sum(sizes.values()), time.monotonic() - t0, transfer,
-                                  extra, f"{len(send)} files, {len(groups)} rsync stream(s)", len(groups)))
+        results.append(SyncResult(t.name, "would sync" if dry_run else "synced", len(send), sum(sizes.values()),
+                                  time.monotonic() - t0, transfer, extra,
+                                  f"{len(send)} of {len(src.files)} files, {len(groups)} rsync stream(s)",
+                                  len(groups), list(made)))
     return results
 
 
@@ -376,30 +383,25 @@ def evict_and_guard(pool, plan, directory: str | None) -> tuple[dict[str, dict],
     """Before a start: evict the checkpoint's page cache on every planned node (when there is a host
     directory), then judge MemAvailable after eviction against each node's planned budget. Returns
     ({node: evict report}, guard results); `enforce(results)` refuses the start. For `up` and `weights evict`.
-    A dry run has no guard results: with the engine still running, MemAvailable says nothing about the start."""
+    A report without a measure (a dry run's answer: with the engine still running, MemAvailable would say
+    nothing about the start) gets no guard result; the real start judges it."""
     names = [np.name for np in plan.nodes]
     if directory:
         out = pool.map(lambda c: evict(c, directory), names)
     else:  # model baked into the image: nothing to evict, still measure
         def measure(c) -> dict:
-            mem = _meminfo(c)
-            return {"files": 0, "bytes": 0, "cached_before": None, "cached_after": None,
-                    "mem_available_before": mem["MemAvailable"], "mem_available_after": mem["MemAvailable"],
-                    "mem_free_after": mem.get("MemFree")}
+            # read once this run stopped the engine; a dry run stopped none, and the recorder's answer holds no
+            # measure
+            mem = probes.parse_meminfo(c.query(["cat", "/proc/meminfo"], timeout=30, answer="").stdout)
+            return {"files": 0, "bytes": 0, "cached_before": None, "cached_after": None} | (
+                {"mem_available_before": mem["MemAvailable"], "mem_available_after": mem["MemAvailable"],
+                 "mem_free_after": mem.get("MemFree")} if "MemAvailable" in mem else {})
 
         out = pool.map(measure, names)
     for name, res in out.items():
         if isinstance(res, Exception):
             raise res
-    if connection.dry():  # the eviction recorded, not made: MemAvailable is judged at the real start
-        return out, []
     guards = [guard(np.name, out[np.name]["mem_available_after"], np.memory,
-                    mem_free=out[np.name].get("mem_free_after")) for np in plan.nodes]
+                    mem_free=out[np.name].get("mem_free_after")) for np in plan.nodes
+              if "mem_available_after" in out[np.name]]
     return out, guards
-
-
-def _meminfo(conn) -> dict[str, int]:
-    mem = probes.parse_meminfo(conn.query(["cat", "/proc/meminfo"], timeout=30).stdout)
-    if "MemAvailable" not in mem:
-        raise RemoteError("no MemAvailable in /proc/meminfo", node=conn.name)
-    return mem

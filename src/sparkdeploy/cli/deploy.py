@@ -49,9 +49,11 @@ def _print_outcomes(outcomes) -> None:
         err.print(line)
         for a in o.actions:
             err.print(f"{'':>39}[dim]- {a}[/dim]")
-        if o.status == WOULD:  # a dry run: the exact commands and writes, as `up` will make them
+        if o.status == WOULD:  # a dry run: the exact commands and writes, as the real run will make them
             for e in o.effects:
                 err.print(f"{'':>41}[dim]{escape(e)}[/dim]")
+                for line in getattr(e, "diff", "").splitlines():  # a file write: its change to the node's file
+                    err.print(f"{'':>43}{escape(line)}")
 
 
 @click.command()
@@ -140,10 +142,12 @@ def _services(inventory) -> list[str | None]:
 @click.command()
 @_inventory_option
 @click.option("--keep-enabled", is_flag=True, help="stop the engine but leave the units enabled (back at next boot)")
+@click.option("--dry-run", is_flag=True, help="print the exact commands down would run; change nothing")
 @_trust_option
-def down(inventory, keep_enabled, trust_new_hosts):
+def down(inventory, keep_enabled, dry_run, trust_new_hosts):
     """Stop the service (watchdog, head, then workers); units are disabled unless --keep-enabled."""
-    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, log=_log), chosen_service()) as cluster:
+    with load_cluster(_inv(inventory), Options(dry_run=dry_run, trust_new_hosts=trust_new_hosts, log=_log),
+                      chosen_service()) as cluster:
         out = cluster.down(keep_enabled=keep_enabled)
     _print_outcomes(out)
 
@@ -218,25 +222,31 @@ def status(inventory, as_json, trust_new_hosts):
 @_inventory_option
 @click.argument("number", type=int, required=False)
 @click.option("--ready-timeout", type=float, default=900, show_default=True)
+@click.option("--dry-run", is_flag=True, help="read the nodes, print the exact commands of the switch and restart; "
+              "change nothing")
 @_trust_option
 @sentinel_option
-def rollback(inventory, number, ready_timeout, trust_new_hosts, sentinel, allow_slower):
+def rollback(inventory, number, ready_timeout, dry_run, trust_new_hosts, sentinel, allow_slower):
     """Switch every node back to release NUMBER (default: the last healthy one before the current) and restart.
 
     The sentinel compares the release with its own earlier speed record (how fast it was when it served).
-    Exit 0 served, 1 failed, 3 served but slower than that record beyond noise."""
+    Exit 0 served (or a dry run found the release to go back to), 1 failed, 3 served but slower than that
+    record beyond noise."""
     speed = None
-    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log),
-                      chosen_service()) as cluster, \
+    opts = Options(dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log)
+    with load_cluster(_inv(inventory), opts, chosen_service()) as cluster, \
             interrupt_as_failure("rollback", _log) as signalled:
         res = cluster.rollback(number)
         if sentinel and res.healthy and res.restarted:
             own = releases.read_sentinel(cluster.conn(cluster.head), cluster.lay, res.release)
             speed = speed_after_gate(cluster, res.release, _log, against=res.release if own else None)
     res.message = signalled.tell(res.message)
-    err.print(("[green]" if res.healthy else "[red bold]") + res.message)
+    ok = res.healthy or (dry_run and res.release is not None)
+    if dry_run:
+        _print_outcomes(res.outcomes)
+    err.print(("[green]" if ok else "[red bold]") + res.message)
     print_speed(err, speed, allow_slower)
-    raise click.exceptions.Exit(deploy_exit_code(res.healthy, [speed], allow_slower))
+    raise click.exceptions.Exit(deploy_exit_code(ok, [speed], allow_slower))
 
 
 @click.command()

@@ -6,9 +6,11 @@ import json
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from sparkdeploy import hostsetup as hs
 from sparkdeploy.cli.options import inventory_option, selected_services
+from sparkdeploy.connection import recording
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.remote import Pool
 from sparkdeploy.remote import target_of
@@ -59,20 +61,21 @@ def setup(inventory_file, dry_run, apply_network, as_json, trust_new_hosts):
                 if it.diff:
                     err.print(it.diff.rstrip("\n"), markup=False, highlight=False)
         done = {}
-        if not dry_run:
-            todo = [n for n, its in items.items() if any(i.status == hs.CHANGE for i in its)]
+        todo = [n for n, its in items.items() if any(i.status == hs.CHANGE for i in its)]
+        with recording(dry=dry_run) as made:  # a dry run lists the exact commands and writes; makes none
             applied = pool.map(lambda c: hs.apply_items(c, items[c.name], sudo=hs.sudo_prefix(nodes[c.name].ssh.user)),
                                todo)
-            for name, res in applied.items():
-                if isinstance(res, Exception):
-                    failed[name] = res
-                else:
-                    done[name] = res
+        effects = {n: [e for e in made if e.startswith(f"{n}: ")] for n in items}
+        for name, res in applied.items():
+            if isinstance(res, Exception):
+                failed[name] = res
+            else:
+                done[name] = res
     for name, its in items.items():
         outcome = {a.item: a for a in done.get(name, [])}
         for it in its:
             status, detail = it.status, "; ".join(it.what) or it.note
-            if it.name in outcome:
+            if it.name in outcome and not dry_run:
                 status = outcome[it.name].status
                 detail = outcome[it.name].detail if status != "changed" else detail
             elif status == hs.CHANGE:
@@ -81,6 +84,9 @@ def setup(inventory_file, dry_run, apply_network, as_json, trust_new_hosts):
             err.print(f"  [{style}]{status:<12}[/{style}] {name:<9} {it.name:<17} {detail}")
             if it.note and it.what:
                 err.print(f"{'':>42}[dim]{it.note}[/dim]")
+        if dry_run:
+            for e in effects[name]:
+                err.print(f"{'':>42}[dim]{escape(e)}[/dim]")
     for name, its in done.items():
         if any(a.status == "failed" for a in its):
             failed.setdefault(name, next(a.detail for a in its if a.status == "failed"))
@@ -91,7 +97,7 @@ def setup(inventory_file, dry_run, apply_network, as_json, trust_new_hosts):
     err.print(f"host setup: {changes} item(s) {verb}" + (", nothing to do" if changes == 0 else "")
               + (f"; FAILED on {', '.join(sorted(failed))}" if failed else ""))
     if as_json:
-        click.echo(json.dumps({"dry_run": dry_run, "changes": changes,
+        click.echo(json.dumps({"dry_run": dry_run, "changes": changes, "effects": effects,
                                "failed": {k: str(v) for k, v in failed.items()},
                                "nodes": {k: [i.to_dict() for i in v] for k, v in items.items()}}, indent=2))
     if failed:

@@ -12,6 +12,7 @@ import time
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from sparkdeploy import inventory as I
 from sparkdeploy import paths
@@ -69,6 +70,10 @@ def _report(res, as_json: bool) -> None:
         err.print(f"  coverage  {row['text']}: off-list {old} -> {row['miss_new']:.2%} of {row['tokens']:,} tokens")
     for a in res.actions if res.status == "dry-run" else []:
         err.print(f"  [yellow]would[/yellow]     {a}")
+    for e in res.effects:  # a dry run: the exact writes and commands, as the rollout will make them
+        err.print(f"{'':>12}[dim]{escape(e)}[/dim]")
+        for line in getattr(e, "diff", "").splitlines():
+            err.print(f"{'':>14}{escape(line)}")
     cats = sorted(set(res.acceptance_before) | set(res.acceptance_after))
     if cats:
         err.print("  acceptance per step (mean accepted length), before -> after:")

@@ -7,6 +7,7 @@ import os
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from sparkdeploy import inventory as inventory_mod
@@ -104,7 +105,8 @@ def fetch(inventory_file, revision, offline, hf_home, dry_run, as_json, trust_ne
 @weights.command()
 @_inventory
 @_dir
-@click.option("--dry-run", is_flag=True, help="compare manifests and say what would be copied; copy nothing")
+@click.option("--dry-run", is_flag=True, help="compare manifests and print the exact commands that would copy; "
+              "copy nothing")
 @click.option("--streams", type=click.IntRange(1, 16), default=None,
               help=f"parallel rsync streams (default: one per {w.CORES_PER_STREAM} head cores, at most "
                    f"{w.MAX_STREAMS}: one SSH stream is bound by one core's cipher speed)")
@@ -137,6 +139,8 @@ def sync(inventory_file, directory, dry_run, streams, as_json, trust_new_hosts):
         err.print(f"  {r.status:<11} {r.node:<9} {r.detail} ({r.bytes / GIB:.2f} GiB in {r.seconds:.1f} s{rate})")
         if r.extra:
             err.print(f"{'':>23}[dim]{len(r.extra)} file(s) only on {r.node} left alone: {', '.join(r.extra[:3])}[/dim]")
+        for e in r.effects if dry_run else []:
+            err.print(f"{'':>23}[dim]{escape(e)}[/dim]")
     if as_json:
         click.echo(json.dumps({"dir": d, "head": head.name, "files": len(src.files), "bytes": src.bytes,
                                "nodes": [r.to_dict() for r in results]}, indent=2))

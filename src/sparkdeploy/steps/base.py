@@ -40,7 +40,8 @@ class Outcome:
 
     def to_dict(self) -> dict:
         return {"step": self.step, "node": self.node, "status": self.status, "detail": self.detail,
-                "actions": self.actions, "effects": self.effects, "seconds": round(self.seconds, 3)}
+                "actions": self.actions, "effects": self.effects, "seconds": round(self.seconds, 3),
+                "diffs": {e: e.diff for e in self.effects if getattr(e, "diff", "")}}  # a dry run's file writes
 
 
 class StepFailed(SparkdeployError):

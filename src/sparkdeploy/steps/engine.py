@@ -18,7 +18,7 @@ from typing import Callable
 from sparkdeploy import connection, faults, health, releases
 from sparkdeploy.errors import HealthError, SparkdeployError
 from sparkdeploy.layout import LAUNCH_FILE
-from sparkdeploy.steps.base import OK, Outcome
+from sparkdeploy.steps.base import CHANGED, OK, WOULD, Outcome
 from sparkdeploy.steps.context import Context, served
 
 
@@ -81,8 +81,7 @@ def start_all(cx: Context) -> None:
     for node in cx.plan.start_order:
         cx.conn(node.name).run(["systemctl", "reset-failed", cx.lay.unit], check=False)
         cx.conn(node.name).run(["systemctl", "start", cx.lay.unit], timeout=120)
-        if not connection.dry():
-            cx.log(f"{node.name}: started {cx.lay.unit} ({node.role}, rank {node.rank})")
+        connection.narrate(cx.log, f"{node.name}: started {cx.lay.unit} ({node.role}, rank {node.rank})")
 
 
 def switch(cx: Context, num: int, list_sha: str | None = None, what: str | None = None) -> None:
@@ -111,6 +110,21 @@ def switch_and_restart(cx: Context, num: int, *, list_sha: str | None = None, wh
     if plan_of_release:
         cx.plan = cx.release_plan(num)
     start_all(cx)
+
+
+def restart_recorded(cx: Context, num: int, out: list[Outcome], detail: str, **switch) -> None:
+    """switch_and_restart under the effects recorder (carried out, or in a dry run only listed), appended to `out`
+    as the `start` outcome with its exact effects: what a dry run prints is what the real restart makes."""
+    with connection.recording(dry=cx.opts.dry_run) as made:
+        switch_and_restart(cx, num, **switch)
+    out.append(Outcome("start", cx.head, WOULD if cx.opts.dry_run else CHANGED, detail, [f"restart on release {num}"],
+                       effects=made))
+
+
+def after_restart(cx: Context) -> str:
+    """What a dry run, which stops at the restart, says follows it in the real run."""
+    return (f"then the health gate: a temperature-0 completion at {cx.plan.api_url} within "
+            f"{cx.opts.ready_timeout:.0f} s, twice; HEALTHY marked on every node; watchdog on")
 
 
 def serve_again(cx: Context, good: int, *, plan_of_release: bool = True, list_sha: str | None = None,

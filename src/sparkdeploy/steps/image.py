@@ -24,13 +24,15 @@ from typing import Callable
 
 from sparkdeploy import registry
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.connection import Conn, Target, dry, record, recording
+from sparkdeploy.connection import Conn, Target, effect, held, narrate, recording
 from sparkdeploy.remote import LocalConn
 from sparkdeploy.streams import stream_bytes
 
 
-def image_id(conn: Conn, ref: str) -> str | None:
-    res = conn.query(["docker", "image", "inspect", "-f", "{{.Id}}", ref], check=False, timeout=60)
+def image_id(conn: Conn, ref: str, *, made_as: str | None = None) -> str | None:
+    """The ID of image `ref` on the node, None when it has none. `made_as`: `ref` was put there by this run
+    (a pull), so a dry run, which pulled nothing, answers this instead."""
+    res = conn.query(["docker", "image", "inspect", "-f", "{{.Id}}", ref], check=False, timeout=60, answer=made_as)
     return res.stdout.strip() if res.ok and res.stdout.strip() else None
 
 
@@ -47,13 +49,17 @@ def context_tar(files: dict[str, bytes]) -> bytes:
 
 
 def build(conn: Conn, tag: str, context: dict[str, bytes], dockerfile: str = "Dockerfile",
-          timeout: float = 3600) -> str | None:
-    """docker build from the context streamed in as a tar; the image ID (None in a dry run, which records it)."""
+          timeout: float = 3600) -> str:
+    """docker build from the context streamed in as a tar; the image ID (a dry run answers the placeholder
+    `<image id of TAG built on NODE>`)."""
     tar = context_tar(context)
     argv = ["docker", "build", "-q", "-t", tag, "-f", dockerfile, "-"]
-    if record(f"{conn.name}: run {shlex.join(argv)} <build context {len(tar)} bytes "
-              f"sha256:{hashlib.sha256(tar).hexdigest()[:12]}>"):
-        return None
+    return effect(f"{conn.name}: run {shlex.join(argv)} <build context {len(tar)} bytes "
+                  f"sha256:{hashlib.sha256(tar).hexdigest()[:12]}>",
+                  lambda: _build(conn, tag, argv, tar, timeout), f"<image id of {tag} built on {conn.name}>")
+
+
+def _build(conn: Conn, tag: str, argv: list[str], tar: bytes, timeout: float) -> str:
     chunks = (tar[i:i + (1 << 20)] for i in range(0, len(tar), 1 << 20))
     rc, tail = stream_bytes(conn, argv, chunks, timeout=timeout)
     if rc != 0:
@@ -82,13 +88,11 @@ def push_through_tunnel(cl, local: Conn, tag: str, data_ip: str, attempts: int =
     A dropped SSH session (seen on a loaded host: OpenSSH ends the whole session on a packet for a channel it
     has freed) ends the push with EOF; the registry keeps the layers whose upload completed, so a retry sends
     the rest (a layer cut mid-upload is sent again)."""
-    if dry():  # the tunnel's local port is chosen when it opens
-        push(local, tag, f"127.0.0.1:<tunnel to {data_ip}:{registry.PORT}>")
-        return []
     tries: list[int] = []
     for attempt in range(1, attempts + 1):
         try:
-            with registry.tunnel(cl.conn(cl.head), data_ip, registry.PORT) as opened:
+            with held(lambda: registry.tunnel(cl.conn(cl.head), data_ip, registry.PORT),
+                      registry.Tunnel(f"<tunnel to {data_ip}:{registry.PORT}>")) as opened:
                 try:
                     push(local, tag, f"127.0.0.1:{opened.port}")
                 finally:
@@ -113,9 +117,7 @@ def pull(conn: Conn, tag: str, registry_addr: str, want_id: str) -> None:
                           "blob named above there and re-run `up` (it is pushed again)", node=conn.name)
     conn.run(["docker", "tag", ref, tag])
     conn.run(["docker", "image", "rm", ref], check=False)
-    if dry():
-        return
-    got = image_id(conn, tag)
+    got = image_id(conn, tag, made_as=want_id)
     if got != want_id:
         conn.run(["docker", "image", "rm", tag], check=False)
         raise RemoteError(f"refused {tag} from the registry at {registry_addr}: image ID {got}, expected {want_id}",
@@ -126,9 +128,10 @@ def converge(cl, out: list) -> str | None:
     """The image step of `up` for a `Cluster` `cl`: every node of the plan holds plan.image.tag; when a node
     lacks it, the head's registry is made to hold it first (the source of that and every later delivery's
     missing layers). Nodes that all hold the tag already (pulled by hand, or a re-run) push nothing: moving
-    every layer into the registry then would only pay now for a delivery that may never come. Returns the image ID (None: dry run
-    with nothing built yet). A dry run goes the same way under `connection.recording(dry=True)`, so each node's
-    outcome lists the exact docker commands and registry files the real step makes. Sets cl.image_received:
+    every layer into the registry then would only pay now for a delivery that may never come. Returns the image
+    ID (a dry run that would build answers its placeholder). A dry run goes the same way under
+    `connection.recording(dry=True)`, so each node's outcome lists the exact docker commands and registry files
+    the real step makes. Sets cl.image_received:
     the image bytes each node was sent (`_deliver`), and cl.image_seconds: the step's wall time."""
     from sparkdeploy.steps.base import CHANGED, FAILED, OK, WOULD, Outcome, StepFailed
 
@@ -175,7 +178,7 @@ def converge(cl, out: list) -> str | None:
 
 
 def _deliver(cl, want: str | None, source: str | None, local: Conn | None,
-             lacking: list[str]) -> tuple[str | None, dict[str, object]]:
+             lacking: list[str]) -> tuple[str, dict[str, object]]:
     """Build if nobody has the image, make the head's registry hold it, pull it where it lacks. Returns the image
     ID and {node: [detail, action...] or the exception that node met}."""
     tag, head, names = cl.plan.image.tag, cl.head, cl.names
@@ -185,40 +188,38 @@ def _deliver(cl, want: str | None, source: str | None, local: Conn | None,
     if want is None:
         t0 = time.monotonic()
         builder = choose_builder(cl.pool.conns, head, cl.plan.image.base, local_conn)
-        if not dry():
-            cl.log(f"{builder.name}: building {tag} (FROM {cl.plan.image.base})")
+        narrate(cl.log, f"{builder.name}: building {tag} (FROM {cl.plan.image.base})")
         want = build(builder, tag, cl.image_context())
         source, local = (builder.name, None) if builder.name in names else (None, builder)
         lacking = [n for n in lacking if n != source]
-        done[source or head] = [f"built {(want or tag)[:19]} on {builder.name} in {time.monotonic() - t0:.1f} s",
+        done[source or head] = [f"built {want[:19]} on {builder.name} in {time.monotonic() - t0:.1f} s",
                                 f"build {tag}"]
     hc = cl.conn(head)
     ca, _ = registry.ensure(hc, data_ip, cl.log)
     trusted = cl.pool.map(lambda c: registry.trust(c, addr, ca), names)
     done.update({n: r for n, r in trusted.items() if isinstance(r, Exception)})
-    cursor = None if dry() else registry.log_cursor(hc)
+    cursor = registry.log_cursor(hc)
     tries, t1 = [], time.monotonic()
-    if want is None or not registry.holds(hc, tag, want):
+    if not registry.holds(hc, tag, want):
         how = ("from its engine into its registry (no wire)" if source == head else
                f"from {source} into the registry at {addr} (data plane)" if source else
                f"from this machine through an SSH tunnel to {head} (management; only the layers {head}'s "
                "registry lacks)")
-        if not dry():
-            cl.log(f"{head}: registry {addr}: push {how}: {tag}")
+        narrate(cl.log, f"{head}: registry {addr}: push {how}: {tag}")
         if source:
             push(cl.conn(source), tag, addr)
         else:
             tries = push_through_tunnel(cl, local, tag, data_ip)
         done.setdefault(head, [f"pushed {how}"])
         done[head] = done[head] + [f"push {tag} into {addr}"]
-    if lacking and not dry():
-        cl.log(f"{', '.join(lacking)}: pulling {tag} from {addr} (only the layers each lacks)")
+    if lacking:
+        narrate(cl.log, f"{', '.join(lacking)}: pulling {tag} from {addr} (only the layers each lacks)")
     pulled = cl.pool.map(lambda c: pull(c, tag, addr, want), lacking)
     dt = time.monotonic() - t1
-    if not dry():
-        # cl.conn, not hc: a tunnel that dropped the head's SSH session leaves hc dead
-        cl.image_received = image_bytes_sent(cl, registry.bytes_sent(cl.conn(head), cursor), sum(tries))
-        cl.image_push_tries = tries  # bytes per try through the tunnel: a retry after a dropped session shows here
+    # cl.conn, not hc: a tunnel that dropped the head's SSH session leaves hc dead (a dry run reads what the
+    # registry sent since the cursor: nothing of its own)
+    cl.image_received = image_bytes_sent(cl, registry.bytes_sent(cl.conn(head), cursor), sum(tries))
+    cl.image_push_tries = tries  # bytes per try through the tunnel: a retry after a dropped session shows here
     for n, r in pulled.items():
         if isinstance(r, Exception):
             done[n] = r

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from sparkdeploy import faults, releases
+from sparkdeploy.connection import dry_session, recording
 from sparkdeploy.errors import HealthError, SparkdeployError
 from sparkdeploy.steps import engine
 from sparkdeploy.steps.context import Context
@@ -14,6 +15,15 @@ from sparkdeploy.steps.up import ENGINE_ERRORS, UpResult, back_to_last_good
 
 
 def rollback(cx: Context, to: int | None) -> UpResult:
+    """Roll back; a dry run reads the nodes, lists the exact effects of the switch and restart, and stops there
+    (one `dry_session`, inside a recording that carries nothing out, whatever it reaches)."""
+    if cx.opts.dry_run:
+        with dry_session(), recording(dry=True):
+            return _rollback(cx, to)
+    return _rollback(cx, to)
+
+
+def _rollback(cx: Context, to: int | None) -> UpResult:
     res = UpResult()
     t0 = time.monotonic()
     try:
@@ -37,8 +47,14 @@ def rollback(cx: Context, to: int | None) -> UpResult:
         cx.plan = cx.release_plan(to)
         step_secrets(cx, res.outcomes)  # the key is current state: the release starts with today's
         watchdog_was = engine.watchdog_active(cx)
+        if cx.opts.dry_run:
+            engine.restart_recorded(cx, to, res.outcomes, f"release {cur} -> {to}: stop head, stop workers, "
+                                    f"switch, evict + memory guard, start workers, head; {engine.after_restart(cx)}")
+            res.release = to
+            res.message = f"dry run: would roll back from release {cur} to {to} ({meta.get('image')}); nothing changed"
+            return res
         try:
-            engine.switch_and_restart(cx, to)
+            engine.restart_recorded(cx, to, res.outcomes, f"release {cur} -> {to} started workers-first")
             res.release, res.restarted = to, True
             res.rolled_back_to = to
             rec = releases.read_healthy(cx.conn(cx.head), cx.lay, to)

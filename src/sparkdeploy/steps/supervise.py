@@ -75,15 +75,17 @@ def _served(plan) -> str:
     return argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else argv[2]
 
 
-def ensure_key(head: Conn, lay: ServiceLayout, *, dry_run: bool = False) -> str:
-    """The service's watchdog key pair (made on its head, never leaves it); returns the public line. A dry run
-    makes none: it reads the key that exists, else names a placeholder (the workers would be authorized anew)."""
-    if not head.exists(key(lay)):
-        if dry_run:
-            return "ssh-ed25519 AAAA(made-by-up) x"
+def ensure_key(head: Conn, lay: ServiceLayout) -> str:
+    """The service's watchdog key pair (made on its head, never leaves it); returns the public line. A key this
+    run makes is, in a dry run (which makes none), the recorder's placeholder: the workers would be authorized
+    anew."""
+    made = not head.exists(key(lay))
+    if made:
         head.run(["mkdir", "-p", "-m", "0700", lay.watchdog_dir])
         head.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", lay.watchdog_key_comment, "-f", key(lay)])
-    return (head.get(f"{key(lay)}.pub") or b"").decode().strip()
+    return head.query(["cat", f"{key(lay)}.pub"], check=False, answer=(
+        f"ssh-ed25519 <public key ssh-keygen makes on {head.name}> {lay.watchdog_key_comment}" if made else None
+    )).stdout.strip()
 
 
 def worker_actions(worker: Conn, lay: ServiceLayout, pubkey: str) -> list[Action]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import posixpath
 
-from sparkdeploy.connection import Conn
+from sparkdeploy.connection import Conn, recording
 from sparkdeploy.layout import PLAIN
 from sparkdeploy.remote import host_key_line
 from sparkdeploy.steps import stale, supervise
-from sparkdeploy.steps.base import Action, Outcome, run_step
+from sparkdeploy.steps.base import CHANGED, WOULD, Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
 
 
@@ -52,7 +52,11 @@ def step_units(cx: Context, out: list[Outcome]) -> None:
 def step_supervision(cx: Context, out: list[Outcome]) -> None:
     head = cx.conn(cx.head)
     workers = cx.names[1:]
-    pub = supervise.ensure_key(head, cx.lay, dry_run=cx.opts.dry_run)
+    with recording(dry=cx.opts.dry_run) as made:
+        pub = supervise.ensure_key(head, cx.lay)
+    if made:  # the key pair was made (or would be): its commands are this step's too
+        out.append(Outcome("supervision", cx.head, WOULD if cx.opts.dry_run else CHANGED, "",
+                           ["make the watchdog's key pair"], 0.0, list(made)))
     out += run_step("supervision", workers, lambda n: supervise.worker_actions(cx.conn(n), cx.lay, pub),
                     dry_run=cx.opts.dry_run, log=cx.log) if workers else []
     known = [host_key_line(cx.conn(n), cx.plan.node(n).ssh.host, cx.plan.node(n).ssh.port)

@@ -60,9 +60,10 @@ def step_image(cx: Context, out: list[Outcome]) -> str | None:
 
 
 def up(cx: Context) -> UpResult:
-    """Converge; a dry run is one `connection.dry_session`: what a step would write is there for the next."""
+    """Converge; a dry run is one `connection.dry_session` (what a step would write is there for the next),
+    inside a recording that carries nothing out, whatever it reaches."""
     if cx.opts.dry_run:
-        with dry_session():
+        with dry_session(), recording(dry=True):
             return _up(cx)
     return _up(cx)
 
@@ -95,12 +96,8 @@ def _up(cx: Context) -> UpResult:
             step_launch_check(cx, num, out)  # before anything stops: a refusal leaves the old release serving
         if cx.opts.dry_run:
             if need_start:
-                with recording(dry=True) as made:
-                    engine.switch_and_restart(cx, num)
-                out.append(Outcome("start", cx.head, WOULD, (
-                    "stop head, stop workers, switch, evict + memory guard, start workers, head; then the health "
-                    f"gate: a temperature-0 completion at {cx.plan.api_url} within {cx.opts.ready_timeout:.0f} s, "
-                    "twice; HEALTHY marked on every node; watchdog on"), [f"restart on release {num}"], effects=made))
+                engine.restart_recorded(cx, num, out, "stop head, stop workers, switch, evict + memory guard, "
+                                        f"start workers, head; {engine.after_restart(cx)}")
             res.message = (f"dry run: {res.changes} change(s) would be made"
                            + (f"; release {num} would be started" if need_start else ""))
             return res
@@ -113,11 +110,8 @@ def _up(cx: Context) -> UpResult:
                 prev = cx.rel[cx.head].current
                 cx.log(f"switching to release {num} (was {prev}): stop head, stop workers, switch, start "
                        "workers, head")
-                with recording(dry=False) as made:
-                    engine.switch_and_restart(cx, num)
+                engine.restart_recorded(cx, num, out, f"release {num} started workers-first")
                 res.restarted = True
-                out.append(Outcome("start", cx.head, CHANGED, f"release {num} started workers-first",
-                                   [f"restart on release {num}"], effects=made))
             stage = "health gate"
             healthy_rec = releases.read_healthy(cx.conn(cx.head), cx.lay, num)
             if need_start or not healthy_rec:
