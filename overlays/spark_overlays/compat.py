@@ -72,7 +72,9 @@ _SHORTLIST_COMMON = (
            ("self", "param", "loaded_weight")),
     Target("vllm.model_executor.layers.logits_processor", "LogitsProcessor.__init__", ("self", "vocab_size")),
     Target("vllm.model_executor.layers.logits_processor", "LogitsProcessor.get_top_tokens",
-           ("self", "lm_head", "hidden_states")),
+           ("self", "lm_head", "hidden_states", "embedding_bias")),  # the padding rows' -inf bias
+    Target("vllm.model_executor.layers.logits_processor", "LogitsProcessor.forward",
+           ("self", "lm_head", "hidden_states", "embedding_bias")),
     Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.__init__", ("self",)),
     Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.compute_logits", ("self", "hidden_states")),
     Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.load_weights", ("self", "weights")),
