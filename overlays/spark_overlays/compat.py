@@ -58,6 +58,7 @@ class Support:
     targets: tuple[Target, ...] = field(default_factory=tuple)
     note: str = ""
     off_by_default: str = ""  # why the planner leaves the patch off on this pin even when requested ("" = it may be on)
+    live_swap: bool = False  # shortlist: the head takes a new list inside the running engine (README "Live list swap")
 
 
 # ---------------------------------------------------------------------------------------------- targets
@@ -228,7 +229,7 @@ _UNMEASURED = (f"{_COUNTS['entries'] - _COUNTS['measured']} of {_COUNTS['entries
 TABLE: dict[str, dict[str, Support]] = {
     "0.32": {
         "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON + _SHARE_V2_033 + _SHARE_V1,
-                             note="no MTP vocabulary shortlist upstream"),
+                             note="no MTP vocabulary shortlist upstream", live_swap=True),
         "skinny_gemm": Support(OVERLAY, targets=_SKINNY,
                                note=f"no BF16 low-M plan for SM121 upstream; {_UNMEASURED}"),
         "fp8_gdn": Support(NATIVE, flags=_FP8_FLAGS, targets=_FP8_FLAGS_TARGETS,
@@ -241,7 +242,7 @@ TABLE: dict[str, dict[str, Support]] = {
     },
     "0.33": {
         "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON + _SHARE_V2_033 + _SHARE_V1 + _QWEN4_MTP,
-                             note="no MTP vocabulary shortlist upstream"),
+                             note="no MTP vocabulary shortlist upstream", live_swap=True),
         "skinny_gemm": Support(OVERLAY, targets=_SKINNY_033,
                                note="qwen4_exp GB10 plans lack M=3,5, the GDN shapes and the shortlist N "
                                     f"(extended in place); no other model has any; {_UNMEASURED}"),
@@ -253,7 +254,7 @@ TABLE: dict[str, dict[str, Support]] = {
     "0.34": {
         "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON + _SHARE_V2_034 + _QWEN4_MTP,
                              note="no MTP vocabulary shortlist upstream (draft_lm_head_quantization is the "
-                                  "competing lever); V2 runner only"),
+                                  "competing lever); V2 runner only", live_swap=True),
         "skinny_gemm": Support(OVERLAY, targets=_SKINNY_034,
                                note="upstream's SM121 plan table (GLM shapes, TP=2) routes the layers; we only add "
                                     "our entries to it (plans: auto = those measured under its rule)",
