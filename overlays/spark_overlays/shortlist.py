@@ -19,9 +19,10 @@ With the switch on the draft gets
   subclass has it, shortlist on or off, so local argmax works at any TP;
 * ``compute_logits``: the C logits (padding at ``-inf``) scattered into a ``-inf`` row of the full
   vocabulary, so probabilistic drafting and the rejection sampler see q = 0 off the list;
-* with ``shortlist.live_check_every`` N > 0, a live swap: every N drafter calls every rank looks at the list
-  pointer; when all ranks see it name a new list, each checks it and reads its rows from the checkpoint, and
-  only if every rank succeeded do all copy it into the head (``_spark_maybe_swap``; README "Live list swap").
+* with ``shortlist.live_check_every`` N > 0, a live swap (``shortlist_live.LiveSwap``; README "Live list
+  swap"): every N drafter calls every rank looks at the list pointer; when all ranks see it name a new list,
+  each checks it and reads its rows from the checkpoint in a background thread, and only if every rank
+  succeeded do all copy it into the head.
 
 A head whose rows did not arrive at load (no full-precision ``[V, H]`` head in the stream, on any rank) is
 switched back to stock before the runner looks: ``has_own_lm_head = False``, so the runner shares the
@@ -110,12 +111,13 @@ class ShortlistHeadMixin(LocalArgmaxMixin):
         self._spark_ids = ids
         self._spark_vocab = vocab
         self._spark_tied = bool(getattr(hf, "tie_word_embeddings", False))
-        self._spark_cfg, self._spark_required = cfg, sorted(required)
+        self._spark_required = sorted(required)
         self._spark_model_dir = vllm_config.model_config.model
-        self._spark_served = (identity, cfg.sha256 or vocab_list.file_sha256(cfg.path))
-        self._spark_rejected = ""  # the pointer identity of the last list every rank refused
-        self._spark_calls = 0
         self._spark_source = None  # checkpoint tensor name the rows came from (set at load)
+        self._spark_swap = live.LiveSwap(cfg.path, cfg.live_check_every, identity,
+                                         cfg.sha256 or vocab_list.file_sha256(cfg.path),
+                                         prepare=self._spark_prepare, install=self._spark_install,
+                                         report=self._spark_report, agree=tp_agree, same=tp_same)
         self.has_own_lm_head = True
         self._spark_active = True
         info("shortlist head built: %d rows of %d, capacity %d (arch %s, list %s, rank rows %d..%d) %s",
@@ -154,7 +156,7 @@ class ShortlistHeadMixin(LocalArgmaxMixin):
         if tp_agree(filled):
             info("shortlist head loaded: %d rows gathered from the full head (vocab %d) %s",
                  len(self._spark_ids), self._spark_vocab, process_tag())
-            self._spark_report("serves")
+            self._spark_report("serves", "")
         else:
             self._spark_back_to_stock()
             fail_closed("shortlist", f"no full-precision [{self._spark_vocab}, H] lm_head or tied embedding reached "
@@ -193,45 +195,34 @@ class ShortlistHeadMixin(LocalArgmaxMixin):
         return top + self.draft_id_to_target_id[top]
 
     # ------------------------------------------------------------------ live swap
-    def _spark_report(self, event: str, why: str = "") -> None:
+    def _spark_report(self, event: str, why: str) -> None:
         """The line the kit reads to learn what each rank serves (README "Live list swap")."""
-        info("shortlist %s sha256=%s rows=%d capacity=%d tp_rank=%d%s %s", event, self._spark_served[1],
+        info("shortlist %s sha256=%s rows=%d capacity=%d tp_rank=%d%s %s", event, self._spark_swap.served[1],
              len(self._spark_ids), self.lm_head.org_vocab_size, tp_rank(), f" reason={why}" if why else "",
              process_tag())
 
     def _spark_maybe_swap(self) -> None:
-        """Every ``live_check_every`` drafter calls (the same call on every TP rank: they run in lockstep), swap to
-        the list the pointer names when every rank sees the same new one and every rank could prepare it."""
-        every = self._spark_cfg.live_check_every
-        self._spark_calls += 1
-        if not every or self._spark_calls % every:
-            return
-        identity = live.pointer_identity(self._spark_cfg.path)
-        if not tp_same(live.identity_key(identity)) or identity in (self._spark_served[0], self._spark_rejected):
-            return  # ranks see different pointers (the kit is still moving them), or nothing new
+        if self.lm_head.weight.is_cuda and torch.cuda.is_current_stream_capturing():
+            return  # a copy made while a CUDA graph is captured would be replayed with every step
+        self._spark_swap.step()
+
+    def _spark_prepare(self, identity: str) -> live.Candidate:
+        """This rank's part of a swap, in the background thread: the list checked and its rows read."""
+        if self._spark_source is None or not Path(self._spark_model_dir).is_dir():
+            raise OSError(f"the head's rows have no checkpoint file to come from (model {self._spark_model_dir})")
         si = self.lm_head.shard_indices
-        candidate, why = None, ""
-        try:
-            if self._spark_source is None or not Path(self._spark_model_dir).is_dir():
-                raise OSError(f"the head's rows have no checkpoint file to come from (model {self._spark_model_dir})")
-            candidate = live.prepare(self._spark_cfg.path, identity, vocab=self._spark_vocab,
-                                     required=self._spark_required, capacity=self.lm_head.org_vocab_size,
-                                     start=si.org_vocab_start_index, end=si.org_vocab_end_index,
-                                     source=live.find_tensor(self._spark_model_dir, self._spark_source))
-        except (vocab_list.VocabListError, OSError, KeyError, ValueError) as e:
-            why = str(e)
-        if not tp_agree(candidate is not None):
-            self._spark_rejected = identity
-            self._spark_report("keeps", why or "another tensor-parallel rank could not take the new list")
-            return
+        return live.prepare(self._spark_swap.pointer, identity, vocab=self._spark_vocab, required=self._spark_required,
+                            capacity=self.lm_head.org_vocab_size, start=si.org_vocab_start_index,
+                            end=si.org_vocab_end_index, source=live.find_tensor(self._spark_model_dir, self._spark_source))
+
+    def _spark_install(self, candidate: live.Candidate) -> None:
         weight = self.lm_head.weight
         live.install(live.HeadTensors(weight, self._spark_row_bias, self._spark_target_ids, self.draft_id_to_target_id,
-                                      si.org_vocab_start_index),
+                                      self.lm_head.shard_indices.org_vocab_start_index),
                      candidate.ids, candidate.rows.to(device=weight.device, dtype=weight.dtype), self._spark_vocab)
         if weight.device.type == "cpu":  # vLLM's CPU GEMMs pack a copy of the weight at load: pack the new one
             self.lm_head.quant_method.process_weights_after_loading(self.lm_head)
-        self._spark_ids, self._spark_served, self._spark_rejected = candidate.ids, (identity, candidate.sha256), ""
-        self._spark_report("swapped; serves")
+        self._spark_ids = candidate.ids
 
 
 def _make(base: type) -> type:

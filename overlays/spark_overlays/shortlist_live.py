@@ -6,7 +6,8 @@ token that is not on the list (the "sink": the scatter writes ``-inf`` there any
 cannot change it). A swap copies new values into the same tensors (``copy_``): shapes and addresses stay.
 
 A swap reads the rank's share of the new rows from the checkpoint's full-precision head on disk: the
-safetensors file is memory-mapped and only the listed rows are touched.
+safetensors file is memory-mapped and only the listed rows are touched. ``LiveSwap`` decides when, in step
+with the other tensor-parallel ranks, and reads in a background thread so no drafter call waits for the disk.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import json
 import os
 import re
 import struct
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -177,3 +180,58 @@ def prepare(pointer: str | os.PathLike, identity: str, *, vocab: int, required, 
     if source.shape[0] != vocab:
         raise OSError(f"{source.file}: the head has {source.shape[0]} rows, the vocabulary {vocab}")
     return Candidate(ids, sha, source.rows(share(ids, start, end)))
+
+
+class LiveSwap:
+    """When a running head takes a new list. ``step()`` runs at every drafter call; every ``every``-th call (the
+    same call on every TP rank: the ranks draft in lockstep) it looks at the pointer and, in step with the other
+    ranks through `same` (all ranks pass the same value) and `agree` (all ranks say True):
+
+    * no list in preparation: when every rank sees the same pointer, naming neither the served list nor the one
+      last refused, each starts `prepare(identity)` (read, check, read its rows) in a background thread;
+    * a list in preparation: once every rank has finished, either every rank succeeded and all `install` it
+      (between the same two drafter calls), or none does and all keep the old list and `report` why.
+
+    The collectives are called in the same order on every rank, whatever each rank saw, so they always pair up.
+    """
+
+    def __init__(self, pointer: str | os.PathLike, every: int, identity: str, sha256: str, *,
+                 prepare: Callable[[str], Candidate], install: Callable[[Candidate], None],
+                 report: Callable[[str, str], None], agree: Callable[[bool], bool] = lambda ok: ok,
+                 same: Callable[[int], bool] = lambda value: True):
+        self.pointer, self.every = pointer, every
+        self.served = (identity, sha256)  # the pointer identity and sha256 of the list in the head
+        self.rejected = ""  # the pointer identity of the last list the ranks refused: not tried again
+        self.pending: tuple[str, Future] | None = None
+        self._prepare, self._install, self._report, self._agree, self._same = prepare, install, report, agree, same
+        self._calls = 0
+        self._pool: ThreadPoolExecutor | None = None
+
+    def step(self) -> None:
+        if not self.every:
+            return
+        self._calls += 1
+        if self._calls % self.every:
+            return
+        identity = pointer_identity(self.pointer)
+        all_see_it = self._same(identity_key(identity))
+        if self.pending is not None:
+            self._finish()
+        elif all_see_it and identity not in (self.served[0], self.rejected):
+            self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="spark-shortlist-swap")
+            self.pending = (identity, self._pool.submit(self._prepare, identity))
+
+    def _finish(self) -> None:
+        identity, future = self.pending
+        if not self._agree(future.done()):
+            return  # a rank is still reading: look again at the next check
+        self.pending = None
+        error = future.exception()
+        if not self._agree(error is None):
+            self.rejected = identity
+            self._report("keeps", str(error) if error else "another tensor-parallel rank could not take the new list")
+            return
+        candidate = future.result()
+        self._install(candidate)
+        self.served, self.rejected = (identity, candidate.sha256), ""
+        self._report("swapped; serves", "")

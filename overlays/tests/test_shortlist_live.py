@@ -195,3 +195,100 @@ def test_capacity_is_checked_against_the_vocabulary():
     with pytest.raises(vocab_list.VocabListError, match="exceeds the vocabulary size"):
         live.target_ids(np.arange(3), VOCAB + 1, VOCAB)
     assert live.target_ids(np.arange(VOCAB), VOCAB, VOCAB).tolist() == list(range(VOCAB))  # full list: no padding
+
+
+# ---------------------------------------------------------------------------------------------- LiveSwap
+class Rank:
+    """One rank's LiveSwap around a real head, as the mixin wires it; `peer` answers for the other rank."""
+
+    def __init__(self, checkpoint, store, ids, every=3, peer_sees=lambda value: True, peer_ok=lambda ok: True):
+        model_dir, _ = checkpoint
+        self.pointer, self.put, self.point = store
+        self.source = live.find_tensor(model_dir, "lm_head.weight")
+        self.head, self.reports = new_head(), []
+        identity = self.point(self.put(ids))
+        first = live.prepare(self.pointer, identity, vocab=VOCAB, required=REQUIRED, capacity=CAPACITY, start=0,
+                             end=CAPACITY, source=self.source)
+        live.install(self.head, first.ids, first.rows, VOCAB)
+        self.swap = live.LiveSwap(self.pointer, every, identity, first.sha256, prepare=self.prepare,
+                                  install=lambda c: live.install(self.head, c.ids, c.rows, VOCAB),
+                                  report=lambda event, why: self.reports.append((event, self.swap.served[1], why)),
+                                  agree=lambda ok: ok and peer_ok(ok), same=peer_sees)
+
+    def prepare(self, identity):
+        return live.prepare(self.pointer, identity, vocab=VOCAB, required=REQUIRED, capacity=CAPACITY, start=0,
+                            end=CAPACITY, source=self.source)
+
+    def drafter_calls(self, n):
+        for _ in range(n):
+            self.swap.step()
+            if self.swap.pending is not None:
+                self.swap.pending[1].exception(timeout=30)  # let the background read finish before the next look
+
+    def snapshot(self):
+        return [t.clone() for t in (self.head.weight, self.head.bias, self.head.target_ids, self.head.d2t)]
+
+
+def test_a_live_swap_happens_at_a_check_after_the_background_read(checkpoint, store):
+    rank = Rank(checkpoint, store, [0, 3, 4])
+    old_sha = rank.swap.served[1]
+    name = rank.put([0, 5, 6, 7])
+    rank.point(name)
+    rank.drafter_calls(2)
+    assert rank.swap.pending is None and rank.head.target_ids[:3].tolist() == [0, 3, 4]  # not a check yet
+    rank.drafter_calls(1)  # the 3rd call looks: the read starts in the background
+    assert rank.swap.pending is not None and rank.head.target_ids[:3].tolist() == [0, 3, 4]
+    rank.drafter_calls(3)  # the next look installs it
+    assert rank.swap.pending is None and rank.head.target_ids[:4].tolist() == [0, 5, 6, 7]
+    assert rank.reports == [("swapped; serves", name[:-4], "")] and name[:-4] != old_sha
+    rank.drafter_calls(30)
+    assert len(rank.reports) == 1  # nothing new: no more swaps
+
+
+@pytest.mark.parametrize("case", ["over capacity", "wrong sha"])
+def test_a_list_the_rank_refuses_keeps_the_old_one_and_is_not_retried_until_the_pointer_moves(checkpoint, store,
+                                                                                               case):
+    rank = Rank(checkpoint, store, [0, 3, 4])
+    before, old_sha = rank.snapshot(), rank.swap.served[1]
+    rank.point(rank.put(range(CAPACITY + 1)) if case == "over capacity" else rank.put([0, 8], name="0" * 64 + ".txt"))
+    rank.drafter_calls(30)
+    (event, sha, why), = rank.reports
+    assert event == "keeps" and sha == old_sha
+    assert ("exceeds the head's capacity" if case == "over capacity" else "does not match") in why
+    assert all(torch.equal(a, b) for a, b in zip(before, rank.snapshot()))
+    good = rank.put([0, 9])
+    rank.point(good)
+    rank.drafter_calls(6)
+    assert rank.reports[-1][:2] == ("swapped; serves", good[:-4]) and rank.head.target_ids[:2].tolist() == [0, 9]
+
+
+def test_when_another_rank_cannot_take_the_list_every_rank_keeps_the_old_one(checkpoint, store):
+    answers = iter([True, False])  # the peer finished reading (True), but its list failed a check (False)
+    rank = Rank(checkpoint, store, [0, 3, 4], peer_ok=lambda ok: next(answers))
+    before = rank.snapshot()
+    rank.point(rank.put([0, 5]))
+    rank.drafter_calls(30)
+    assert rank.reports == [("keeps", rank.swap.served[1], "another tensor-parallel rank could not take the new list")]
+    assert all(torch.equal(a, b) for a, b in zip(before, rank.snapshot()))
+
+
+def test_nothing_starts_while_the_ranks_see_different_pointers(checkpoint, store):
+    sees = {"same": False}
+    rank = Rank(checkpoint, store, [0, 3, 4], peer_sees=lambda value: sees["same"])
+    rank.point(rank.put([0, 5]))
+    rank.drafter_calls(30)
+    assert rank.swap.pending is None and not rank.reports  # the kit has moved one node's pointer, not the other's
+    sees["same"] = True
+    rank.drafter_calls(6)
+    assert rank.reports[-1][0] == "swapped; serves"
+
+
+def test_a_rank_still_reading_holds_every_rank_back(checkpoint, store):
+    peer_done = {"done": False}
+    rank = Rank(checkpoint, store, [0, 3, 4], peer_ok=lambda ok: peer_done["done"])
+    rank.point(rank.put([0, 5]))
+    rank.drafter_calls(30)
+    assert rank.swap.pending is not None and not rank.reports and rank.head.target_ids[1] == 3
+    peer_done["done"] = True
+    rank.drafter_calls(3)
+    assert rank.reports[-1][0] == "swapped; serves" and rank.head.target_ids[1] == 5
