@@ -108,6 +108,9 @@ class ShortlistHeadMixin(LocalArgmaxMixin):
         si = self.lm_head.shard_indices
         self.register_buffer("_spark_row_bias", live.local_bias(len(ids), si.org_vocab_start_index, weight.shape[0],
                                                                 weight.dtype).to(weight.device), persistent=False)
+        # the bias keeps padding rows out, but a biased GEMM leaves the skinny-GEMM path (ours and 0.34's take
+        # bias=None only): passed only where the head can hold padding rows
+        self._spark_masked = capacity > len(ids) or cfg.live_check_every > 0
         self._spark_ids = ids
         self._spark_vocab = vocab
         self._spark_tied = bool(getattr(hf, "tie_word_embeddings", False))
@@ -180,7 +183,7 @@ class ShortlistHeadMixin(LocalArgmaxMixin):
         if not self._spark_active:
             return super().compute_logits(hidden_states, spec_step_idx)
         self._spark_maybe_swap()
-        logits = self.logits_processor(self.lm_head, hidden_states, self._spark_row_bias)
+        logits = self.logits_processor(self.lm_head, hidden_states, self._spark_padding_bias())
         if logits is None:  # a TP rank the logits were not gathered to
             return None
         self._spark_note_use(len(self._spark_ids))
@@ -191,8 +194,11 @@ class ShortlistHeadMixin(LocalArgmaxMixin):
             return super().get_top_tokens(hidden_states)
         self._spark_maybe_swap()
         self._spark_note_use(len(self._spark_ids))
-        top = self.logits_processor.get_top_tokens(self.lm_head, hidden_states, self._spark_row_bias)
+        top = self.logits_processor.get_top_tokens(self.lm_head, hidden_states, self._spark_padding_bias())
         return top + self.draft_id_to_target_id[top]
+
+    def _spark_padding_bias(self) -> torch.Tensor | None:
+        return self._spark_row_bias if self._spark_masked else None
 
     # ------------------------------------------------------------------ live swap
     def _spark_report(self, event: str, why: str) -> None:
