@@ -13,8 +13,11 @@ Settings (``--additional-config``; every key optional, a feature is off unless `
       "shortlist":    {"enabled": true,
                        "path": "/opt/sparkdeploy/vocab/current.txt",   # one id per line, or .npy
                        "sha256": "<sha256 of the file bytes>",         # optional; mismatch = rejected
-                       "require_ids": [151643, 151645]},               # optional; EOS and the tokenizer's
+                       "require_ids": [151643, 151645],                # optional; EOS and the tokenizer's
                                                                        # special tokens are always required
+                       "capacity": 65536,          # optional; head rows fixed at start (default: the list's size)
+                       "live_check_every": 64},    # optional; drafter calls between looks at the pointer for a
+                                                   # live list swap (default 0: none)
       "skinny_gemm":  {"enabled": true, "plans": "auto"},   # plans: on a pin with its own table (0.34),
                                                             # "auto" adds measured entries only, "all" every one
       "fp8_gdn":      {"enabled": false},     # native vLLM flags on every supported pin: no overlay code;
@@ -26,7 +29,8 @@ required id or fails its hash: that feature fails closed (stock behaviour, reaso
 rank together. So does shortlist or skinny_gemm when a behaviour probe (``probes.py``, run once per process
 on the installed vLLM's files) drifted, or could not run and the feature's ``"force": true`` is not set.
 
-Files, one per patch: ``shortlist.py`` (+ ``shortlist_qwen35.py``, ``shortlist_qwen4.py``, ``vocab_list.py``), ``skinny_gemm.py``
+Files, one per patch: ``shortlist.py`` (+ ``shortlist_qwen35.py``, ``shortlist_qwen4.py``, ``vocab_list.py``,
+``shortlist_live.py``: the fixed capacity and the live swap), ``skinny_gemm.py``
 (+ ``skinny_plans.py``); ``loader_hook.py`` runs skinny GEMM after each model load; ``compat.py`` says per vLLM version which features are native flags and which are overlays;
 ``check.py`` (``python -m spark_overlays check``) verifies the installed vLLM or a source tree against it.
 """

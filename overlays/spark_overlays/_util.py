@@ -30,25 +30,52 @@ def fail_closed(feature: str, reason: str) -> None:
     logger.warning(f"{PREFIX} {feature} DISABLED (stock behaviour kept): %s", reason)
 
 
+def _tp_min(values: list[int]) -> list[int] | None:
+    """Element-wise minimum of `values` over the tensor-parallel ranks (gloo CPU group; no CUDA); None when
+    there is one rank (or no TP group)."""
+    from vllm.distributed.parallel_state import get_tp_group, model_parallel_is_initialized
+
+    if not model_parallel_is_initialized():
+        return None
+    group = get_tp_group()
+    if group.world_size == 1:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group.cpu_group)
+    return t.tolist()
+
+
 def tp_agree(ok: bool) -> bool:
-    """True only if every tensor-parallel rank says ok (gloo CPU group; no CUDA). Single rank: ``ok``."""
+    """True only if every tensor-parallel rank says ok. Single rank: ``ok``."""
     try:
-        from vllm.distributed.parallel_state import get_tp_group, model_parallel_is_initialized
-
-        if not model_parallel_is_initialized():
-            return ok
-        group = get_tp_group()
-        if group.world_size == 1:
-            return ok
-        import torch
-        import torch.distributed as dist
-
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group.cpu_group)
-        return bool(flag.item())
+        low = _tp_min([1 if ok else 0])
+        return ok if low is None else bool(low[0])
     except Exception as e:  # noqa: BLE001
         logger.warning(f"{PREFIX} TP agreement check failed (%s); treating as disagreement", e)
         return False
+
+
+def tp_same(value: int) -> bool:
+    """True only if every tensor-parallel rank passes the same `value` (|value| < 2^62). Single rank: True."""
+    try:
+        low = _tp_min([value, -value])
+        return low is None or low[0] == -low[1]
+    except Exception as e:  # noqa: BLE001
+        logger.warning(f"{PREFIX} TP agreement check failed (%s); treating as disagreement", e)
+        return False
+
+
+def tp_rank() -> int:
+    """This process's tensor-parallel rank (0 without a TP group)."""
+    try:
+        from vllm.distributed.parallel_state import get_tp_group, model_parallel_is_initialized
+
+        return get_tp_group().rank_in_group if model_parallel_is_initialized() else 0
+    except Exception:  # noqa: BLE001 - only a label
+        return 0
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

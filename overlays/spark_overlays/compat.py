@@ -58,6 +58,7 @@ class Support:
     targets: tuple[Target, ...] = field(default_factory=tuple)
     note: str = ""
     off_by_default: str = ""  # why the planner leaves the patch off on this pin even when requested ("" = it may be on)
+    live_swap: bool = False  # shortlist: the head takes a new list inside the running engine (README "Live list swap")
 
 
 # ---------------------------------------------------------------------------------------------- targets
@@ -72,7 +73,9 @@ _SHORTLIST_COMMON = (
            ("self", "param", "loaded_weight")),
     Target("vllm.model_executor.layers.logits_processor", "LogitsProcessor.__init__", ("self", "vocab_size")),
     Target("vllm.model_executor.layers.logits_processor", "LogitsProcessor.get_top_tokens",
-           ("self", "lm_head", "hidden_states")),
+           ("self", "lm_head", "hidden_states", "embedding_bias")),  # the padding rows' -inf bias
+    Target("vllm.model_executor.layers.logits_processor", "LogitsProcessor.forward",
+           ("self", "lm_head", "hidden_states", "embedding_bias")),
     Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.__init__", ("self",)),
     Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.compute_logits", ("self", "hidden_states")),
     Target(f"{_MTP}.qwen3_next_mtp", "Qwen3NextMTP.load_weights", ("self", "weights")),
@@ -226,7 +229,7 @@ _UNMEASURED = (f"{_COUNTS['entries'] - _COUNTS['measured']} of {_COUNTS['entries
 TABLE: dict[str, dict[str, Support]] = {
     "0.32": {
         "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON + _SHARE_V2_033 + _SHARE_V1,
-                             note="no MTP vocabulary shortlist upstream"),
+                             note="no MTP vocabulary shortlist upstream", live_swap=True),
         "skinny_gemm": Support(OVERLAY, targets=_SKINNY,
                                note=f"no BF16 low-M plan for SM121 upstream; {_UNMEASURED}"),
         "fp8_gdn": Support(NATIVE, flags=_FP8_FLAGS, targets=_FP8_FLAGS_TARGETS,
@@ -239,7 +242,7 @@ TABLE: dict[str, dict[str, Support]] = {
     },
     "0.33": {
         "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON + _SHARE_V2_033 + _SHARE_V1 + _QWEN4_MTP,
-                             note="no MTP vocabulary shortlist upstream"),
+                             note="no MTP vocabulary shortlist upstream", live_swap=True),
         "skinny_gemm": Support(OVERLAY, targets=_SKINNY_033,
                                note="qwen4_exp GB10 plans lack M=3,5, the GDN shapes and the shortlist N "
                                     f"(extended in place); no other model has any; {_UNMEASURED}"),
@@ -251,7 +254,7 @@ TABLE: dict[str, dict[str, Support]] = {
     "0.34": {
         "shortlist": Support(OVERLAY, targets=_SHORTLIST_COMMON + _SHARE_V2_034 + _QWEN4_MTP,
                              note="no MTP vocabulary shortlist upstream (draft_lm_head_quantization is the "
-                                  "competing lever); V2 runner only"),
+                                  "competing lever); V2 runner only", live_swap=True),
         "skinny_gemm": Support(OVERLAY, targets=_SKINNY_034,
                                note="upstream's SM121 plan table (GLM shapes, TP=2) routes the layers; we only add "
                                     "our entries to it (plans: auto = those measured under its rule)",

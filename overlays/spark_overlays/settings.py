@@ -4,7 +4,8 @@ Schema (every key optional; a feature without ``enabled: true`` is off)::
 
     {"spark_overlays": {
         "shortlist":    {"enabled": true, "path": "/opt/sparkdeploy/vocab/current.txt",
-                         "sha256": "<hex of the file bytes>", "require_ids": [0, 1, 2], "force": false},
+                         "sha256": "<hex of the file bytes>", "require_ids": [0, 1, 2], "force": false,
+                         "capacity": 65536, "live_check_every": 64},
         "skinny_gemm":  {"enabled": true, "plans": "auto", "force": false},
         "fp8_gdn":      {"enabled": false},
         "prefix_align": {"enabled": false},
@@ -39,6 +40,8 @@ class Shortlist:
     sha256: str | None = None
     require_ids: tuple[int, ...] = ()
     force: bool = False  # run even where a behaviour probe could not run on this vLLM (``probes``)
+    capacity: int = 0  # rows of the draft head, fixed at start: the largest list a live swap may bring (0: the list's)
+    live_check_every: int = 0  # drafter calls between looks at the list pointer (0: no live swap)
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ class Settings:
 
 
 _KEYS = {
-    "shortlist": {"enabled": bool, "path": str, "sha256": (str, type(None)), "require_ids": list, "force": bool},
+    "shortlist": {"enabled": bool, "path": str, "sha256": (str, type(None)), "require_ids": list, "force": bool,
+                  "capacity": int, "live_check_every": int},
     "skinny_gemm": {"enabled": bool, "plans": str, "force": bool},
     "fp8_gdn": {"enabled": bool},
     "prefix_align": {"enabled": bool},
@@ -106,6 +110,9 @@ def _feature(name: str, raw: Any) -> Any:
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
             raise SettingsError(f"{where}.require_ids must be non-negative integers")
         kwargs["require_ids"] = tuple(ids)
+    for key in ("capacity", "live_check_every"):
+        if key in kwargs and kwargs[key] < 0:
+            raise SettingsError(f"{where}.{key} must be 0 or more, got {kwargs[key]}")
     for key in ("flush_seconds", "flush_tokens"):
         if key in kwargs and not kwargs[key] > 0:
             raise SettingsError(f"{where}.{key} must be positive, got {kwargs[key]}")

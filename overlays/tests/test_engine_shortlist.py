@@ -18,9 +18,12 @@ loaders, ``LocalArgmaxMixin``) is proven by ``spark_overlays check``'s probes on
 CUDA graphs, torch.compile and the speed.
 """
 
+import hashlib
 import json
+import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +113,78 @@ def test_shortlist_acceptance_tracks_whether_the_list_holds_the_needed_tokens(co
     print(f"draft acceptance: stock head {stock_rate:.3f}, listed {rates['listed']:.3f}, missing {rates['missing']:.3f}")
     assert rates["listed"] >= stock_rate - 0.05, (rates, stock_rate)  # a list with the needed ids ~ full vocabulary
     assert rates["missing"] <= 0.1, (rates, stock_rate)  # without them the draft is always wrong
+
+
+def _store(tmp: Path):
+    """The on-node list store (vocab_live.py): lists named by their sha256, `current.txt` a relative symlink
+    moved by an atomic rename, as `vocab rollout` moves it."""
+    store = tmp / "vocab"
+    store.mkdir()
+
+    def put(ids) -> str:
+        data = ("\n".join(map(str, sorted(set(map(int, ids))))) + "\n").encode()
+        name = f"{hashlib.sha256(data).hexdigest()}.txt"
+        (store / name).write_bytes(data)
+        return name
+
+    def point(name: str) -> None:
+        (store / "current.new").unlink(missing_ok=True)
+        os.symlink(name, store / "current.new")
+        os.replace(store / "current.new", store / "current.txt")
+
+    return store / "current.txt", put, point
+
+
+def test_a_live_swap_changes_acceptance_in_one_running_engine_and_never_the_output(counting_model, tmp_path):
+    """One engine: good list -> poor list -> over-capacity list (refused) -> good list again, swapped through the
+    pointer while the engine runs. Acceptance follows the list, the greedy output never changes, no restart."""
+    _, listed, missing, rows = _lists(counting_model, tmp_path)
+    vocab = json.loads((counting_model / "config.json").read_text())["vocab_size"]
+    capacity = 4032  # room for either list; the full vocabulary (4096 ids) exceeds it
+    pointer, put, point = _store(tmp_path)
+    good, poor, too_big = put(listed.read_text().split()), put(missing.read_text().split()), put(range(vocab))
+    point(good)
+    cfg = {"spark_overlays": {"shortlist": {"enabled": True, "path": str(pointer), "capacity": capacity,
+                                            "live_check_every": 1}}}
+    spec = {"method": "mtp", "num_speculative_tokens": 2, "use_local_argmax_reduction": True}
+    args = [*BASE_ARGS, "--speculative-config", json.dumps(spec), "--additional-config", json.dumps(cfg)]
+    phases = []
+    with VllmServer(counting_model, args=args, log_path=tmp_path / "live.log", timeout=420) as srv:
+        pid = srv.proc.pid
+
+        def run(label: str, name: str, line: str) -> None:
+            """Point at list `name`, wait for the engine's report `line`, then measure acceptance and output."""
+            point(name)
+            deadline = time.monotonic() + 60
+            while line not in srv.log_text():  # drafter calls: the engine looks, reads in the background, swaps
+                assert time.monotonic() < deadline, (label, srv.log_tail())
+                srv.completion(PROMPTS[0], max_tokens=2)
+            metrics = srv.metrics()
+            drafted0 = _counter(metrics, "vllm:spec_decode_num_draft_tokens_total")
+            accepted0 = _counter(metrics, "vllm:spec_decode_num_accepted_tokens_total")
+            texts = [srv.completion(p, max_tokens=24)["choices"][0]["text"] for p in PROMPTS]
+            metrics = srv.metrics()
+            drafted = _counter(metrics, "vllm:spec_decode_num_draft_tokens_total") - drafted0
+            accepted = _counter(metrics, "vllm:spec_decode_num_accepted_tokens_total") - accepted0
+            assert drafted > 0 and srv.proc.poll() is None, srv.log_tail()
+            phases.append((label, accepted / drafted, texts))
+
+        run("good", good, f"shortlist serves sha256={good[:-4]}")
+        run("poor", poor, f"shortlist swapped; serves sha256={poor[:-4]}")
+        run("over capacity", too_big, f"shortlist keeps sha256={poor[:-4]}")  # refused: the poor list stays
+        run("good again", good, f"shortlist swapped; serves sha256={good[:-4]}")
+        assert srv.proc.pid == pid and srv.proc.poll() is None
+        log = srv.log_text()
+    print("live swap, draft acceptance per phase: "
+          + ", ".join(f"{label} {rate:.3f}" for label, rate, _ in phases))
+    rate = {label: r for label, r, _ in phases}
+    assert len({tuple(texts) for _, _, texts in phases}) == 1, phases  # greedy output identical throughout
+    assert rate["good"] >= 0.9 and rate["good again"] >= 0.9, rate
+    assert rate["poor"] <= 0.1 and rate["over capacity"] <= 0.1, rate
+    assert log.count("shortlist head built") == 1 and f"{rows['listed']} rows of 4096, capacity {capacity}" in log
+    assert "exceeds the head's capacity 4032" in log
+    assert re.search(rf"shortlist swapped; serves sha256={poor[:-4]} rows={rows['missing']} capacity={capacity}", log)
+    from sparkdeploy import vocab_live  # the kit reads these reports back (vocab_live.live_swap)
+
+    assert [(r.rank, r.event, r.sha256) for r in vocab_live.reports(log)] == [
+        (0, "serves", good[:-4]), (0, "swapped", poor[:-4]), (0, "keeps", poor[:-4]), (0, "swapped", good[:-4])]

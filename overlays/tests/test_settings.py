@@ -12,10 +12,11 @@ def test_defaults_are_off():
 def test_full_schema_round_trip():
     raw = S.additional_config(
         shortlist={"enabled": True, "path": "/opt/sparkdeploy/vocab/current.txt", "sha256": "ab" * 32,
-                   "require_ids": [0, 2]},
+                   "require_ids": [0, 2], "capacity": 65536, "live_check_every": 64},
         skinny_gemm={"enabled": True}, fp8_gdn={"enabled": False}, prefix_align={"enabled": False})
     cfg = S.parse(raw)
     assert cfg.shortlist.enabled and cfg.shortlist.require_ids == (0, 2)
+    assert (cfg.shortlist.capacity, cfg.shortlist.live_check_every) == (65536, 64)
     assert not cfg.prefix_align.enabled and not cfg.fp8_gdn.enabled
 
 
@@ -26,6 +27,8 @@ def test_full_schema_round_trip():
     ({"spark_overlays": {"skinny_gemm": {"enabled": "yes"}}}, "skinny_gemm.enabled"),
     ({"spark_overlays": {"prefix_align": {"lookahead": 2}}}, "prefix_align.lookahead"),  # removed with the overlay
     ({"spark_overlays": {"shortlist": {"require_ids": [-1]}}}, "require_ids"),
+    ({"spark_overlays": {"shortlist": {"capacity": -1}}}, "shortlist.capacity"),
+    ({"spark_overlays": {"shortlist": {"live_check_every": True}}}, "shortlist.live_check_every"),
     ({"spark_overlays": []}, "spark_overlays"),
 ])
 def test_errors_name_the_key(raw, where):

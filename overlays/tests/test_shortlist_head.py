@@ -2,9 +2,9 @@
 
 The script builds ``ShortlistQwen3NextMTP`` through vLLM's own model initialiser from the tiny Qwen3-Next
 config, loads a random full head through its ``load_weights`` and compares token ids with ``argmax`` over
-the full head. A shifted id mapping must break that (so the comparison can fail), a stream with only a
-packed (NVFP4-like) head must put the stock head back, and with the shortlist off the class still takes
-the local argmax.
+the full head. A shifted id mapping must break that (so the comparison can fail), padding rows of a capacity
+above the list must never win, a stream with only a packed (NVFP4-like) head must put the stock head back,
+and with the shortlist off the class still takes the local argmax.
 """
 
 import json
@@ -40,6 +40,12 @@ def test_token_ids_equal_the_full_heads_argmax_when_it_is_on_the_list(result):
     assert result["rows"] == result["list_rows"]
     assert result["on_list"] > 10  # rows of 96 whose full argmax is a listed id
     assert result["top_on_list_equal"] and result["top_is_listed_argmax"] and result["scatter_equal"]
+
+
+def test_padding_rows_of_a_larger_capacity_never_win(result):
+    assert result["padded_rows"] == result["list_rows"] + 100
+    assert result["padded_unmasked_padding_wins"]  # the weights alone would pick a padding row every time
+    assert result["padded_top_equal"] and result["padded_scatter_equal"]
 
 
 def test_a_wrong_id_mapping_is_caught(result):

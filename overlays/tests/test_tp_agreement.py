@@ -1,4 +1,5 @@
-"""Fail closed together: one rank rejecting the list disables the shortlist on every rank (gloo, 2 processes)."""
+"""Fail closed together: one rank rejecting the list disables the shortlist on every rank, and a live swap
+starts only when every rank sees the same list pointer (gloo, 2 processes)."""
 
 import socket
 import sys
@@ -12,6 +13,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 
 CASES = [((True, True), True), ((True, False), False), ((False, True), False), ((False, False), False)]
+SAME = [((5, 5), True), ((5, 6), False), ((6, 5), False), ((-3, 3), False), ((2**60 - 1, 2**60 - 1), True)]
 
 
 def _worker(rank, port, results):
@@ -23,9 +25,9 @@ def _worker(rank, port, results):
     for name in ("vllm", "vllm.distributed"):
         sys.modules.setdefault(name, types.ModuleType(name))
     sys.modules["vllm.distributed.parallel_state"] = ps
-    from spark_overlays._util import tp_agree
+    from spark_overlays._util import tp_agree, tp_same
 
-    results[rank] = [tp_agree(oks[rank]) for oks, _ in CASES]
+    results[rank] = [tp_agree(oks[rank]) for oks, _ in CASES] + [tp_same(values[rank]) for values, _ in SAME]
     dist.destroy_process_group()
 
 
@@ -37,7 +39,7 @@ def test_tp_agree_is_unanimous():
     with mp.Manager() as manager:
         results = manager.dict()
         mp.spawn(_worker, args=(port, results), nprocs=2, join=True)
-        expected = [e for _, e in CASES]
+        expected = [e for _, e in CASES + SAME]
         assert dict(results) == {0: expected, 1: expected}
 
 

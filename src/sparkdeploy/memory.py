@@ -21,8 +21,9 @@ The rule, in GiB, per node:
     budget   = base - reserve                       -> what vLLM may take
     GMU      = floor(budget / MemTotal, 0.01)       -> derived unless the inventory pins one
     weights  = profile weights_gib / (tp x pp)      -> per rank (expert parallel splits the experts too)
-    draft    = the shortlist draft head, when that overlay is on: its own [S, hidden] BF16 head beside the
-               target's (the stock MTP shares the target's for free), S padded to 64 and split over TP:
+    draft    = the shortlist draft head, when that overlay is on: its own [C, hidden] BF16 head beside the
+               target's (the stock MTP shares the target's for free), C its capacity (the profile's
+               shortlist.capacity, else the list's size) padded to 64 and split over TP:
                65,536 rows x 2,560 x 2 bytes = 320 MiB at TP=1, 160 MiB (~168 MB) per rank at TP=2
     KV pool  = GMU x MemTotal - weights - draft - activation_gib   (expected; vLLM logs the real figure)
     tokens   = KV pool / kv_bytes_per_token (per rank)
@@ -56,14 +57,14 @@ DRAFT_HIDDEN_SIZE = 2560  # Qwen3.5 / Qwen3.8-Flash-Next; the profile states no 
 DRAFT_HEAD_DTYPE_BYTES = 2  # the gathered rows keep the checkpoint head's BF16
 
 
-def shortlist_head_gib(features, vocab, tp: int, hidden_size: int = DRAFT_HIDDEN_SIZE) -> float:
-    """Per-rank GiB of the shortlist overlay's own draft head (0 when the overlay is off or has no list)."""
-    shortlist = next((f for f in features if f.name == "shortlist"), None)
-    if vocab is None or shortlist is None or not (shortlist.enabled and shortlist.mode == "overlay"):
+def shortlist_head_gib(capacity: int, tp: int, hidden_size: int = DRAFT_HIDDEN_SIZE) -> float:
+    """Per-rank GiB of the shortlist overlay's own draft head of `capacity` rows (its size for life, whatever
+    list it holds; 0 when the plan runs no shortlisted head)."""
+    if not capacity:
         return 0.0
     from spark_overlays.vocab_list import rows_per_rank  # the engine's own padding and split rule
 
-    return rows_per_rank(vocab.size, tp) * hidden_size * DRAFT_HEAD_DTYPE_BYTES / GIB
+    return rows_per_rank(capacity, tp) * hidden_size * DRAFT_HEAD_DTYPE_BYTES / GIB
 
 
 @dataclass(frozen=True)

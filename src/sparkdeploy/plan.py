@@ -261,12 +261,66 @@ def _features(inv: Inventory, mode_of: Callable[[str, str], str], ckpt: Checkpoi
     return tuple(out)
 
 
-def _additional_config(inv: Inventory, features: tuple[Feature, ...], capture: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ShortlistHead:
+    """The shortlisted draft head a plan starts: its row capacity, fixed at start, and whether a new list can
+    reach it inside the running engine (overlays/README.md "Live list swap")."""
+
+    rows: int  # ids in the inventory's list
+    capacity: int  # the profile's shortlist.capacity, else the list's size
+    live_check_every: int  # drafter calls between the engine's looks at the pointer; 0: no live swap
+    live_off: str = ""  # why there is no live swap
+
+    def describe(self) -> str:
+        live = (f"live list swap on (the engine looks at the list pointer every {self.live_check_every} drafter calls)"
+                if self.live_check_every else f"live list swap off: {self.live_off}")
+        return f"shortlist draft head: capacity {self.capacity:,} rows, list {self.rows:,} ids; {live}"
+
+
+def _live_swap_hook(version: str) -> bool:
+    """Whether the pin's shortlist overlay takes a new list in the running engine (the overlays' compat table)."""
+    from spark_overlays import compat
+
+    try:
+        return compat.support(version, "shortlist").live_swap
+    except compat.CompatError:
+        return False
+
+
+def _shortlist_head(inv: Inventory, features: tuple[Feature, ...]) -> ShortlistHead | None:
+    """None when the plan runs no shortlisted head; PlanError for a capacity the list or the model cannot fit."""
+    from sparkdeploy.served_tokenizer import known_vocab_size
+
+    feat = next((f for f in features if f.name == "shortlist"), None)
+    if feat is None or not (feat.enabled and feat.mode == "overlay") or inv.vocab is None:
+        return None
+    p = inv.profile
+    size, capacity = inv.vocab.size, p.shortlist_capacity or inv.vocab.size
+    if capacity < size:
+        raise PlanError(f"{p.file}: shortlist.capacity {capacity:,} is smaller than the draft list {inv.vocab.path} "
+                        f"({size:,} ids): raise it to at least {size:,}, or shorten the list")
+    vocab_size = known_vocab_size(p.model_id)
+    if vocab_size is not None and capacity > vocab_size:
+        raise PlanError(f"{p.file}: shortlist.capacity {capacity:,} exceeds {p.model_id}'s vocabulary "
+                        f"({vocab_size:,} tokens): lower it to at most {vocab_size:,}")
+    live_off = ("" if _live_swap_hook(inv.image.vllm_version) else
+                f"the shortlist overlay on vLLM {inv.image.vllm_version} has no live swap")
+    if not live_off and not p.shortlist_live_check_every:
+        live_off = "the profile sets no shortlist.live_check_every (a restart rollout swaps the list)"
+    return ShortlistHead(size, capacity, 0 if live_off else p.shortlist_live_check_every, live_off)
+
+
+def _additional_config(inv: Inventory, features: tuple[Feature, ...], capture: bool,
+                       head: ShortlistHead | None) -> dict[str, Any]:
     cfg: dict[str, Any] = {}
     for feat in features:
         entry: dict[str, Any] = {"enabled": feat.enabled and feat.mode == "overlay"}
-        if feat.name == "shortlist" and entry["enabled"] and inv.vocab is not None:
+        if feat.name == "shortlist" and head is not None:
             entry.update(path=VOCAB_CONTAINER_FILE, sha256=inv.vocab.sha256)
+            if inv.profile.shortlist_capacity:
+                entry["capacity"] = head.capacity
+            if head.live_check_every:
+                entry["live_check_every"] = head.live_check_every
         cfg[feat.name] = entry
     if capture:
         cfg["capture"] = {"enabled": True, "path": inv.layout.capture_counts, "switch": inv.layout.capture_switch,
@@ -555,7 +609,8 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     features = _features(inv, mode_of, ckpt)
     secrets = inv.auth.fingerprints()
     capture = _capture_wired(inv.image.vllm_version, mode_of)
-    additional = _additional_config(inv, features, capture)
+    shortlist = _shortlist_head(inv, features)
+    additional = _additional_config(inv, features, capture, shortlist)
     spec = _speculative_config(p, features)
     image = _image(inv, features, git_commit, overlays_digest)
     head = chosen[0]
@@ -570,7 +625,7 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
             return budget(facts[node.name], reserve_gib=inv.memory.reserve_gib, weights_gib=weights,
                           activation_gib=p.activation_gib, kv_bytes_per_token=kv_bytes, explicit_gmu=gmu,
                           cpu_kv_space_gib=float(cpu_kv) if cpu_kv and cpu_kv.replace(".", "", 1).isdigit() else None,
-                          draft_head_gib=shortlist_head_gib(features, inv.vocab, tp),
+                          draft_head_gib=shortlist_head_gib(shortlist.capacity if shortlist else 0, tp),
                           shared_by=inv.shared_by(node.name), min_kv_gib=p.max_model_len * kv_bytes / GIB)
         except PlanError as err:
             if inv.service is None:
@@ -615,6 +670,8 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     for feat in features:
         if feat.requested and not feat.enabled:
             notes.append(f"patch {feat.name} off: {feat.reason}")
+    if shortlist is not None:
+        notes.append(shortlist.describe())
 
     draft = Plan(cluster=inv.cluster, release_id=_RELEASE_PLACEHOLDER, kit_version=__version__, profile=p.name,
                  nnodes=nnodes, tp=tp, pp=pp, api_port=inv.ports.api, master_port=inv.ports.master, image=image,

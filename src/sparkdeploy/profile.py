@@ -80,6 +80,9 @@ class Profile:
     env: tuple[tuple[str, str], ...]
     engine_args: tuple[str, ...] = ()  # extra `vllm serve` argv, checked against the pinned vLLM (engine_args.py)
     checkpoint_format: str | None = None  # declared `checkpoint.format`; the head's files win when read
+    # the shortlisted draft head's rows, fixed at start: the largest list a live swap may bring (None: the list's)
+    shortlist_capacity: int | None = None
+    shortlist_live_check_every: int = 0  # drafter calls between the engine's looks at the list pointer (0: no live swap)
 
     @property
     def world_size(self) -> int:
@@ -165,7 +168,8 @@ def image_config(profile_part: dict[str, Any], inv_part: dict[str, Any], file: s
 
 
 _PROFILE_KEYS = ("description", "model", "parallel", "speculative", "engine", "engine_args", "checkpoint",
-                 "container", "env", "image")
+                 "container", "env", "image", "shortlist")
+_SHORTLIST_KEYS = ("capacity", "live_check_every")
 _MODEL_KEYS = ("id", "path", "host_dir", "served_name", "weights_gib", "kv_bytes_per_token")
 _PARALLEL_KEYS = ("tp", "pp", "dp", "expert_parallel")
 _ENGINE_KEYS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype", "enforce_eager",
@@ -248,6 +252,7 @@ def load_profile(path: Path, name: str | None = None) -> tuple[Profile, dict[str
     ck_format = ck.text("format", None, None, what=f"a checkpoint format ({', '.join(checkpoint.KNOWN_FORMATS)})")
     if ck_format is not None and ck_format not in checkpoint.KNOWN_FORMATS:
         ck.fail("format", f"{short(ck_format)} is not one of {', '.join(checkpoint.KNOWN_FORMATS)}")
+    sl = f.sub("shortlist", _SHORTLIST_KEYS, required=False)
     kv_dtype = e.text("kv_cache_dtype", None, None, what=f"one of {', '.join(KV_DTYPES)}")
     if kv_dtype is not None and kv_dtype not in KV_DTYPES:
         e.fail("kv_cache_dtype", f"{kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
@@ -278,6 +283,9 @@ def load_profile(path: Path, name: str | None = None) -> tuple[Profile, dict[str
         caches=c.flag("caches", True),
         env=env_items(raw.get("env"), "env", file),
         checkpoint_format=ck_format,
+        shortlist_capacity=sl.integer("capacity", 1, 1 << 24, None, what="draft head rows, 1..16777216"),
+        shortlist_live_check_every=sl.integer("live_check_every", 0, 1 << 20, 0,
+                                              what="drafter calls between pointer checks, 0..1048576 (0 = off)"),
     )
     image = image_part(raw.get("image"), "image", file)
     return profile, image, raw.get("engine_args")

@@ -10,13 +10,20 @@ On-node layout (`/var/lib/sparkdeploy/vocab`, per service `layout.ServiceLayout.
 A version is the first 12 hex digits of the sha256. The release says which list it expects: the engine gets
 `spark_overlays.shortlist.sha256` in `--additional-config` (and refuses a list with another hash, falling back
 to the stock draft head), so `current.txt` and the current release must name the same sha256.
+
+A release whose plan has `shortlist.live_check_every` takes a new list without a restart: `live_swap` moves
+every node's pointer and reads back, from each engine rank's log report, whether it swapped or kept its list
+(overlays/README.md "Live list swap"); on any refusal the pointers go back. A restart after a live swap
+reads `current.txt` against the release's sha256, so the caller must also record a release naming the new list.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
 
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.layout import ServiceLayout
@@ -224,3 +231,103 @@ def follow_release(conn: Conn, lay: ServiceLayout) -> str | None:
     record(conn, lay, {"action": "follow-release", "sha256": st.configured, "version": version_of(st.configured),
                   "from": st.content, "release": st.release, "result": "live"})
     return st.configured
+
+
+# ------------------------------------------------------------------------------------------- live swap
+# What each TP rank of a running engine reports it drafts from (overlays/README.md "Live list swap"): one log
+# line at load ("serves"), after each swap ("swapped; serves") and after a refused one ("keeps", the old sha).
+_REPORT = re.compile(r"spark_overlays: shortlist (serves|swapped; serves|keeps) sha256=([0-9a-f]{64}) rows=\d+ "
+                     r"capacity=\d+ tp_rank=(\d+)(?: reason=(.*?))? pid=")
+
+
+@dataclass(frozen=True)
+class Served:
+    """One rank's report: the list it serves after an event ("serves", "swapped" or "keeps", with why)."""
+
+    rank: int
+    sha256: str
+    event: str
+    reason: str = ""
+
+
+def reports(log: str) -> list[Served]:
+    """The engine's list reports in log order."""
+    return [Served(int(m.group(3)), m.group(2), m.group(1).split(";")[0], m.group(4) or "")
+            for m in _REPORT.finditer(log)]
+
+
+def engine_reports(conn: Conn, lay: ServiceLayout) -> str:
+    """The report lines of the node's engine container (empty when it is not running)."""
+    script = 'docker logs "$1" 2>&1 | grep "spark_overlays: shortlist .*sha256="'
+    return conn.query(["sh", "-c", script, "reports", lay.container], check=False, timeout=60).stdout
+
+
+def served(conn: Conn, lay: ServiceLayout, logs: Callable[[Conn, ServiceLayout], str] = engine_reports
+           ) -> dict[int, Served]:
+    """The list each TP rank on the node serves now (its last report)."""
+    return {r.rank: r for r in reports(logs(conn, lay))}
+
+
+@dataclass
+class LiveSwapResult:
+    """Per node and rank, the first report after the pointer moved (absent: the rank had not answered)."""
+
+    sha256: str
+    answers: dict[str, dict[int, Served]]
+    ranks: dict[str, list[int]]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems()
+
+    def problems(self) -> list[str]:
+        out = []
+        for node, ranks in self.ranks.items():
+            for rank in ranks:
+                got = self.answers.get(node, {}).get(rank)
+                if got is None:
+                    out.append(f"{node} rank {rank}: no report (an engine looks at the pointer only while it drafts)")
+                elif got.event != "swapped" or got.sha256 != self.sha256:
+                    out.append(f"{node} rank {rank}: keeps {version_of(got.sha256)}: {got.reason or got.event}")
+        return out
+
+
+def live_swap(conns: Sequence[Conn], lay: ServiceLayout, sha: str, *, timeout: float = 120, poll: float = 1.0,
+              nudge: Callable[[], None] = lambda: None,
+              logs: Callable[[Conn, ServiceLayout], str] = engine_reports) -> LiveSwapResult:
+    """Point every node's `current.txt` at stored version `sha` and wait until every engine rank reports that it
+    serves it, or that it keeps its list. `nudge` runs between looks: an engine looks at the pointer only while
+    it drafts, so an idle service needs a request. On any refusal, or no answer within `timeout`, every pointer
+    goes back to the list the ranks serve, so pointer and engine agree again; the result says why, per rank.
+    Raises RemoteError when a node's engine reports no list (shortlist off, or a plugin without the swap)."""
+    before, ranks, previous = {}, {}, {}
+    for conn in conns:
+        seen = reports(logs(conn, lay))
+        if not seen:
+            raise RemoteError("the engine reports no draft list (shortlist off, or a plugin without the live "
+                              "swap): use a restart rollout", node=conn.name)
+        before[conn.name] = len(seen)
+        ranks[conn.name] = sorted({r.rank for r in seen})
+        previous[conn.name] = read_state(conn, lay).content
+    for conn in conns:
+        point(conn, lay, sha)
+    answers: dict[str, dict[int, Served]] = {c.name: {} for c in conns}
+    deadline = time.monotonic() + timeout
+    while True:
+        for conn in conns:
+            for r in reports(logs(conn, lay))[before[conn.name]:]:
+                answers[conn.name].setdefault(r.rank, r)
+        result = LiveSwapResult(sha, answers, ranks)
+        waiting = any(len(answers[n]) < len(ranks[n]) for n in ranks)
+        if not waiting or time.monotonic() >= deadline:
+            break
+        nudge()
+        time.sleep(poll)
+    for conn in conns:
+        back = None if result.ok else previous[conn.name]
+        if back:
+            point(conn, lay, back)
+        record(conn, lay, {"action": "live-swap", "sha256": sha, "version": version_of(sha),
+                           "from": previous[conn.name], "result": "live" if result.ok else "refused",
+                           "problems": result.problems()})
+    return result

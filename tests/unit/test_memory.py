@@ -69,17 +69,12 @@ def test_rows_show_the_split():
 
 
 def test_the_shortlist_draft_head_comes_out_of_the_kv_pool():
-    from types import SimpleNamespace
-
     from sparkdeploy.memory import shortlist_head_gib
 
-    on = [SimpleNamespace(name="shortlist", enabled=True, mode="overlay")]
-    vocab = SimpleNamespace(size=65536)
-    per_rank = shortlist_head_gib(on, vocab, tp=2)
+    per_rank = shortlist_head_gib(65536, tp=2)
     assert per_rank * GIB == 65536 // 2 * 2560 * 2  # 167.8 MB per rank at TP=2
-    assert shortlist_head_gib(on, SimpleNamespace(size=47149), tp=2) * GIB == 47168 // 2 * 2560 * 2  # padded to 64
-    assert shortlist_head_gib([SimpleNamespace(name="shortlist", enabled=False, mode="overlay")], vocab, 2) == 0
-    assert shortlist_head_gib(on, None, 2) == 0
+    assert shortlist_head_gib(47149, tp=2) * GIB == 47168 // 2 * 2560 * 2  # padded to 64
+    assert shortlist_head_gib(0, 2) == 0  # no shortlisted head
     plain, with_head = _budget(_facts()), _budget(_facts(), draft_head_gib=per_rank)
     assert with_head.kv_gib == pytest.approx(plain.kv_gib - per_rank, abs=0.002)
     assert with_head.kv_tokens < plain.kv_tokens

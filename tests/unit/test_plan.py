@@ -41,7 +41,9 @@ def test_plan_is_deterministic():
 
 
 # ------------------------------------------------------------------------------------------- more plans
+import dataclasses  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -281,3 +283,57 @@ def test_a_quantized_shared_draft_head_turns_the_shortlist_off_with_the_reason()
     assert "draft_lm_head_quantization: nvfp4" in shortlist.reason and "cannot stack" in shortlist.reason
     rendered = json.loads(p.head.serve_argv[p.head.serve_argv.index("--speculative-config") + 1])
     assert rendered["draft_lm_head_quantization"] == "nvfp4" and "use_local_argmax_reduction" not in rendered
+
+
+def _mtp_with_shortlist(tmp_path: Path, shortlist: dict | None, vllm_version: str | None = None) -> inventory.Inventory:
+    """The sim MTP inventory whose profile (a copy of sim-tiny-next-mtp) carries `shortlist:` settings."""
+    raw = yaml.safe_load((paths.profiles_dir() / "sim-tiny-next-mtp.yaml").read_text())
+    if shortlist is not None:
+        raw["shortlist"] = shortlist
+    if vllm_version:
+        raw["image"]["vllm_version"] = vllm_version
+    (tmp_path / "mtp.yaml").write_text(yaml.safe_dump(raw))
+    return _sim(tmp_path, "mtp.yaml")
+
+
+def test_the_shortlist_head_is_planned_at_its_capacity_and_the_live_swap_where_profile_and_pin_allow(tmp_path):
+    def overlay(p):
+        return json.loads(_arg(p.head.serve_argv, "--additional-config"))["spark_overlays"]["shortlist"]
+
+    default = plan.plan(_mtp_with_shortlist(tmp_path, None))
+    assert "capacity" not in overlay(default) and "live_check_every" not in overlay(default)
+    assert default.head.memory.draft_head_gib == pytest.approx(1024 // 2 * 2560 * 2 / 2**30, abs=1e-3)  # 1000 ids
+    assert "capacity 1,000 rows, list 1,000 ids; live list swap off: the profile sets no " \
+           "shortlist.live_check_every" in "\n".join(default.notes)
+
+    live = plan.plan(_mtp_with_shortlist(tmp_path, {"capacity": 3000, "live_check_every": 64}))
+    assert overlay(live)["capacity"] == 3000 and overlay(live)["live_check_every"] == 64
+    assert live.head.memory.draft_head_gib == pytest.approx(3008 // 2 * 2560 * 2 / 2**30, abs=1e-3)  # TP=2
+    assert live.head.memory.kv_gib == default.head.memory.kv_gib  # the CPU pool is fixed; the engine grows
+    assert live.head.memory.engine_gib > default.head.memory.engine_gib
+    assert "capacity 3,000 rows, list 1,000 ids; live list swap on (the engine looks at the list pointer every 64 " \
+           "drafter calls)" in "\n".join(live.notes)
+    assert live.release_id != default.release_id
+
+
+def test_a_pin_without_the_live_swap_hook_keeps_the_capacity_and_says_why(tmp_path, monkeypatch):
+    from spark_overlays import compat
+
+    row = dict(compat.TABLE["0.32"], shortlist=dataclasses.replace(compat.TABLE["0.32"]["shortlist"], live_swap=False))
+    monkeypatch.setitem(compat.TABLE, "0.32", row)
+    p = plan.plan(_mtp_with_shortlist(tmp_path, {"capacity": 3000, "live_check_every": 64}))
+    cfg = json.loads(_arg(p.head.serve_argv, "--additional-config"))["spark_overlays"]["shortlist"]
+    assert cfg["capacity"] == 3000 and "live_check_every" not in cfg
+    assert "live list swap off: the shortlist overlay on vLLM 0.32.0 has no live swap" in "\n".join(p.notes)
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"capacity": 999}, "shortlist.capacity 999 is smaller than the draft list"),
+    ({"capacity": 4033}, "shortlist.capacity 4,033 exceeds sparkdeploy/tiny-qwen3-next-mtp's vocabulary (4,032"),
+    ({"capacity": 0}, "shortlist.capacity"),
+    ({"live_check_every": -1}, "shortlist.live_check_every"),
+    ({"capacty": 5000}, "shortlist.capacty"),
+])
+def test_a_shortlist_capacity_that_cannot_work_is_refused_naming_the_field(tmp_path, settings, words):
+    with pytest.raises((PlanError, inventory.InventoryError), match=re.escape(words)):
+        plan.plan(_mtp_with_shortlist(tmp_path, settings))

@@ -20,10 +20,11 @@ def load(model, weights):
     process_weights_after_loading(model, model.vllm_config.model_config, torch.device("cpu"))
 
 
-def build(shortlist: bool):
+def build(shortlist: bool, **extra):
+    setting = {"enabled": shortlist, "path": list_path, **extra}
     cfg = EngineArgs(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=256,
                      speculative_config={"method": "mtp", "num_speculative_tokens": 1},
-                     additional_config={"spark_overlays": {"shortlist": {"enabled": shortlist, "path": list_path}}},
+                     additional_config={"spark_overlays": {"shortlist": setting}},
                      ).create_engine_config()
     with set_current_vllm_config(cfg):
         return initialize_model(vllm_config=cfg, model_config=cfg.speculative_config.draft_model_config)
@@ -60,6 +61,17 @@ load(stock_fallback, [("lm_head.weight", torch.zeros(vocab, hidden_size // 2, dt
 out.update(fallback_active=stock_fallback._spark_active, fallback_own_head=stock_fallback.has_own_lm_head,
            fallback_rows=int(stock_fallback.lm_head.org_vocab_size),
            fallback_d2t=hasattr(stock_fallback, "draft_id_to_target_id"))
+
+# a capacity above the list: 100 padding rows with zero weights. Every listed logit is negative here, so a
+# padding row's 0 would win the argmax were its -inf bias missing
+padded = build(True, capacity=len(ids) + 100)
+negative, positive = -full.abs(), hidden.abs()
+load(padded, [("lm_head.weight", negative.clone())])
+listed_top = ids[F.linear(positive, negative[ids]).argmax(-1)]
+out.update(padded_rows=int(padded.lm_head.org_vocab_size),
+           padded_top_equal=bool(torch.equal(padded.get_top_tokens(positive), listed_top)),
+           padded_scatter_equal=bool(torch.equal(padded.compute_logits(positive).argmax(-1), listed_top)),
+           padded_unmasked_padding_wins=bool((F.linear(positive, padded.lm_head.weight).argmax(-1) >= len(ids)).all()))
 
 off = build(False)  # shortlist off: the stock head keeps local argmax (TP=1 here)
 load(off, [("lm_head.weight", full.clone())])
