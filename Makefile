@@ -13,7 +13,7 @@ demo: setup
 	$(VENV_BIN)/sparkdeploy health --inventory $(SIM_INVENTORY)
 
 test: setup
-	$(VENV_BIN)/python -m pytest -n 3 --dist loadscope
+	$(VENV_BIN)/python -m pytest -n 2 --dist loadscope
 
 unit:
 	$(VENV_BIN)/python -m pytest -n 2 -m "not cluster and not engine and not slow"

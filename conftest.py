@@ -3,18 +3,18 @@
 Every test under tests/cluster needs the simulated cluster (marker `cluster`) except test_sim_units.py, which
 is pure code and runs with the unit tests.
 
-`make test` runs three xdist workers with `--dist loadscope` on the two cores: a cluster test spends most of
-its time waiting on a vLLM engine's start, a watchdog tick or a reboot, so a third lane fills the idle CPU.
-Cluster tests that share a simulated cluster run in file order in one scope, and each xdist worker has its own
-session cluster (`sim_cluster`, named per worker). The cluster modules are split into four scopes, handed out
-first and in this order (CLUSTER_SCOPES), each to the next worker that runs low:
+`make test` runs two xdist workers (one per core) with `--dist loadscope`. Cluster tests that share a
+simulated cluster run in file order in one scope, and each xdist worker has its own session cluster
+(`sim_cluster`, named per worker). The cluster modules are split into four scopes, handed out first and in this
+order (CLUSTER_SCOPES), each to the next worker that runs low:
   "cluster"       deploy, doctor, image layers, model fetch, the sim's own tests (the longest)
   "cluster-quad"  the 4-node services module (a cluster and a serving image of its own)
   "cluster-b"     the MTP modules (shortlist at TP=2, vocab rollout) on that worker's pair
-  "cluster-c"     the failure matrix, on the pair of the worker that ran the 4-node module (its cluster is down
-                  by then, so the memory it held is free)
+  "cluster-c"     the failure matrix, on the pair of whichever worker runs low first
 then every other module, each a scope of its own (a module-scoped vLLM server starts once). Measured: one worker
-running every cluster module took 71 min of CI; two halves 57 min.
+running every cluster module took 71 min of CI, two halves 57 min. A third worker made it slower: the run is
+CPU-bound (an `up` that restarts the pair costs ~58 CPU-seconds), and three lanes took the first deploy from
+356 s to 891 s.
 """
 
 from __future__ import annotations

@@ -107,6 +107,14 @@ def _deploy(sim, d: Path, name: str, ids: np.ndarray) -> dict:
             "logs": logs, "size": len(ids), "inventory": path}
 
 
+def live_state(sim) -> dict:
+    """(current release, live list sha256, engine start time) per node, read over SSH."""
+    return {n.name: (sim.ssh(n, "readlink /etc/sparkdeploy/current").out.strip(),
+                     sim.ssh(n, "sha256sum /var/lib/sparkdeploy/vocab/current.txt | cut -c1-64").out.strip(),
+                     sim.ssh(n, f"docker inspect -f '{{{{.State.StartedAt}}}}' {PLAIN.container}").out.strip())
+            for n in sim.nodes}
+
+
 def probe_acceptance(inv: Path, prompt_file: Path) -> float:
     """`sparkdeploy bench probe`'s acceptance length (1 + accepted/drafted per verify step) on the one message."""
     rc, out, err = cli("bench", "probe", "-i", str(inv), "--prompts", str(prompt_file), "--category", "count",
@@ -186,6 +194,7 @@ def test_a_failed_up_with_the_listed_list_then_a_reboot_keeps_drafting_from_the_
     configured one, turned the shortlist off and drafted with the full head: the listed figure."""
     listed, missing = runs["listed"]["probe"], runs["missing"]["probe"]
     assert listed > missing + 0.25, (listed, missing)  # the figure tells the two lists apart (listed holds half)
+    before = live_state(sim_cluster)
     d = runs["dir"]
     raw = yaml.safe_load(runs["listed"]["inventory"].read_text())
     profile = yaml.safe_load(Path(raw["profile"]).read_text())
@@ -195,8 +204,14 @@ def test_a_failed_up_with_the_listed_list_then_a_reboot_keeps_drafting_from_the_
     (d / "refused.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     rc, out, err = cli("up", "-i", str(d / "refused.yaml"), "--no-sentinel")
     assert rc != 0 and "compilation-config" in out + err, (out + err)[-2000:]
+    assert live_state(sim_cluster) == before  # the listed list is stored, not live; nothing restarted
     sim_cluster.cluster.reboot(["node1", "node2"])
-    wait_healthy(runs["missing"]["inventory"], 600)
+    wait_healthy(runs["missing"]["inventory"], 600)  # health's draft-vocab and agreement checks among them
+    assert {n: (rel, sha) for n, (rel, sha, _) in live_state(sim_cluster).items()} == \
+        {n: (rel, sha) for n, (rel, sha, _) in before.items()}
+    for n in sim_cluster.nodes:
+        off = sim_cluster.ssh(n, f"docker logs {PLAIN.container} 2>&1 | grep -c 'shortlist DISABLED' || true").out
+        assert off.split() == ["0"], f"{n.name}: the shortlist turned off after the reboot"
     after = probe_acceptance(runs["missing"]["inventory"], runs["prompts"])
     print(f"bench probe acceptance: listed {listed:.2f}, missing {missing:.2f}, after the failed up and the "
           f"reboot {after:.2f}")
