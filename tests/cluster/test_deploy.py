@@ -8,6 +8,7 @@ asserted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -396,9 +397,27 @@ def test_fault_health_gate_timeout_rolls_back(deployed, sim_cluster):
     assert "0003" in listing and "0002" in listing
 
 
+def effects(outcomes, step: str | None = None) -> list[str]:
+    """Every command and write the outcomes name (of one step, or all), sorted: a dry run's against a real run's."""
+    return sorted(e for o in outcomes if step in (None, o.step) for e in o.effects)
+
+
 def test_rollback_command(deployed, sim_cluster):
-    rc, out, err = cli("rollback", "-i", str(deployed["inv"]), "1", "--ready-timeout", READY, "--no-sentinel")
-    assert rc == 0, err[-2000:]  # names the node lacking the release and what it holds
+    """`rollback --dry-run` names the switch and restart the real rollback then makes, and changes nothing."""
+    serving = current(sim_cluster, "node1")
+    opts = D.Options(ready_timeout=float(READY), watchdog_grace=180, watchdog_backoff_s=10, watchdog_cap=2)
+    with D.load_cluster(str(deployed["inv"]), dataclasses.replace(opts, dry_run=True)) as c:
+        dry = c.rollback(1)
+    assert dry.release == 1 and dry.message.startswith("dry run: would roll back from release"), dry.message
+    assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == serving
+    rc, out, err = cli("rollback", "-i", str(deployed["inv"]), "1", "--dry-run")  # the CLI prints them (unit tests)
+    assert rc == 0 and current(sim_cluster, "node1") == current(sim_cluster, "node2") == serving, err[-2000:]
+    with D.load_cluster(str(deployed["inv"]), opts) as c:  # names the node lacking the release and what it holds
+        real = c.rollback(1)
+    assert real.healthy, real.message
+    assert effects(dry.outcomes, "start") and effects(dry.outcomes, "start") == effects(real.outcomes, "start")
+    assert set(effects(dry.outcomes)) <= set(effects(real.outcomes)), \
+        set(effects(dry.outcomes)) - set(effects(real.outcomes))  # a dry run names nothing the real run skips
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == "releases/0001"
     assert health_json(deployed["inv"])[0] == 0
     # and up brings the inventory's release back (it exists: switch + restart, no rewrite needed), with the speed
@@ -565,6 +584,20 @@ def test_up_one_node(deployed, sim_cluster):
     retire = [o for o in res["outcomes"] if o["step"] == "retire"]
     assert retire and retire[0]["node"] == "node2" and retire[0]["status"] == "changed"
     assert sim_cluster.ssh("node2", ["systemctl", "is-enabled", "sparkdeploy-engine.service"]).out.strip() != "enabled"
+
+
+def test_down_dry_run_names_what_down_then_does(deployed, sim_cluster):
+    """`down --dry-run` stops nothing and names exactly the commands the real `down` then runs."""
+    with D.load_cluster(str(deployed["inv"]), D.Options(dry_run=True)) as c:
+        dry = c.down()
+    assert sim_cluster.ssh("node1", ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() == "active"
+    rc, out, err = cli("down", "-i", str(deployed["inv"]), "--dry-run")
+    assert rc == 0, err[-2000:]
+    assert sim_cluster.ssh("node1", ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() == "active"
+    with D.load_cluster(str(deployed["inv"]), D.Options()) as c:
+        real = c.down()
+    assert effects(dry) and effects(dry) == effects(real)
+    assert sim_cluster.ssh("node1", ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() != "active"
 
 
 def test_print_timings():
