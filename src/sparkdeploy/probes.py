@@ -336,6 +336,15 @@ def probe_script(sections: Mapping[str, str] = SECTIONS) -> str:
     return ROOT_PREAMBLE + "\n".join(parts) + "\n"
 
 
+def named_probe_argv(label: str, sections: Mapping[str, str], values: Mapping[str, str],
+                     rest: Sequence[str] = ()) -> list[str]:
+    """A probe whose sections read shell variables named by `values`' keys. The values travel as arguments,
+    never spliced into the script; "$@" in each section holds `rest`."""
+    assert all(k.isidentifier() for k in values), list(values)
+    names = "".join(f'{k}="${{{i}}}"; ' for i, k in enumerate(values, 1))
+    return ["sh", "-c", f"{names}shift {len(values)}\n" + probe_script(sections), label, *values.values(), *rest]
+
+
 def probe_argv(checkpoint_dir: str | None, targets: Sequence[str], deployed_env: str = "") -> list[str]:
     """Doctor's probe: `targets` are the IPs (SSH port) or IP:PORTs this node must reach."""
     return ["sh", "-c", probe_script(), "sparkdeploy-doctor", checkpoint_dir or "", deployed_env, *targets]
@@ -369,6 +378,11 @@ def split_sections(output: str) -> dict[str, Section]:
         elif name is not None:
             lines.append(line)
     return out
+
+
+def section_text(sections: Mapping[str, Section], name: str) -> str:
+    """A section's text; "" when the probe's output lacks it (cut short)."""
+    return sections[name].text if name in sections else ""
 
 
 # --------------------------------------------------------------------------------------------- parsers

@@ -49,8 +49,9 @@ class NodeReleases:
         return max([0, *self.complete, *self.incomplete])
 
 
-# One round trip: list release dirs, which have release.json / HEALTHY, print metas, and resolve `current`.
-_SCAN = r"""
+# One round trip ($1 the releases dir, $2 the current link; read by `parse_scan`): list release dirs, which
+# have release.json / HEALTHY, print metas, and resolve `current`.
+SCAN = r"""
 cd "$1" 2>/dev/null || { echo END; exit 0; }
 for d in [0-9][0-9][0-9][0-9]; do
   [ -d "$d" ] || continue
@@ -63,7 +64,7 @@ echo END
 
 
 def scan(conn: Conn, lay: ServiceLayout) -> NodeReleases:
-    return parse_scan(conn.query(["sh", "-c", _SCAN, "scan", lay.releases_dir, lay.current_link], timeout=30).stdout,
+    return parse_scan(conn.query(["sh", "-c", SCAN, "scan", lay.releases_dir, lay.current_link], timeout=30).stdout,
                       conn.name)
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from sparkdeploy.connection import Conn
 from sparkdeploy.steps.base import Action
 
-# $1 = the units that are ours (space separated), $2.. = our ports. Prints one unit per line.
-_FIND = r"""
+# $1 = the units that are ours (space separated), $2.. = our ports. Prints one unit per line (`parse`).
+FIND = r"""
 ours=" $1 "; shift
 ports="$*"
 pat='vllm'
@@ -38,7 +38,12 @@ done
 
 
 def find(conn: Conn, ours: list[str], ports: list[int]) -> list[str]:
-    out = conn.query(["sh", "-c", _FIND, "stale", " ".join(ours), *map(str, ports)], timeout=60, check=False).stdout
+    return parse(conn.query(["sh", "-c", FIND, "stale", " ".join(ours), *map(str, ports)], timeout=60,
+                            check=False).stdout)
+
+
+def parse(out: str) -> list[str]:
+    """FIND's output -> the stale units, sorted."""
     return sorted({line.strip() for line in out.splitlines() if line.strip()})
 
 
