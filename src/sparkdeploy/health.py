@@ -18,8 +18,8 @@ from typing import Callable
 
 import requests
 
-from sparkdeploy import memguard, probes, timing
-from sparkdeploy.layout import HEALTHY_MARK, SENTINEL_RECORD, ServiceLayout
+from sparkdeploy import memguard, probes, timing, vocab_live
+from sparkdeploy.layout import HEALTHY_MARK, NODE_PLAN_FILE, SENTINEL_RECORD, ServiceLayout
 from sparkdeploy.verdict import Status
 
 PROBE_PROMPT = "The capital of France is"
@@ -111,9 +111,8 @@ NODE_SECTIONS: dict[str, str] = {
     "current": 'readlink "$current" 2>/dev/null',
     "watchdog": 'cat "$wd_state" 2>/dev/null',
     "vocab": ('echo "pointer=$(readlink "$vocab" 2>/dev/null)"; '
-              'echo "content=$(sha256sum "$vocab" 2>/dev/null | cut -c1-64)"; '
-              "echo \"configured=$(grep -o 'sha256[^0-9a-f]\\{1,8\\}[0-9a-f]\\{64\\}' \"$current/node-plan.json\""
-              " 2>/dev/null | head -1 | grep -o '[0-9a-f]\\{64\\}$')\""),
+              'echo "content=$(sha256sum "$vocab" 2>/dev/null | cut -c1-64)"'),
+    "node_plan": f'cat "$current/{NODE_PLAN_FILE}" 2>/dev/null',  # the release's configured list (vocab_live)
     "healthy": f'cat "$current/{HEALTHY_MARK}" 2>/dev/null',  # the probe recorded at the release's gate
     "sentinel": f'cat "$current/{SENTINEL_RECORD}" 2>/dev/null',  # the head's speed record of the release
 }
@@ -146,7 +145,7 @@ def snapshot(sections: dict[str, probes.Section], unit: str, extra_units: tuple[
             "mem": str(probes.parse_meminfo(text("meminfo")).get("MemAvailable", "")),
             "current": text("current").strip(), "watchdog": text("watchdog").replace("\n", ""),
             "vocab_pointer": vocab.get("pointer", ""), "vocab_content": vocab.get("content", ""),
-            "vocab_configured": vocab.get("configured", "")}
+            "vocab_configured": vocab_live.configured_sha(record(sections, "node_plan") or {}) or ""}
 
 
 def record(sections: dict[str, probes.Section], name: str) -> dict | None:
@@ -196,8 +195,6 @@ def check_node(report: Report, exp: NodeExpect, snap: dict, stale: list[str]) ->
     report.add("boot persistence", boot_ok,
                f"unit {en}, docker.service {snap.get('docker_enabled')}, current -> {cur or 'nothing'}"
                + ("" if want is None or cur == want else f" (expected {want})"), n)
-    from sparkdeploy import vocab_live
-
     vocab_live.check(report, n, snap)
     wd = snap.get("watchdog")
     if wd:

@@ -11,7 +11,9 @@ from sparkdeploy import health, releases
 from sparkdeploy import inventory as I
 from sparkdeploy.remote import LocalConn
 from sparkdeploy.steps.deploy import Cluster, Options
+from sparkdeploy.vocab_live import version_of
 from tests.unit.test_dry_run import _two_releases, nodes  # noqa: F401 - the loopback nodes fixture
+from tests.unit.test_rollout import _rendered_node_plan
 
 STAND_INS = {
     # every unit asked about is enabled and active; one block per unit, as systemctl prints them
@@ -31,6 +33,9 @@ def test_health_reads_each_node_in_one_round_trip(nodes, monkeypatch):  # noqa: 
     head = LocalConn(cx.pool.targets[0])
     releases.mark_healthy(head, cx.lay, 2, {"probe": " Paris."})
     releases.write_sentinel(head, cx.lay, 2, {"verdict": {"text": "as fast as release 1", "regression": False}})
+    (nodes / "render").mkdir()
+    listed = "ab" * 32  # release 2 is configured with this draft list, which the node lacks
+    (nodes / "node/etc/releases/0002/node-plan.json").write_bytes(_rendered_node_plan(listed, nodes / "render"))
 
     trips: Counter[str] = Counter()
     for method in ("_run", "popen"):
@@ -48,5 +53,6 @@ def test_health_reads_each_node_in_one_round_trip(nodes, monkeypatch):  # noqa: 
     assert v["container"] == (True, "sparkdeploy-engine running with image sha256:aa")
     assert v["boot persistence"] == (True, "unit enabled, docker.service enabled, current -> releases/0002")
     assert v["stale units"] == (True, "none")
+    assert v["draft vocab"] == (False, f"current.txt is missing or dangling (release 2 expects {version_of(listed)})")
     assert seen[0].probe_expected == " Paris." and seen[0].nodes[0].release == 2
     assert [(c.name, c.reason) for c in rep.checks if c.name == "speed"] == [("speed", "release 2: as fast as release 1")]
