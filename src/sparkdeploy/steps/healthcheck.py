@@ -48,10 +48,9 @@ def _expect(cx: Context, healthy: dict | None) -> health.ServiceExpect:
 def _probe_argv(cx: Context) -> list[str]:
     """Everything health reads on a node, one probe: its releases, health's node sections (the extra units of
     any role: each node's check keeps those it expects) and the stale units."""
-    sections = {"releases": 'set -- "$releases" "$current"\n' + releases.SCAN, **health.NODE_SECTIONS,
-                "stale": 'set -- "$ours" $ports\n' + stale.FIND}
-    values = {"releases": cx.lay.releases_dir, **health.node_values(cx.lay), "ours": " ".join(cx.inv.our_units()),
-              "ports": f"{cx.inv.ports.api} {cx.inv.ports.master}"}
+    sections = {"releases": releases.SCAN, **health.NODE_SECTIONS, "stale": stale.FIND}
+    values = {**releases.scan_values(cx.lay), **health.node_values(cx.lay),
+              **stale.values(cx.inv.our_units(), [cx.inv.ports.api, cx.inv.ports.master])}
     return probes.named_probe_argv("health", sections, values, (cx.lay.watchdog_timer, cx.lay.exporter_unit))
 
 
