@@ -138,10 +138,11 @@ def snapshot(sections: dict[str, probes.Section], unit: str, extra_units: tuple[
     vocab = probes.parse_kv(text("vocab"))
     docker_enabled, _ = state("docker.service", "unknown")
     unit_enabled, unit_active = state(unit, "missing")
-    return {"docker": text("docker").strip() or "DOWN",
+    # docker's answer is its last line: the version (the state line), or DOWN (absent) after a failing one's words
+    return {"docker": (text("docker").split() or ["DOWN"])[-1],
             "docker_enabled": docker_enabled, "unit_enabled": unit_enabled, "unit_active": unit_active,
             "extra": {u: state(u, "missing") for u in extra_units},
-            "container": text("container").strip(),
+            "container": (text("container").strip().splitlines() or [""])[-1],
             "mem": str(probes.parse_meminfo(text("meminfo")).get("MemAvailable", "")),
             "current": text("current").strip(), "watchdog": text("watchdog").replace("\n", ""),
             "vocab_pointer": vocab.get("pointer", ""), "vocab_content": vocab.get("content", ""),
