@@ -11,15 +11,15 @@ that must be byte-identical to the one recorded when the release passed its gate
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import requests
 
-from sparkdeploy import memguard, timing
-from sparkdeploy.connection import Conn
-from sparkdeploy.layout import ServiceLayout
+from sparkdeploy import memguard, probes, timing, vocab_live
+from sparkdeploy.layout import HEALTHY_MARK, NODE_PLAN_FILE, SENTINEL_RECORD, ServiceLayout
 from sparkdeploy.verdict import Status
 
 PROBE_PROMPT = "The capital of France is"
@@ -98,38 +98,64 @@ class Report:
 
 
 # ------------------------------------------------------------------------------------------- node side
-# One round trip: $1 unit, $2 container, $3 current link, $4 watchdog state, $5 draft-list pointer (the
-# service's layout), $6.. extra units; prints KEY VALUE lines.
-_NODE_SCRIPT = r"""
-unit=$1; ctr=$2; current=$3; wd_state=$4; vocab=$5; shift 5
-echo "docker $(docker info --format '{{.ServerVersion}}' 2>/dev/null || echo DOWN)"
-echo "docker_enabled $(systemctl is-enabled docker.service 2>/dev/null || echo unknown)"
-echo "unit_enabled $(systemctl is-enabled "$unit" 2>/dev/null || echo missing)"
-echo "unit_active $(systemctl is-active "$unit" 2>/dev/null)"
-for u in "$@"; do echo "extra $u $(systemctl is-enabled "$u" 2>/dev/null || echo missing) $(systemctl is-active "$u" 2>/dev/null)"; done
-echo "container $(docker inspect -f '{{.State.Status}} {{.Image}} {{.State.StartedAt}} {{.RestartCount}}' "$ctr" 2>/dev/null || echo absent)"
-echo "mem $(awk '/^MemAvailable:/{print $2*1024}' /proc/meminfo)"
-echo "current $(readlink "$current" 2>/dev/null)"
-echo "watchdog $(cat "$wd_state" 2>/dev/null | tr -d '\n')"
-echo "vocab_pointer $(readlink "$vocab" 2>/dev/null)"
-echo "vocab_content $(sha256sum "$vocab" 2>/dev/null | cut -c1-64)"
-echo "vocab_configured $(grep -o 'sha256[^0-9a-f]\{1,8\}[0-9a-f]\{64\}' "$current/node-plan.json" 2>/dev/null | head -1 | grep -o '[0-9a-f]\{64\}$')"
-"""
+#: What health reads on a node, each a section of one probe (`probes.probe_script`, run by steps/healthcheck in
+#: one round trip with its other reads). Shell variables (the service's layout): unit, ctr, current, wd_state,
+#: vocab; "$@" holds the extra units to read.
+_UNIT_PROPERTIES = ("Id", "UnitFileState", "ActiveState")
+NODE_SECTIONS: dict[str, str] = {
+    "docker": "docker info --format '{{.ServerVersion}}' 2>/dev/null || echo DOWN",
+    "units": shlex.join(probes.unit_show_argv(["docker.service"], _UNIT_PROPERTIES)) + ' "$unit" "$@" 2>/dev/null',
+    "container": ("docker inspect -f '{{.State.Status}} {{.Image}} {{.State.StartedAt}} {{.RestartCount}}' \"$ctr\""
+                  " 2>/dev/null || echo absent"),
+    "meminfo": "cat /proc/meminfo",
+    "current": 'readlink "$current" 2>/dev/null',
+    "watchdog": 'cat "$wd_state" 2>/dev/null',
+    "vocab": ('echo "pointer=$(readlink "$vocab" 2>/dev/null)"; '
+              'echo "content=$(sha256sum "$vocab" 2>/dev/null | cut -c1-64)"'),
+    "node_plan": f'cat "$current/{NODE_PLAN_FILE}" 2>/dev/null',  # the release's configured list (vocab_live)
+    "healthy": f'cat "$current/{HEALTHY_MARK}" 2>/dev/null',  # the probe recorded at the release's gate
+    "sentinel": f'cat "$current/{SENTINEL_RECORD}" 2>/dev/null',  # the head's speed record of the release
+}
 
 
-def node_snapshot(conn: Conn, lay: ServiceLayout, extra_units: tuple[str, ...] = ()) -> dict:
-    out = conn.query(["sh", "-c", _NODE_SCRIPT, "health", lay.unit, lay.container, lay.current_link,
-                      lay.watchdog_state, lay.vocab_pointer, *extra_units], timeout=30, check=False).stdout
-    snap: dict = {"extra": {}}
-    for line in out.splitlines():
-        key, _, val = line.partition(" ")
-        if key == "extra":
-            name, _, rest = val.partition(" ")
-            en, _, act = rest.partition(" ")
-            snap["extra"][name] = (en.strip(), act.strip())
-        else:
-            snap[key] = val.strip()
-    return snap
+def node_values(lay: ServiceLayout) -> dict[str, str]:
+    """The shell variables NODE_SECTIONS read."""
+    return {"unit": lay.unit, "ctr": lay.container, "current": lay.current_link, "wd_state": lay.watchdog_state,
+            "vocab": lay.vocab_pointer}
+
+
+def snapshot(sections: dict[str, probes.Section], unit: str, extra_units: tuple[str, ...] = ()) -> dict:
+    """The node snapshot `check_node` reads, from NODE_SECTIONS' output."""
+    def text(name: str) -> str:
+        return probes.section_text(sections, name)
+
+    states = {u.get("Id"): u for u in probes.parse_unit_states(text("units"))}
+
+    def state(u: str, missing: str) -> tuple[str, str]:
+        st = states.get(u, {})
+        return st.get("UnitFileState") or missing, st.get("ActiveState", "")
+
+    vocab = probes.parse_kv(text("vocab"))
+    docker_enabled, _ = state("docker.service", "unknown")
+    unit_enabled, unit_active = state(unit, "missing")
+    # docker's answer is its last line: the version (the state line), or DOWN (absent) after a failing one's words
+    return {"docker": (text("docker").split() or ["DOWN"])[-1],
+            "docker_enabled": docker_enabled, "unit_enabled": unit_enabled, "unit_active": unit_active,
+            "extra": {u: state(u, "missing") for u in extra_units},
+            "container": (text("container").strip().splitlines() or [""])[-1],
+            "mem": str(probes.parse_meminfo(text("meminfo")).get("MemAvailable", "")),
+            "current": text("current").strip(), "watchdog": text("watchdog").replace("\n", ""),
+            "vocab_pointer": vocab.get("pointer", ""), "vocab_content": vocab.get("content", ""),
+            "vocab_configured": vocab_live.configured_sha(record(sections, "node_plan") or {}) or ""}
+
+
+def record(sections: dict[str, probes.Section], name: str) -> dict | None:
+    """A JSON record the probe read (`healthy`, `sentinel`); None when absent or unreadable."""
+    text = probes.section_text(sections, name).strip()
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 def check_node(report: Report, exp: NodeExpect, snap: dict, stale: list[str]) -> None:
@@ -170,8 +196,6 @@ def check_node(report: Report, exp: NodeExpect, snap: dict, stale: list[str]) ->
     report.add("boot persistence", boot_ok,
                f"unit {en}, docker.service {snap.get('docker_enabled')}, current -> {cur or 'nothing'}"
                + ("" if want is None or cur == want else f" (expected {want})"), n)
-    from sparkdeploy import vocab_live
-
     vocab_live.check(report, n, snap)
     wd = snap.get("watchdog")
     if wd:

@@ -10,8 +10,8 @@ Nothing here touches a node. The callers run the scripts and hand the text back:
 
 One parser per fact, shared by all three: `parse_meminfo` (/proc/meminfo), `parse_ip_link` / `parse_ip_addr`
 (`ip -o link` / `ip -o -4 addr`), `parse_ip_addr_json` (`ip -j addr`), `parse_rdma` (the probe's port/GID
-lines), `parse_nvidia_smi`, `parse_df_line`, `parse_units`, `parse_kv`, `has_cap_sys_resource`; and ONE
-GID rule, `roce_v2_ipv4_gid_index` (the index the planner puts in NCCL_IB_GID_INDEX, which doctor checks).
+lines), `parse_nvidia_smi`, `parse_df_line`, `parse_unit_states` (every `systemctl show`, run as
+`unit_show_argv`), `parse_kv`, `has_cap_sys_resource`; and ONE GID rule, `roce_v2_ipv4_gid_index` (the index the planner puts in NCCL_IB_GID_INDEX, which doctor checks).
 """
 
 from __future__ import annotations
@@ -336,6 +336,15 @@ def probe_script(sections: Mapping[str, str] = SECTIONS) -> str:
     return ROOT_PREAMBLE + "\n".join(parts) + "\n"
 
 
+def named_probe_argv(label: str, sections: Mapping[str, str], values: Mapping[str, str],
+                     rest: Sequence[str] = ()) -> list[str]:
+    """A probe whose sections read shell variables named by `values`' keys. The values travel as arguments,
+    never spliced into the script; "$@" in each section holds `rest`."""
+    assert all(k.isidentifier() for k in values), list(values)
+    names = "".join(f'{k}="${{{i}}}"; ' for i, k in enumerate(values, 1))
+    return ["sh", "-c", f"{names}shift {len(values)}\n" + probe_script(sections), label, *values.values(), *rest]
+
+
 def probe_argv(checkpoint_dir: str | None, targets: Sequence[str], deployed_env: str = "") -> list[str]:
     """Doctor's probe: `targets` are the IPs (SSH port) or IP:PORTs this node must reach."""
     return ["sh", "-c", probe_script(), "sparkdeploy-doctor", checkpoint_dir or "", deployed_env, *targets]
@@ -369,6 +378,11 @@ def split_sections(output: str) -> dict[str, Section]:
         elif name is not None:
             lines.append(line)
     return out
+
+
+def section_text(sections: Mapping[str, Section], name: str) -> str:
+    """A section's text; "" when the probe's output lacks it (cut short)."""
+    return sections[name].text if name in sections else ""
 
 
 # --------------------------------------------------------------------------------------------- parsers
@@ -598,24 +612,60 @@ def parse_df_line(line: str, path: str = "") -> DiskFree | None:
     return DiskFree(path or parts[5], int(parts[1]), int(parts[3]))
 
 
-def parse_units(text: str) -> dict[str, list[str]]:
-    """`systemctl show -p Id -p ExecStart -p ExecStartPre UNIT...` (blocks split by blank lines) ->
-    {unit: ["ExecStart=...", ...]}."""
-    out: dict[str, list[str]] = {}
-    for block in re.split(r"\n\s*\n", text.strip()):
-        unit, execs = None, []
-        for line in block.splitlines():
-            key, _, value = line.partition("=")
-            if key == "Id":
-                unit = value.strip()
-            elif key.startswith("Exec") and value.strip():
-                # keep the command only: `{ path=... ; argv[]=CMD ; ... pid=N ; status=... }` carries numbers
-                # (pids) that must not be mistaken for our ports
+@dataclass(frozen=True)
+class UnitState(Mapping[str, str]):
+    """One unit's block of `systemctl show` output, read as {property: value}. A property printed more than
+    once (ExecStartPre with two commands) reads as its first value; `commands()` sees every one."""
+
+    pairs: tuple[tuple[str, str], ...]
+
+    def __getitem__(self, key: str) -> str:
+        for k, v in self.pairs:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def __iter__(self):
+        return iter(dict(self.pairs))
+
+    def __len__(self) -> int:
+        return len(dict(self.pairs))
+
+    def commands(self) -> list[str]:
+        """The Exec* lines as `ExecStart=CMD`: only the command, because `{ path=... ; argv[]=CMD ; ... pid=N ;
+        status=... }` carries numbers (pids) that must not be mistaken for our ports."""
+        out: list[str] = []
+        for key, value in self.pairs:
+            if key.startswith("Exec") and value:
                 argvs = re.findall(r"argv\[\]=([^;]*)", value)
-                execs.extend(f"{key}={a.strip()}" for a in argvs) if argvs else execs.append(line.strip())
-        if unit:
-            out[unit] = execs
-    return out
+                out.extend(f"{key}={a.strip()}" for a in argvs) if argvs else out.append(f"{key}={value}")
+        return out
+
+
+def unit_show_argv(units: Sequence[str], properties: Sequence[str]) -> list[str]:
+    """The one command that reads unit states; `parse_unit_states` reads its output."""
+    return ["systemctl", "show", "--no-pager", *(arg for p in properties for arg in ("-p", p)), *units]
+
+
+def parse_unit_states(text: str) -> list[UnitState]:
+    """`systemctl show [-p P ...] UNIT...` -> one UnitState per unit, in order (blocks split by blank lines)."""
+    states = []
+    for block in re.split(r"\n\s*\n", text.strip()):
+        pairs = tuple((k.strip(), v.strip()) for k, sep, v in (line.partition("=") for line in block.splitlines())
+                      if sep and k.strip())
+        if pairs:
+            states.append(UnitState(pairs))
+    return states
+
+
+def unit_state(text: str) -> UnitState:
+    """One unit's state (the first block; empty when systemctl printed nothing)."""
+    return next(iter(parse_unit_states(text)), UnitState(()))
+
+
+def parse_units(text: str) -> dict[str, list[str]]:
+    """`systemctl show -p Id -p ExecStart -p ExecStartPre UNIT...` -> {unit: ["ExecStart=...", ...]}."""
+    return {u["Id"]: u.commands() for u in parse_unit_states(text) if u.get("Id")}
 
 
 # ----------------------------------------------------------------------------------- one node, parsed

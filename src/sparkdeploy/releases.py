@@ -20,6 +20,7 @@ import posixpath
 import time
 from dataclasses import dataclass, field
 
+from sparkdeploy import probes
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.layout import HEALTHY_MARK, RELEASE_META, SENTINEL_RECORD, ServiceLayout
 from sparkdeploy.connection import Conn
@@ -49,22 +50,29 @@ class NodeReleases:
         return max([0, *self.complete, *self.incomplete])
 
 
-# One round trip: list release dirs, which have release.json / HEALTHY, print metas, and resolve `current`.
-_SCAN = r"""
-cd "$1" 2>/dev/null || { echo END; exit 0; }
+#: A node's releases, one section of a probe (`probes.named_probe_argv`; variables from `scan_values`): list
+#: release dirs, which have release.json / HEALTHY, print metas, and resolve `current`. Read by `parse_scan`.
+SCAN = r"""
+exec 2>/dev/null
+cd "$releases" || { echo END; exit 0; }
 for d in [0-9][0-9][0-9][0-9]; do
   [ -d "$d" ] || continue
   if [ -f "$d/release.json" ]; then printf 'META %s ' "$d"; tr -d '\n' < "$d/release.json"; echo; else echo "PART $d"; fi
   [ -f "$d/HEALTHY" ] && echo "OKAY $d"
 done
-printf 'CURR %s\n' "$(readlink "$2" 2>/dev/null)"
+printf 'CURR %s\n' "$(readlink "$current")"
 echo END
 """
 
 
+def scan_values(lay: ServiceLayout) -> dict[str, str]:
+    """The shell variables SCAN reads."""
+    return {"releases": lay.releases_dir, "current": lay.current_link}
+
+
 def scan(conn: Conn, lay: ServiceLayout) -> NodeReleases:
-    return parse_scan(conn.query(["sh", "-c", _SCAN, "scan", lay.releases_dir, lay.current_link], timeout=30).stdout,
-                      conn.name)
+    out = conn.query(probes.named_probe_argv("scan", {"releases": SCAN}, scan_values(lay)), timeout=30).stdout
+    return parse_scan(probes.section_text(probes.split_sections(out), "releases"), conn.name)
 
 
 def parse_scan(out: str, node: str) -> NodeReleases:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sparkdeploy import health, releases, render, vocab_live
+from sparkdeploy import health, probes, releases, render, vocab_live
 from sparkdeploy.bench import metrics as M
 from sparkdeploy.bench import prompts as bench_prompts
 from sparkdeploy.errors import SparkdeployError, VocabError
@@ -238,9 +238,9 @@ def boot_time(conn) -> str:
 
 def rank_state(conn, lay) -> dict:
     """The engine unit's state on a node and its boot time."""
-    out = conn.query(["systemctl", "show", "-p", "ActiveState,SubState,Result,ExecMainStatus", lay.unit],
+    out = conn.query(probes.unit_show_argv([lay.unit], ("ActiveState", "SubState", "Result", "ExecMainStatus")),
                      check=False, timeout=20).stdout
-    st = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    st = dict(probes.unit_state(out))
     st["boot"] = boot_time(conn)
     return st
 

@@ -77,16 +77,15 @@ class LiveVocab:
         return dict(asdict(self), version=self.version, problem=self.problem())
 
 
-# One round trip. $1 = the vocab dir, $2 = the service's `current` link. The configured hash is the
-# `"sha256":"<hex>"` of the shortlist settings
-# inside the release's node-plan.json (JSON inside a JSON string, hence the escaped quotes in between).
+# One round trip. $1 = the vocab dir, $2 = the service's `current` link. `node_plan` is the release's
+# node-plan.json on one line, read by `configured_sha`.
 _STATE = r"""
 d=$1
 echo "pointer $(readlink "$d/current.txt" 2>/dev/null)"
 echo "content $(sha256sum "$d/current.txt" 2>/dev/null | cut -d' ' -f1)"
 echo "stored $(cd "$d" 2>/dev/null && ls 2>/dev/null | grep -E '^[0-9a-f]{64}\.txt$' | cut -c1-64 | tr '\n' ' ')"
 echo "release $(readlink "$2" 2>/dev/null)"
-echo "configured $(grep -o 'sha256[^0-9a-f]\{1,8\}[0-9a-f]\{64\}' "$2/node-plan.json" 2>/dev/null | head -1 | grep -o '[0-9a-f]\{64\}$')"
+echo "node_plan $(tr -d '\n' < "$2/node-plan.json" 2>/dev/null)"
 """
 
 
@@ -104,9 +103,30 @@ def parse_state(node: str, out: str) -> LiveVocab:
         elif key == "release":
             base = val.rstrip("/").rsplit("/", 1)[-1]
             lv.release = int(base) if base.isdigit() else None
-        elif key == "configured":
-            lv.configured = val or None
+        elif key == "node_plan":
+            lv.configured = configured_sha(loads_or_empty(val))
     return lv
+
+
+def configured_sha(node_plan: dict) -> str | None:
+    """The draft list's sha256 a release is configured with: the shortlist settings in `--additional-config`
+    of the serve argv in its node-plan.json (None: no shortlist). The one reader of it: `vocab status`, `health`
+    and the sentinel's record."""
+    argv = list(node_plan.get("node", {}).get("serve_argv") or [])
+    try:
+        cfg = json.loads(argv[argv.index("--additional-config") + 1])
+        return cfg["spark_overlays"]["shortlist"].get("sha256")
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def loads_or_empty(text: str | bytes | None) -> dict:
+    """A node-plan.json as read from a node; {} when absent or unreadable (then no list is configured)."""
+    try:
+        got = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return got if isinstance(got, dict) else {}
 
 
 def read_state(conn: Conn, lay: ServiceLayout) -> LiveVocab:

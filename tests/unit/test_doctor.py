@@ -514,3 +514,18 @@ def test_doctors_clock_query_through_the_nvidia_smi_double(tmp_path):
                          env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout
     r = pf.check_gpu_clocks(SPEC, HostFacts.from_output("spark1", out))
     assert r.status is Status.FAILED and "702 MHz at 97 % busy" in r.reason and "AC power" in r.fix
+
+
+def test_one_unit_state_parser_reads_every_systemctl_show():
+    """Units in blocks, in order; a repeated property (two ExecStartPre commands) keeps both for the stale
+    check and reads as its first value; a single-unit read of nothing is empty, never an error."""
+    text = ("Id=a.service\nActiveState=active\nExecStartPre={ path=/bin/x ; argv[]=/bin/x one ; pid=1 }\n"
+            "ExecStartPre={ path=/bin/y ; argv[]=/bin/y two ; pid=2 }\n\nId=b.service\nActiveState=failed\n"
+            "InvocationID=\n")
+    a, b = probes.parse_unit_states(text)
+    assert (a["Id"], a["ActiveState"], a["ExecStartPre"]) == ("a.service", "active", "{ path=/bin/x ; argv[]=/bin/x one ; pid=1 }")
+    assert a.commands() == ["ExecStartPre=/bin/x one", "ExecStartPre=/bin/y two"]
+    assert dict(b) == {"Id": "b.service", "ActiveState": "failed", "InvocationID": ""}
+    assert probes.unit_state(text) == a and dict(probes.unit_state("")) == {}
+    assert probes.unit_show_argv(["u.service"], ("ActiveState", "SubState"))[-5:] == [
+        "-p", "ActiveState", "-p", "SubState", "u.service"]

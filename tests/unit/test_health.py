@@ -106,3 +106,20 @@ def test_probe_differs_or_fails_while_health_says_200(monkeypatch):
     health.check_api(rep, health.ServiceExpect("http://h:8000", "tiny", [], probe_expected="Paris!"))
     v = {c.name: c.ok for c in rep.checks}
     assert v["/health"] and not v["generation"]
+
+
+def test_snapshot_reads_a_missing_unit_and_a_stopped_docker_from_the_probe():
+    """The probe's sections -> the snapshot check_node reads: a unit systemd does not know is "missing and
+    inactive" (what `is-enabled || echo missing` / `is-active` said), MemAvailable comes in bytes."""
+    from sparkdeploy import probes
+
+    out = ("@@@ docker\nDOWN\n@@@ rc=0\n@@@ units\nId=docker.service\nUnitFileState=disabled\nActiveState=inactive\n\n"
+           "Id=sparkdeploy-engine.service\nUnitFileState=\nActiveState=inactive\n\n@@@ rc=0\n"
+           "@@@ meminfo\nMemTotal: 125000000 kB\nMemAvailable: 1048576 kB\n@@@ rc=0\n@@@ container\nabsent\n@@@ rc=0\n")
+    snap = health.snapshot(probes.split_sections(out), "sparkdeploy-engine.service", ("sparkdeploy-watchdog.timer",))
+    assert (snap["docker"], snap["docker_enabled"], snap["mem"]) == ("DOWN", "disabled", str(1 << 30))
+    assert snap["extra"] == {"sparkdeploy-watchdog.timer": ("missing", "")}
+    rep, v = verdicts(snap)
+    assert v["unit"] == (False, "sparkdeploy-engine.service is missing and inactive")
+    assert v["docker"] == (False, "dockerd not answering")
+    assert v["container"] == (False, "container sparkdeploy-engine does not exist")

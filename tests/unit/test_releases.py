@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from sparkdeploy import connection, releases, remote
+from sparkdeploy import connection, probes, releases, remote
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.layout import ServiceLayout
 
@@ -73,7 +73,8 @@ def test_last_healthy_is_common_to_all_nodes():
 def test_scan_cut_short_is_an_error_not_an_incomplete_release(conn, lay):
     releases.write(conn, lay, 1, {"a": (b"1", 0o644)}, {"fingerprint": "abc"})
     releases.switch(conn, lay, 1)
-    whole = conn.run(["sh", "-c", releases._SCAN, "scan", lay.releases_dir, lay.current_link]).stdout
+    out = conn.run(probes.named_probe_argv("scan", {"releases": releases.SCAN}, releases.scan_values(lay))).stdout
+    whole = probes.section_text(probes.split_sections(out), "releases")
     assert releases.parse_scan(whole, "n").complete[1]["fingerprint"] == "abc"
     # the same output losing its tail (a META line read halfway, no CURR, no END) must not read as
     # "release 1 incomplete, none current": prune would delete the running release

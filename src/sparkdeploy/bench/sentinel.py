@@ -29,6 +29,7 @@ from sparkdeploy.bench import client, prompts, results, stats
 from sparkdeploy.bench import compare as bench_compare
 from sparkdeploy.bench.client import Service
 from sparkdeploy.bench.probe import Progress, probe
+from sparkdeploy import vocab_live
 from sparkdeploy.errors import InputError
 
 SCHEMA = "sparkdeploy.sentinel/1"
@@ -283,17 +284,8 @@ def release_facts(number: int, node_plan: dict, meta: dict) -> dict:
     the head serves with, the draft list's sha256 inside it, the image), so a release that `rollback` or `vocab
     rollout` put live is described as it runs, not as today's inventory would plan it."""
     argv = list(node_plan.get("node", {}).get("serve_argv") or [])
-    return {"number": number, "list_sha": _list_sha(argv), "image": node_plan.get("image") or meta.get("image"),
-            "flags": argv}
-
-
-def _list_sha(argv: list[str]) -> str | None:
-    """The shortlist's sha256 in `--additional-config` (None: no shortlist)."""
-    try:
-        cfg = json.loads(argv[argv.index("--additional-config") + 1])
-        return cfg["spark_overlays"]["shortlist"].get("sha256")
-    except (ValueError, IndexError, KeyError, TypeError, AttributeError):
-        return None
+    return {"number": number, "list_sha": vocab_live.configured_sha(node_plan),
+            "image": node_plan.get("image") or meta.get("image"), "flags": argv}
 
 
 def summary(verdict: dict | None, against: int | None) -> dict:

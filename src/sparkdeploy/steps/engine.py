@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from sparkdeploy import connection, faults, health, releases
+from sparkdeploy import connection, faults, health, probes, releases
 from sparkdeploy.errors import HealthError, SparkdeployError
 from sparkdeploy.layout import LAUNCH_FILE
 from sparkdeploy.steps.base import CHANGED, OK, WOULD, Outcome
@@ -176,10 +176,9 @@ def rank_watch(cx: Context) -> Callable[[], None]:
     first: dict[str, str] = {}
     ranks = {n.name: n.rank for n in cx.plan.nodes}
 
-    def look(c) -> dict[str, str]:
-        out = c.query(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "InvocationID", "-p",
-                       "ExecMainStatus", cx.lay.unit], check=False, timeout=20).stdout
-        return dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
+    def look(c) -> probes.UnitState:
+        return probes.unit_state(c.query(probes.unit_show_argv(
+            [cx.lay.unit], ("ActiveState", "SubState", "InvocationID", "ExecMainStatus")), check=False, timeout=20).stdout)
 
     def check() -> None:
         for n, unit in cx.map(look).items():

@@ -6,13 +6,15 @@ brought back the wrong engine. `up` finds such units, stops and disables them, a
 
 from __future__ import annotations
 
+from sparkdeploy import probes
 from sparkdeploy.connection import Conn
 from sparkdeploy.steps.base import Action
 
-# $1 = the units that are ours (space separated), $2.. = our ports. Prints one unit per line.
-_FIND = r"""
-ours=" $1 "; shift
-ports="$*"
+#: One section of a probe (`probes.named_probe_argv`; variables from `values`): $ours the units that are ours,
+#: $ports our ports (both space separated). Prints one unit per line (`parse`).
+FIND = r"""
+exec 2>/dev/null
+ours=" $ours "
 pat='vllm'
 for p in $ports; do pat="$pat|:$p([^0-9]|\$)|--port[= ]$p([^0-9]|\$)"; done
 # Enabled = linked from a .wants/.requires directory (reading links is instant; `systemctl list-unit-files`
@@ -37,8 +39,19 @@ done
 """
 
 
+def values(ours: list[str], ports: list[int]) -> dict[str, str]:
+    """The shell variables FIND reads."""
+    return {"ours": " ".join(ours), "ports": " ".join(map(str, ports))}
+
+
 def find(conn: Conn, ours: list[str], ports: list[int]) -> list[str]:
-    out = conn.query(["sh", "-c", _FIND, "stale", " ".join(ours), *map(str, ports)], timeout=60, check=False).stdout
+    out = conn.query(probes.named_probe_argv("stale", {"stale": FIND}, values(ours, ports)), timeout=60,
+                     check=False).stdout
+    return parse(probes.section_text(probes.split_sections(out), "stale"))
+
+
+def parse(out: str) -> list[str]:
+    """FIND's output -> the stale units, sorted."""
     return sorted({line.strip() for line in out.splitlines() if line.strip()})
 
 
