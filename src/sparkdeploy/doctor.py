@@ -3,7 +3,8 @@
 The I/O is here: `examine()` connects, runs `probes.probe_argv(...)` (one fixed shell script, one SSH round
 trip per node, which also tries every path the node must use: its peers' SSH port, the head's master port from
 each worker, each service head's API port from the router's node), the clock samples (`clock_offset`) and the
-bandwidth of each pair over the data plane (`measure_bandwidth`: `ib_write_bw` where both ends have it, else
+bandwidth of each data link (each pair of nodes over each subnet they share, and a ring's cables to nodes outside
+the service; `measure_bandwidth`: `ib_write_bw` where both ends have it, else
 parallel TCP streams), the NCCL libraries of the host and of the serving image and the image's Ray
 (`probes.image_libs_argv`), asks the planner for each node's memory budget on the measured /proc/meminfo, and
 hands everything to `preflight`.
@@ -11,7 +12,6 @@ hands everything to `preflight`.
 
 from __future__ import annotations
 
-import itertools
 import re
 from dataclasses import dataclass
 
@@ -23,6 +23,7 @@ from sparkdeploy.probes import (BANDWIDTH_PORT, HostFacts, bandwidth_receive_arg
                                 ib_write_bw_argv, image_libs_argv, parse_bandwidth, parse_ib_write_bw,
                                 parse_image_libs, parse_meminfo, parse_rdma, port_gid_index, probe_argv,
                                 reach_argv)
+from sparkdeploy.topology import Link, LinkPair, link_pairs
 from sparkdeploy.verdict import Result, Status, worst
 
 
@@ -57,15 +58,15 @@ def clock_offset(conn, samples: int = 3) -> tuple[float, float]:
     return best
 
 
-def rdma_path(node, hf: HostFacts | None) -> tuple[str, int | None] | None:
-    """(the HCA on the node's data netdev, its RoCE v2 IPv4 GID index) where ib_write_bw is installed; else None."""
+def rdma_path(link: Link, hf: HostFacts | None) -> tuple[str, int | None] | None:
+    """(the HCA on the link's netdev, its RoCE v2 IPv4 GID index) where ib_write_bw is installed; else None."""
     if hf is None or hf.error or not hf.kv("tools").get("ib_write_bw"):
         return None
     ports = parse_rdma(hf.text("rdma"))
-    for dev in node.hca:
+    for dev in link.hca:
         port = ports.get(dev)
-        if port is not None and port.netdev == node.netdev:
-            return dev, port_gid_index(port, node.data_ip)
+        if port is not None and port.netdev == link.netdev:
+            return dev, port_gid_index(port, link.ip)
     return None
 
 
@@ -73,17 +74,17 @@ def rdma_path(node, hf: HostFacts | None) -> tuple[str, int | None] | None:
 _RETRY = 'i=0; until "$@"; do i=$((i+1)); [ $i -ge 40 ] && exit 1; sleep 0.5; done'
 
 
-def measure_bandwidth(pool, nodes, up: list[str], facts: dict[str, HostFacts] | None = None
-                      ) -> dict[tuple[str, str], Measured | str]:
-    """{(sender, receiver): Measured or why not} for every pair of answering nodes, one pair at a time (pairs
-    measured together would share links and halve each other). RDMA writes (`ib_write_bw`) where both ends have
-    it and an HCA on their data netdev; parallel TCP streams otherwise."""
-    by_name, facts = {n.name: n for n in nodes}, facts or {}
+def measure_bandwidth(pool, pairs: list[LinkPair], up: list[str], facts: dict[str, HostFacts] | None = None
+                      ) -> dict[LinkPair, Measured | str]:
+    """{link pair: Measured or why not} for every link whose two ends answer, from a's address on it to b's, one
+    link at a time (links measured together would share ports and halve each other). RDMA writes (`ib_write_bw`)
+    where both ends have it and an HCA on that link's netdev; parallel TCP streams otherwise."""
+    facts = facts or {}
     wait = 20.0  # for the receiver to be listening, and for the sender to connect
-    out: dict[tuple[str, str], Measured | str] = {}
-    for a, b in itertools.combinations([n.name for n in nodes if n.name in up], 2):
-        src, dst = by_name[a].data_ip, by_name[b].data_ip
-        rdma = rdma_path(by_name[a], facts.get(a)), rdma_path(by_name[b], facts.get(b))
+    out: dict[LinkPair, Measured | str] = {}
+    for pair in [p for p in pairs if p.a in up and p.b in up]:
+        a, b, src, dst = pair.a, pair.b, pair.a_link.ip, pair.b_link.ip
+        rdma = rdma_path(pair.a_link, facts.get(a)), rdma_path(pair.b_link, facts.get(b))
         if rdma[0] and rdma[1]:
             argv = {b: ib_write_bw_argv(*rdma[1]),
                     a: ["sh", "-c", _RETRY, "retry", *ib_write_bw_argv(*rdma[0], server_ip=dst)]}
@@ -92,24 +93,49 @@ def measure_bandwidth(pool, nodes, up: list[str], facts: dict[str, HostFacts] | 
         done = pool.map(lambda c: c.run(argv[c.name], check=False, timeout=wait + 30), [a, b])
         recv, send = done[b], done[a]
         if isinstance(recv, Exception) or isinstance(send, Exception):
-            out[(a, b)] = str(recv if isinstance(recv, Exception) else send)
+            out[pair] = str(recv if isinstance(recv, Exception) else send)
             continue
         try:
-            out[(a, b)] = Measured(parse_ib_write_bw(send.stdout), "ib_write_bw") if rdma[0] and rdma[1] else \
+            out[pair] = Measured(parse_ib_write_bw(send.stdout), "ib_write_bw") if rdma[0] and rdma[1] else \
                 Measured(parse_bandwidth(recv.stdout))
         except ValueError as err:
             tail = (recv.stderr.strip().splitlines() or send.stderr.strip().splitlines() or [str(err)])[-1]
-            out[(a, b)] = f"{'ib_write_bw to ' + dst if rdma[0] and rdma[1] else f'{dst}:{BANDWIDTH_PORT}'}: {tail}"
+            out[pair] = f"{'ib_write_bw to ' + dst if rdma[0] and rdma[1] else f'{dst}:{BANDWIDTH_PORT}'}: {tail}"
+    return out
+
+
+def service_links(inv) -> list[LinkPair]:
+    """Every data link doctor checks for a service: each pair of its nodes over each subnet they share, and each
+    cable from its nodes to a peer elsewhere in the inventory (a ring's third node)."""
+    return link_pairs(inv.nodes, inv.elsewhere)
+
+
+def link_peers(inv) -> list:
+    """The nodes outside the service at the other end of one of its links: probed for their paths only."""
+    names = {p.b for p in service_links(inv)} - {n.name for n in inv.nodes}
+    return [n for n in inv.elsewhere if n.name in names]
+
+
+def path_names(pairs: list[LinkPair]) -> dict[tuple[str, str], str]:
+    """{(node, address it tries): 'node netdev -> peer netdev'}, both directions of each link, for the verdicts."""
+    out = {}
+    for p in pairs:
+        out[(p.a, p.b_link.ip)] = p.describe()
+        out[(p.b, p.a_link.ip)] = LinkPair(p.b, p.b_link, p.a, p.a_link).describe()
     return out
 
 
 def reach_targets(inv) -> dict[str, list[str]]:
-    """{node: the data-plane targets it must reach}: every peer's SSH port; the head's master port from each
-    worker (torch.distributed, or the Ray head's GCS with backend: ray); and from the router's node each service
-    head's API port (the router forwards there), across services."""
+    """{node: the data-plane targets it must reach}: the SSH port of the other end of each of its links (every
+    link, so on a ring each cable); the head's master port from each worker (torch.distributed, or the Ray
+    head's GCS with backend: ray); and from the router's node each service head's API port (the router forwards
+    there), across services."""
     from sparkdeploy import inventory as inventory_mod
 
-    out = {n.name: [m.data_ip for m in inv.nodes if m.name != n.name] for n in inv.nodes}
+    out: dict[str, list[str]] = {n.name: [] for n in inv.nodes}
+    for p in service_links(inv):
+        out.setdefault(p.a, []).append(p.b_link.ip)
+        out.setdefault(p.b, []).append(p.a_link.ip)
     for n in inv.nodes:
         if n.name != inv.head.name:
             out[n.name].append(f"{inv.head.data_ip}:{inv.ports.master}")
@@ -179,7 +205,8 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
     own = pool is None
     names = {n.name for n in inv.nodes}
     router = inv.router.node if inv.router is not None and inv.router.node.name not in names else None
-    pool = pool or Pool([target_of(n.name, n.ssh) for n in (*inv.nodes, *([router] if router else []))],
+    outside = {n.name: n for n in (*([router] if router else []), *link_peers(inv))}  # probed for paths only
+    pool = pool or Pool([target_of(n.name, n.ssh) for n in (*inv.nodes, *outside.values())],
                         trust_new_hosts=trust_new_hosts)
     try:
         errors = pool.open()
@@ -189,15 +216,16 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
         outs = pool.map(lambda c: c.run(probe_argv(ckpt, targets[c.name], deployed_env), check=False, timeout=180),
                         up)
         facts = read_facts(inv, given, errors, outs)
-        router_facts = {}
-        if router is not None:
-            got = pool.map(lambda c: c.run(reach_argv(targets[c.name]), check=False, timeout=60), [router.name]) \
-                if router.name in pool.conns else {router.name: errors.get(router.name, "no connection")}
-            out = got[router.name]
-            router_facts[router.name] = HostFacts(router.name, error=str(out)) if isinstance(out, (Exception, str)) \
-                else HostFacts.from_output(router.name, out.stdout)
+        reached = [n for n in outside if n in pool.conns]
+        got = pool.map(lambda c: c.run(reach_argv(targets[c.name]), check=False, timeout=60), reached) \
+            if reached else {}
+        outside_facts = {}
+        for name in outside:
+            out = got.get(name, errors.get(name, "no connection"))
+            outside_facts[name] = HostFacts(name, error=str(out)) if isinstance(out, (Exception, str)) \
+                else HostFacts.from_output(name, out.stdout)
         clocks = pool.map(clock_offset, up)
-        bandwidth = measure_bandwidth(pool, inv.nodes, up, facts)
+        bandwidth = measure_bandwidth(pool, service_links(inv), [*up, *reached], facts)
         tag = serving_image_tag(inv)
         libs = pool.map(lambda c: parse_image_libs(c.run(image_libs_argv(tag), check=False, timeout=180).stdout),
                         up) if tag else {}
@@ -225,7 +253,7 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
     per_node = run_checks(specs, facts, checkpoint_bytes=checkpoint_bytes, ports=ports,
                           clock={k: v for k, v in clocks.items() if not isinstance(v, Exception)},
                           bandwidth=bandwidth, pinned_gid=dict(inv.profile.env).get("NCCL_IB_GID_INDEX"),
-                          router=router_facts)
+                          outside=outside_facts, paths=path_names(service_links(inv)))
     for r in per_node:
         if r.check == "memory" and not facts[r.node].error:
             mem = parse_meminfo(facts[r.node].text("meminfo"))

@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 
 from sparkdeploy import probes, render
 from sparkdeploy.errors import RemoteError
+from sparkdeploy.topology import Link
 
 EARLYOOM_DEFAULT = "/etc/default/earlyoom"
 NETPLAN_FILE = "/etc/netplan/40-cx7.yaml"
@@ -116,6 +117,12 @@ def twins_for(netdev: str, data_ip: str, twin_netdevs: Sequence[str]) -> list[Tw
     return out
 
 
+def link_twins(links: Sequence[Link]) -> list[Twin]:
+    """A node with several data links (a ring: one subnet per cable): each link's netdev with the address and
+    prefix the inventory gives it. No twin gets a derived /24 here: the next /24 may be another cable's subnet."""
+    return [Twin(link.netdev, f"{link.ip}/{link.prefix}") for link in links]
+
+
 def render_netplan(node: str, twins: Sequence[Twin], mtu: int = DATA_PLANE_MTU) -> str:
     return _env().get_template("deploy/host/netplan-cx7.yaml.j2").render(node=node, twins=twins, mtu=mtu)
 
@@ -133,9 +140,10 @@ def dropin_path(unit: str) -> str:
 
 
 def plan_items(node: str, state: HostState, *, netdev: str, data_ip: str, hca: Sequence[str] = ("?",),
-               apply_network: bool = False,
+               links: Sequence[Link] = (), apply_network: bool = False,
                mem_term: int = EARLYOOM_MEM_TERM, mem_kill: int = EARLYOOM_MEM_KILL) -> list[Item]:
-    """Pure: what to change on `node` so it matches the kit's host setup."""
+    """Pure: what to change on `node` so it matches the kit's host setup. `links`: every data link of the node;
+    with several, the netplan lists each of them (else the data_ip's netdev and its twins)."""
     items: list[Item] = []
 
     pkg = Item("packages", OK)
@@ -200,7 +208,8 @@ def plan_items(node: str, state: HostState, *, netdev: str, data_ip: str, hca: S
         net.note = "no RoCE devices in the inventory (hca: []): no CX-7 twins to configure"
         items.append(net)
         return items
-    want = render_netplan(node, twins_for(netdev, data_ip, state.twin_netdevs))
+    twins = link_twins(links) if len(links) > 1 else twins_for(netdev, data_ip, state.twin_netdevs)
+    want = render_netplan(node, twins)
     have = state.files.get(NETPLAN_FILE)
     if have != want:
         net.diff = unified(NETPLAN_FILE, have, want, node)

@@ -20,6 +20,7 @@ from sparkdeploy.memguard import memory_margin
 from sparkdeploy.probes import (HostFacts, has_cap_sys_resource, nccl_version, parse_df_line, parse_gpu_clocks,
                                 parse_ip_addr, parse_ip_link, parse_kv, parse_meminfo, parse_rdma, parse_speeds, parse_units,
                                 port_gid_index, twin_addresses)
+from sparkdeploy.topology import LinkPair
 from sparkdeploy.verdict import Result, Status
 
 
@@ -466,13 +467,15 @@ def check_driver_match(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts]
 
 
 def check_reach(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts],
-                also: Mapping[str, HostFacts] | None = None) -> Result:
+                also: Mapping[str, HostFacts] | None = None, paths: Mapping[tuple[str, str], str] | None = None
+                ) -> Result:
     """Every path a node tried (its probe's `reach` lines); `also`: nodes outside the service that must reach it
-    (the router's node), probed for their paths only."""
-    also = also or {}
+    (the router's node, a ring's third node), probed for their paths only; `paths`: {(node, address): 'node
+    netdev -> peer netdev'}, so a broken link is named by both its ports."""
+    also, paths = also or {}, paths or {}
     if len(specs) < 2 and not also:
         return _r("data-plane-reach", "cluster", Status.SKIPPED, "one node: nothing to reach")
-    bad, good = [f"{n} (router): not reached: {f.error}" for n, f in also.items() if f.error], 0
+    bad, good = [f"{n} (outside the service): not reached: {f.error}" for n, f in also.items() if f.error], 0
     for name, f in [(s.name, facts.get(s.name)) for s in specs] + list(also.items()):
         if f is None or f.error:
             continue
@@ -482,7 +485,8 @@ def check_reach(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts],
                 if parts[1] in ("ok", "refused"):  # refused: the path works, nothing listens there yet
                     good += 1
                 else:
-                    bad.append(f"{name} -> {parts[0]}: {parts[2] if len(parts) > 2 else parts[1]}")
+                    via = paths.get((name, parts[0].split(":")[0]), f"{name} ->")
+                    bad.append(f"{via} {parts[0]}: {parts[2] if len(parts) > 2 else parts[1]}")
     if bad:
         return _r("data-plane-reach", "cluster", Status.FAILED, "; ".join(bad),
                   "check cables, the data_ip addresses and netplan on both ends, and that no firewall blocks "
@@ -502,36 +506,38 @@ class Measured:
     method: str = "tcp"
 
 
-def check_bandwidth(specs: Sequence[NodeSpec], measured: Mapping[tuple[str, str], "Measured | float | str"],
-                    speeds: Mapping[str, int] | None = None) -> Result:
-    """`measured`: {(sender, receiver): Measured (a bare float is a TCP figure), or why the pair could not be
-    measured}; `speeds`: {node: negotiated Mbit/s of its data-plane port}. A pair far below the slower port's
-    speed is FAILED naming the ports; where no speed is known, the absolute floors give a warning."""
-    if len(specs) < 2:
+def check_bandwidth(specs: Sequence[NodeSpec], measured: Mapping[LinkPair, "Measured | float | str"],
+                    speeds: Mapping[tuple[str, str], int] | None = None) -> Result:
+    """`measured`: {link pair: Measured (a bare float is a TCP figure), or why the link could not be measured};
+    `speeds`: {(node, netdev): negotiated Mbit/s}. A link far below the slower port's speed is FAILED naming both
+    ports; where no speed is known, the absolute floors give a warning."""
+    if len(specs) < 2 and not measured:
         return _r("data-plane-bandwidth", "cluster", Status.SKIPPED, "one node: no pair to measure")
     if not measured:
         return _r("data-plane-bandwidth", "cluster", Status.FAILED, "no pair could be measured",
                   "check SSH to the nodes first")
-    by_name, speeds = {s.name: s for s in specs}, speeds or {}
+    gpu, speeds = {s.name: s.has_gpu for s in specs}, speeds or {}
     seen, failed, far_below, slow = [], [], [], []
-    for (a, b), got in sorted(measured.items()):
+    for pair, got in sorted(measured.items(), key=lambda kv: (kv[0].a, kv[0].b, kv[0].a_link.netdev)):
+        ports = pair.describe()
         if isinstance(got, str):
-            failed.append(f"{a} -> {b}: {got}")
+            failed.append(f"{ports}: {got}")
             continue
         got = got if isinstance(got, Measured) else Measured(float(got))
-        ports = f"{a} {by_name[a].netdev} -> {b} {by_name[b].netdev}"
-        link = min((speeds[n] for n in (a, b) if n in speeds), default=None)
-        seen.append(f"{a} -> {b} {got.gbit:.1f} Gbit/s ({got.method}" +
-                    (f", link {link / 1000:g}G)" if link else ")"))
+        link = min((speeds[end] for end in ((pair.a, pair.a_link.netdev), (pair.b, pair.b_link.netdev))
+                    if end in speeds), default=None)
+        seen.append(f"{ports} {got.gbit:.1f} Gbit/s ({got.method}" + (f", link {link / 1000:g}G)" if link else ")"))
         if link:
             want = BANDWIDTH_SHARE[got.method] * link / 1000
             if got.gbit < want:
                 far_below.append(f"{ports}: {got.gbit:.2f} Gbit/s ({got.method}) on a link negotiated at "
                                  f"{link / 1000:g} Gbit/s, below {want:g}")
             continue
-        floor = BANDWIDTH_FLOOR_GBIT_GPU if by_name[a].has_gpu and by_name[b].has_gpu else BANDWIDTH_FLOOR_GBIT_CPU
+        # a node outside the service (a ring's third node) is taken to be like the service's end of the link
+        floor = BANDWIDTH_FLOOR_GBIT_GPU if all(gpu[n] for n in (pair.a, pair.b) if n in gpu) \
+            else BANDWIDTH_FLOOR_GBIT_CPU
         if got.gbit < floor:
-            slow.append(f"{a} -> {b} {got.gbit:.2f} Gbit/s, below {floor:g}")
+            slow.append(f"{ports} {got.gbit:.2f} Gbit/s, below {floor:g}")
     fix = ("the pair's traffic takes a slow or broken path: on each end check that data_ip sits on the CX-7 netdev "
            "(`ip route get <peer data_ip>` names it), its link speed (`ethtool <netdev>`), the MTU, and that no "
            "firewall drops TCP between the data_ips")
@@ -641,7 +647,8 @@ def run_checks(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts], *,
                checkpoint_bytes: int = 0, need_bytes: int = 0, reserve_bytes: int = 0,
                ports: Iterable[int] = (), clock: Mapping[str, tuple[float, float]] | None = None,
                bandwidth: Mapping[tuple[str, str], Measured | float | str] | None = None,
-               pinned_gid: str | None = None, router: Mapping[str, HostFacts] | None = None) -> list[Result]:
+               pinned_gid: str | None = None, outside: Mapping[str, HostFacts] | None = None,
+               paths: Mapping[tuple[str, str], str] | None = None) -> list[Result]:
     """Every check on every node, then the checks across nodes. A node whose probe failed gets its SSH
     failure as the one result per check ("cannot judge: no SSH"), never a made-up verdict."""
     ports = tuple(ports)
@@ -662,11 +669,11 @@ def run_checks(specs: Sequence[NodeSpec], facts: Mapping[str, HostFacts], *,
             else:
                 results.append(chk(s, f))
     results.append(check_driver_match(specs, facts))
-    results.append(check_reach(specs, facts, router))
+    results.append(check_reach(specs, facts, outside, paths))
     results.append(check_gid_plan(specs, facts, pinned_gid))
     if bandwidth is not None:
-        speeds = {s.name: mbit for s in specs if (f := facts.get(s.name)) and not f.error and
-                  (mbit := parse_speeds(f.text("speed")).get(s.netdev))}
+        speeds = {(s.name, netdev): mbit for s in specs if (f := facts.get(s.name)) and not f.error
+                  for netdev, mbit in parse_speeds(f.text("speed")).items()}
         results.append(check_bandwidth(specs, bandwidth, speeds))
     if clock is not None:
         shared = all((facts.get(s.name) and facts[s.name].in_container) for s in specs)

@@ -90,3 +90,32 @@ def address_for(source: LinkedNode, target: LinkedNode, preferred: str | None = 
     theirs = [link for link in target.data_links() if link.subnet in mine]
     chosen = next((link for link in theirs if link.ip == preferred), theirs[0] if theirs else None)
     return chosen.ip if chosen else None
+
+
+@dataclass(frozen=True)
+class LinkPair:
+    """Two nodes' ends of one data link (a cable, or their subnet on a switch): what doctor tries and measures."""
+    a: str
+    a_link: Link
+    b: str
+    b_link: Link
+
+    def describe(self) -> str:
+        return f"{self.a} {self.a_link.netdev} -> {self.b} {self.b_link.netdev}"
+
+
+def link_pairs(group: Sequence[LinkedNode], others: Sequence[LinkedNode] = ()) -> list[LinkPair]:
+    """Every data link the group's nodes have, once per link: each pair of the group over each subnet it shares
+    (two rails through a switch: two), and each cable from a group node to a `peer` outside the group (`others`):
+    on a ring, doctor on the pair's service checks the cables to the third node too (the router and the next
+    service placed there run over them)."""
+    out = [LinkPair(a.name, la, b.name, lb) for a, b in combinations(group, 2)
+           for la in a.data_links() for lb in b.data_links() if la.subnet == lb.subnet]
+    inside, outside = {n.name for n in group}, {n.name: n for n in others}
+    for a in group:
+        for la in a.data_links():
+            b = outside.get(la.peer) if la.peer not in inside else None
+            lb = next((link for link in b.data_links() if link.subnet == la.subnet), None) if b else None
+            if lb is not None:
+                out.append(LinkPair(a.name, la, b.name, lb))
+    return out

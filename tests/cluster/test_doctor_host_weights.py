@@ -124,7 +124,7 @@ def test_doctor_baseline_is_honest(nodes, host_setup_runs, capsys):
         assert res[(node, "nccl-library")]["status"] == "skipped" and "not on the node yet" in \
             res[(node, "nccl-library")]["reason"]
     assert res[("cluster", "data-plane-reach")]["status"] == "ok"
-    assert "node1 -> node2" in res[("cluster", "data-plane-bandwidth")]["reason"]
+    assert "node1 eth0 -> node2 eth0" in res[("cluster", "data-plane-bandwidth")]["reason"]
     assert "by construction" in res[("cluster", "clock-skew")]["reason"]
 
 

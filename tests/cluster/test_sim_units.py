@@ -157,3 +157,86 @@ def test_inventory_names_the_login_and_keys_under_home_with_tilde(tmp_path, monk
     assert ssh == {"host": "172.30.152.12", "user": "nvidia", "port": 22, "key": "~/.ssh/sparkdeploy-sim-t_ed25519",
                    "known_hosts": "/elsewhere/known_hosts"}
     assert (tmp_path / "state" / "vocab-tiny-1k.txt").is_file()
+
+
+# ------------------------------------------------------------------------------------ `sim up --ring`
+def _ring_state(tmp_path, netdevs=(("eth2", "eth1"), ("eth1", "eth2"), ("eth2", "eth1"))) -> SimState:
+    """Three nodes as `sim up --ring` leaves them: links at their fixed addresses, netdevs as read in the node
+    (deliberately not in cable order, as Docker may attach them)."""
+    from dataclasses import replace
+
+    from sparkdeploy.sim.ring import ring_addresses
+
+    names = ["node1", "node2", "node3"]
+    links = ring_addresses(names, ["172.30.160.0/24", "172.30.161.0/24", "172.30.162.0/24"], "sparkdeploy-sim-r")
+    return SimState(name="r", subnet="172.30.159.0/24", network="n", image="i", key=str(tmp_path / "id_ed25519"),
+                    known_hosts=str(tmp_path / "known_hosts"), inventory=None, profile="sim-tiny",
+                    nodes=[SimNode(n, f"172.30.159.1{i + 1}", f"c{i}", f"v{i}", "head" if i == 0 else "worker",
+                                   [replace(link, netdev=dev) for link, dev in zip(links[n], netdevs[i])])
+                           for i, n in enumerate(names)])
+
+
+def test_ring_cables_each_node_to_the_next_and_the_last_to_the_first():
+    from sparkdeploy.sim.ring import ring_pairs
+
+    assert ring_pairs(["a", "b", "c"]) == [("a", "b"), ("b", "c"), ("c", "a")]
+    assert ring_pairs(["a", "b"]) == [("a", "b")]  # two nodes: one direct cable, not two on one pair
+    assert ring_pairs(["a"]) == []
+
+
+def test_ring_addresses_give_each_link_its_subnet_and_each_node_two_links_to_its_neighbours():
+    from sparkdeploy.sim.ring import ring_addresses
+
+    links = ring_addresses(["node1", "node2", "node3"], ["10.9.1.0/24", "10.9.2.0/24", "10.9.3.0/24"], "p")
+    assert [(l.network, l.ip, l.peer) for l in links["node1"]] == [
+        ("p-link-node1-node2", "10.9.1.11", "node2"), ("p-link-node3-node1", "10.9.3.11", "node3")]
+    assert [(l.network, l.ip, l.peer) for l in links["node2"]] == [
+        ("p-link-node1-node2", "10.9.1.12", "node1"), ("p-link-node2-node3", "10.9.2.12", "node3")]
+    assert [(l.ip, l.peer) for l in links["node3"]] == [("10.9.2.13", "node2"), ("10.9.3.13", "node1")]
+    with pytest.raises(SimError, match="needs 3 link subnets, got 2"):
+        ring_addresses(["node1", "node2", "node3"], ["10.9.1.0/24", "10.9.2.0/24"], "p")
+
+
+def test_netdev_is_read_by_address_not_assumed_from_attach_order():
+    from sparkdeploy.sim.ring import netdev_for
+
+    out = ("1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever\n"
+           "2: eth0    inet 172.30.159.12/24 brd 172.30.159.255 scope global eth0\\       valid_lft forever\n"
+           "3: eth2@if41    inet 172.30.160.12/24 brd 172.30.160.255 scope global eth2\\       valid_lft forever\n"
+           "4: eth1    inet 172.30.161.12/24 brd 172.30.161.255 scope global eth1\\       valid_lft forever\n")
+    assert netdev_for(out, "172.30.160.12") == "eth2"
+    assert netdev_for(out, "172.30.161.12") == "eth1"
+    assert netdev_for(out, "172.30.161.1") is None  # a prefix of another address is not it
+
+
+def test_ring_state_round_trips_and_an_older_state_has_no_links(tmp_path):
+    state = _ring_state(tmp_path)
+    again = SimState.from_dict(state.to_dict())
+    assert again == state and again.nodes[1].links[0].netdev == "eth1"
+    old = state.to_dict()
+    for n in old["nodes"]:
+        del n["links"]
+    assert all(n.links == [] for n in SimState.from_dict(old).nodes)
+
+
+def test_ring_inventory_lists_links_and_plans_tp2_on_node1_node2_over_their_cable(tmp_path):
+    from sparkdeploy import inventory, plan
+    from sparkdeploy.sim.inventory_file import write_inventory
+
+    state = _ring_state(tmp_path)
+    path = tmp_path / "inventory.sim.yaml"
+    assert write_inventory(state, path) is None
+    (view,) = inventory.load_services(path)
+    assert (view.service, [n.name for n in view.nodes], [n.name for n in view.elsewhere]) == \
+        ("s1", ["node1", "node2"], ["node3"])
+    assert view.router is None  # one service: its own endpoint
+    node3 = view.elsewhere[0]
+    assert [(l.netdev, l.ip, l.peer) for l in node3.data_links()] == [
+        ("eth2", "172.30.161.13", "node2"), ("eth1", "172.30.162.13", "node1")]
+    p = plan.plan(view)
+    # node1's end of the node1-node2 cable is eth2, node2's is eth1: the env names each node's own netdev
+    assert [(n.name, n.env["NCCL_SOCKET_IFNAME"], n.env["GLOO_SOCKET_IFNAME"], n.env["VLLM_HOST_IP"])
+            for n in p.nodes] == [("node1", "eth2", "eth2", "172.30.160.11"), ("node2", "eth1", "eth1", "172.30.160.12")]
+    argv = p.node("node2").serve_argv
+    assert argv[argv.index("--master-addr") + 1] == "172.30.160.11"
+    assert [n.ssh.host for n in view.nodes] == ["172.30.159.11", "172.30.159.12"]  # SSH stays on management

@@ -12,6 +12,7 @@ from sparkdeploy import preflight as pf
 from sparkdeploy import hostsetup, memguard, probes
 from sparkdeploy.preflight import NodeSpec
 from sparkdeploy.probes import HostFacts
+from sparkdeploy.topology import Link, LinkPair
 from sparkdeploy.verdict import Result, Status
 
 GIB = 1 << 30
@@ -195,48 +196,54 @@ def test_reach_and_clock():
 
 
 
-def test_bandwidth_is_measured_per_pair_on_the_data_ips():
-    """The real scripts, run through local connections: parallel TCP streams per pair (no ib_write_bw here), from
-    the sender's data_ip to a receiver bound on the other's (127.0.0.x are all this machine's)."""
-    from types import SimpleNamespace
-
+def test_bandwidth_is_measured_per_link_on_its_addresses():
+    """The real scripts, run through local connections: parallel TCP streams per link (no ib_write_bw here), from
+    the sender's address on the link to a receiver bound on the other's (127.0.0.x are all this machine's)."""
     from sparkdeploy.connection import Target
     from sparkdeploy.remote import Pool
+    from sparkdeploy.topology import Link, LinkPair
 
-    nodes = [SimpleNamespace(name=f"n{i}", data_ip=f"127.0.0.{i}") for i in (1, 2, 3)]
-    pool = Pool([Target(n.name, "localhost", local=True) for n in nodes])
+    pairs = [LinkPair(f"n{a}", Link("lo", f"127.0.0.{a}"), f"n{b}", Link("lo", f"127.0.0.{b}"))
+             for a, b in ((1, 2), (1, 3), (2, 3))]
+    pool = Pool([Target(f"n{i}", "localhost", local=True) for i in (1, 2, 3)])
     pool.open()
-    got = d.measure_bandwidth(pool, nodes, ["n1", "n2", "n3"])
-    assert set(got) == {("n1", "n2"), ("n1", "n3"), ("n2", "n3")}, got
+    got = d.measure_bandwidth(pool, pairs, ["n1", "n2", "n3"])
+    assert set(got) == set(pairs), got
     assert all(isinstance(v, pf.Measured) and v.method == "tcp" and v.gbit > 0 for v in got.values()), got
-    # a node that does not answer is left out of every pair, not measured as zero
-    assert set(d.measure_bandwidth(pool, nodes, ["n1", "n3"])) == {("n1", "n3")}
+    # a node that does not answer is left out of every link, not measured as zero
+    assert set(d.measure_bandwidth(pool, pairs, ["n1", "n3"])) == {pairs[1]}
+
+
+def _pair(specs) -> LinkPair:
+    a, b = specs
+    return LinkPair(a.name, Link(a.netdev, a.data_ip), b.name, Link(b.netdev, b.data_ip))
 
 
 def test_bandwidth_verdicts():
     gpu = [SPEC, NodeSpec("spark2", "192.168.177.12", "enp1s0f1np1")]
     sim = [NodeSpec(n, ip, "eth0", (), False) for n, ip in (("node1", "172.30.0.11"), ("node2", "172.30.0.12"))]
-    ok = pf.check_bandwidth(gpu, {("spark1", "spark2"): 38.5})
-    assert ok.status is Status.OK and "spark1 -> spark2 38.5 Gbit/s" in ok.reason
-    slow = pf.check_bandwidth(gpu, {("spark1", "spark2"): 9.4})  # a 10GbE port, not the CX-7
+    sparks, nodes = _pair(gpu), _pair(sim)
+    ok = pf.check_bandwidth(gpu, {sparks: 38.5})
+    assert ok.status is Status.OK and "spark1 enp1s0f1np1 -> spark2 enp1s0f1np1 38.5 Gbit/s" in ok.reason
+    slow = pf.check_bandwidth(gpu, {sparks: 9.4})  # a 10GbE port, not the CX-7
     assert slow.status is Status.WARN and "below 10" in slow.reason and "ip route get" in slow.fix
-    assert pf.check_bandwidth(sim, {("node1", "node2"): 3.0}).status is Status.OK  # a bridge, judged only if broken
-    assert pf.check_bandwidth(sim, {("node1", "node2"): 0.05}).status is Status.WARN
-    broken = pf.check_bandwidth(sim, {("node1", "node2"): "172.30.0.12:29481: ConnectionRefusedError"})
-    assert broken.status is Status.FAILED and "node1 -> node2: 172.30.0.12:29481" in broken.reason
+    assert pf.check_bandwidth(sim, {nodes: 3.0}).status is Status.OK  # a bridge, judged only if broken
+    assert pf.check_bandwidth(sim, {nodes: 0.05}).status is Status.WARN
+    broken = pf.check_bandwidth(sim, {nodes: "172.30.0.12:29481: ConnectionRefusedError"})
+    assert broken.status is Status.FAILED and "node1 eth0 -> node2 eth0: 172.30.0.12:29481" in broken.reason
     assert pf.check_bandwidth(sim[:1], {}).status is Status.SKIPPED
     # against the negotiated speed of the ports: a CX-7 that reports 200G and moves 13 Gbit/s is a failure naming them
-    degraded = pf.check_bandwidth(gpu, {("spark1", "spark2"): pf.Measured(13.1, "tcp")},
-                                  {"spark1": 200000, "spark2": 200000})
+    cx7 = {("spark1", "enp1s0f1np1"): 200000, ("spark2", "enp1s0f1np1"): 200000}
+    degraded = pf.check_bandwidth(gpu, {sparks: pf.Measured(13.1, "tcp")}, cx7)
     assert degraded.status is Status.FAILED and "spark1 enp1s0f1np1 -> spark2 enp1s0f1np1: 13.10" in degraded.reason
     assert "negotiated at 200 Gbit/s" in degraded.reason and "cold-boot" in degraded.fix
-    assert pf.check_bandwidth(gpu, {("spark1", "spark2"): pf.Measured(38.5, "tcp")},
-                              {"spark1": 200000, "spark2": 200000}).status is Status.OK
+    assert pf.check_bandwidth(gpu, {sparks: pf.Measured(38.5, "tcp")}, cx7).status is Status.OK
     # RDMA writes reach most of the link: the same figure from ib_write_bw is far below what the port should move
-    assert pf.check_bandwidth(gpu, {("spark1", "spark2"): pf.Measured(38.5, "ib_write_bw")},
-                              {"spark1": 200000, "spark2": 200000}).status is Status.FAILED
+    assert pf.check_bandwidth(gpu, {sparks: pf.Measured(38.5, "ib_write_bw")}, cx7).status is Status.FAILED
     # the sim's tc-shaped port (100 Mbit/s on a 10G veth) fails the same way
-    assert pf.check_bandwidth(sim, {("node1", "node2"): 0.09}, {"node1": 10000}).status is Status.FAILED
+    assert pf.check_bandwidth(sim, {nodes: 0.09}, {("node1", "eth0"): 10000}).status is Status.FAILED
+    # the speed is the port's on that link: another port of the node at 200G does not make a 10G link slow
+    assert pf.check_bandwidth(sim, {nodes: 3.0}, {("node1", "eth1"): 200000}).status is Status.OK
     assert pf.check_bandwidth(sim, {}).status is Status.FAILED
     assert probes.parse_bandwidth("received 1250000000 1.0 172.30.0.11\n") == pytest.approx(10.0)
     with pytest.raises(ValueError):
@@ -402,7 +409,7 @@ def test_ib_write_bw_is_used_where_both_ends_have_it():
     assert probes.parse_ib_write_bw(IB_WRITE_BW) == pytest.approx(182.64)
     with pytest.raises(ValueError):
         probes.parse_ib_write_bw("Couldn't connect to 192.168.177.12:18515")
-    node = NodeSpec("spark1", "192.168.177.11", "enp1s0f1np1", ("rocep1s0f1", "roceP2p1s0f1"))
+    node = Link("enp1s0f1np1", "192.168.177.11", hca=("rocep1s0f1", "roceP2p1s0f1"))
     assert d.rdma_path(node, facts()) is None  # perftest not installed: parallel TCP streams instead
     assert d.rdma_path(node, facts(tools="ib_write_bw=/usr/bin/ib_write_bw")) == ("rocep1s0f1", 3)
     assert probes.ib_write_bw_argv("rocep1s0f1", 3, "192.168.177.12")[-3:] == ["-x", "3", "192.168.177.12"]
@@ -498,7 +505,7 @@ def test_every_pair_that_must_talk_is_tried_across_services(tmp_path, monkeypatc
     assert r.status is Status.FAILED and "spark9 -> 192.168.177.11:8000: [Errno 113]" in r.reason
     down = pf.check_reach(specs, {"spark1": f1, "spark2": facts("spark2")},
                           {"spark9": HostFacts("spark9", error="ssh: timed out")})
-    assert down.status is Status.FAILED and "spark9 (router): not reached: ssh: timed out" in down.reason
+    assert down.status is Status.FAILED and "spark9 (outside the service): not reached: ssh: timed out" in down.reason
     out = subprocess.run(probes.reach_argv(["127.0.0.1:1"]), capture_output=True, text=True, timeout=30).stdout
     assert HostFacts.from_output("spark9", out).text("reach") == "127.0.0.1:1 refused"
 
@@ -529,3 +536,65 @@ def test_one_unit_state_parser_reads_every_systemctl_show():
     assert probes.unit_state(text) == a and dict(probes.unit_state("")) == {}
     assert probes.unit_show_argv(["u.service"], ("ActiveState", "SubState"))[-5:] == [
         "-p", "ActiveState", "-p", "SubState", "u.service"]
+
+
+def _ring_inventory(tmp_path):
+    """A three-node ring as `sim up --ring` writes it (service s1 on node1 + node2, node3 idle), each cable a
+    10.97.x.0/24 of its own (no such network here: the loader refuses loopback addresses)."""
+    from dataclasses import replace
+
+    from sparkdeploy.sim.cluster import SimNode, SimState
+    from sparkdeploy.sim.inventory_file import write_inventory
+    from sparkdeploy.sim.ring import ring_addresses
+
+    names = ["node1", "node2", "node3"]
+    links = ring_addresses(names, ["10.97.31.0/24", "10.97.32.0/24", "10.97.33.0/24"], "p")
+    state = SimState(name="r", subnet="10.97.30.0/24", network="n", image="i", key=str(tmp_path / "id_ed25519"),
+                     known_hosts=str(tmp_path / "known_hosts"), inventory=None, profile="sim-tiny",
+                     nodes=[SimNode(n, f"10.97.30.1{i + 1}", "c", "v", "worker",
+                                    [replace(link, netdev=f"eth{k + 1}") for k, link in enumerate(links[n])])
+                            for i, n in enumerate(names)])
+    assert write_inventory(state, tmp_path / "ring.yaml") is None
+    return tmp_path / "ring.yaml"
+
+
+def test_a_rings_service_checks_all_three_cables_naming_both_ports(tmp_path):
+    from sparkdeploy import inventory
+
+    inv = inventory.load(_ring_inventory(tmp_path), "s1")
+    links = d.service_links(inv)
+    assert [p.describe() for p in links] == ["node1 eth1 -> node2 eth1", "node1 eth2 -> node3 eth2",
+                                             "node2 eth2 -> node3 eth1"]
+    assert [n.name for n in d.link_peers(inv)] == ["node3"]
+    targets = d.reach_targets(inv)
+    assert targets["node3"] == ["10.97.33.11", "10.97.32.12"]  # each cable from the far end too
+    assert targets["node1"] == ["10.97.31.12", "10.97.33.13"] and "10.97.31.11:29500" in targets["node2"]
+    # a dead cable is named by both its ports, from both ends
+    dead = {"node1": facts("node1", reach="10.97.31.12 ok\n10.97.33.13 err timed out"),
+            "node2": facts("node2", reach="10.97.31.11 ok\n10.97.32.13 ok")}
+    r = pf.check_reach([d.spec_of(n, None) for n in inv.nodes], dead,
+                       {"node3": facts("node3", reach="10.97.33.11 err timed out\n10.97.32.12 ok")},
+                       d.path_names(links))
+    assert r.status is Status.FAILED
+    assert r.reason == "node1 eth2 -> node3 eth2 10.97.33.13: timed out; node3 eth2 -> node1 eth2 10.97.33.11: timed out"
+
+
+def test_examine_on_a_ring_tries_and_measures_every_link_through_local_connections(tmp_path):
+    """examine() reaches the third node of the ring (outside the service) for its paths and measures all three
+    cables; here no address of the ring exists, so every link fails, each named by its two ports."""
+    from sparkdeploy import inventory
+    from sparkdeploy.connection import Target
+    from sparkdeploy.remote import Pool
+
+    inv = inventory.load(_ring_inventory(tmp_path), "s1")
+    pool = Pool([Target(n, "localhost", local=True) for n in ("node1", "node2", "node3")])
+    exam = d.examine(inv, checkpoint_dir="/nonexistent/ckpt", pool=pool)
+    by = {(r.node, r.check): r for r in exam.results}
+    assert not any(r.node == "node3" for r in exam.results)  # not examined: only its paths count
+    reach, bandwidth = by[("cluster", "data-plane-reach")], by[("cluster", "data-plane-bandwidth")]
+    # node1 2 + node2 3 (its head's master port) + node3 2: whether this machine's network answers for
+    # 10.97.x varies, so either all 7 answered or node3's cable to node1 is named by its ports
+    assert "7 node-to-node" in reach.reason or "node3 eth2 -> node1 eth2 10.97.33.11" in reach.reason, reach
+    assert bandwidth.status is Status.FAILED  # no address of the ring is this machine's
+    for link in ("node1 eth1 -> node2 eth1: ", "node1 eth2 -> node3 eth2: ", "node2 eth2 -> node3 eth1: "):
+        assert link in bandwidth.reason, bandwidth

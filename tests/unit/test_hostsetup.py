@@ -152,3 +152,23 @@ def test_non_root_login_writes_through_sudo_install():
     root = FakeConn()
     hs.write_file(root, hs.EARLYOOM_DEFAULT, "x\n", 0o644)
     assert root.puts == [(hs.EARLYOOM_DEFAULT, b"x\n", 0o644)]
+
+
+def test_a_ring_nodes_netplan_lists_each_link_with_its_own_subnet():
+    """spark2 of the shipped ring example: two cables, two subnets. Each link's netdev gets the inventory's
+    address; no twin is put on a derived next /24 (192.168.11.0/24 is the spark2-spark3 cable's)."""
+    import yaml
+
+    from sparkdeploy import inventory, paths
+
+    spark2 = inventory.load(paths.repo_root() / "examples" / "inventory.3ring.yaml").node("spark2")
+    links = spark2.data_links()
+    kw = dict(netdev=spark2.netdev, data_ip=spark2.data_ip, hca=spark2.hca, links=links, apply_network=True)
+    net = {i.name: i for i in hs.plan_items("spark2", fresh(), **kw)}["netplan"]
+    assert net.status == "change"
+    written = yaml.safe_load(net.writes[0][1])["network"]["ethernets"]
+    assert {dev: cfg["addresses"] for dev, cfg in written.items()} == {
+        "enp1s0f0np0": ["192.168.11.2/24"], "enp1s0f1np1": ["192.168.10.2/24"]}
+    assert all(cfg["mtu"] == 9000 for cfg in written.values())
+    done = after(fresh(), hs.plan_items("spark2", fresh(), **kw))
+    assert {i.name: i for i in hs.plan_items("spark2", done, **kw)}["netplan"].status == "ok"

@@ -44,9 +44,10 @@ def setup(inventory_file, dry_run, apply_network, as_json, trust_new_hosts):
         def read(conn):
             n = nodes[conn.name]
             sudo = hs.sudo_prefix(n.ssh.user)
-            state = hs.read_state(conn, n.hca, sudo=sudo)
-            return hs.plan_items(conn.name, state, netdev=n.netdev, data_ip=n.data_ip, hca=n.hca,
-                                 apply_network=apply_network)
+            hca = tuple(dict.fromkeys(dev for link in n.data_links() for dev in link.hca))  # every link's
+            state = hs.read_state(conn, hca, sudo=sudo)
+            return hs.plan_items(conn.name, state, netdev=n.netdev, data_ip=n.data_ip, hca=hca,
+                                 links=n.data_links(), apply_network=apply_network)
 
         planned = pool.map(read)
         failed = dict(errors)

@@ -73,11 +73,14 @@ def sim() -> None:
 @click.option("--subnet", help="IPv4 /24 for the sim network (default: a free 172.30.x.0/24)")
 @click.option("--mtu", type=click.IntRange(576, 9216),
               help="MTU of the sim network when it is created (9000: jumbo frames, as the CX-7 data plane wants)")
+@click.option("--ring", is_flag=True,
+              help="cable the nodes as a ring, as NVIDIA Sync does for 3 Sparks: a network (own /24) per link "
+                   "node1-node2, node2-node3, node3-node1, each node on its two; the inventory lists its `links:`")
 @click.option("--engine-image/--no-engine-image", default=True, show_default=True,
               help="also build (or reuse) the vLLM CPU engine base image the serving image builds on")
 @click.option("--rebuild", is_flag=True, help="rebuild the node image even if cached")
 @click.option("--json", "as_json", is_flag=True, help="print the cluster (nodes, IPs, key, inventory) as JSON")
-def up(count, node_names, name, inventory, profile, user, subnet, mtu, engine_image, rebuild, as_json) -> None:
+def up(count, node_names, name, inventory, profile, user, subnet, mtu, ring, engine_image, rebuild, as_json) -> None:
     """Build (once) the node image and start the nodes; wait until each runs systemd, sshd and dockerd."""
     from pathlib import Path
 
@@ -92,7 +95,7 @@ def up(count, node_names, name, inventory, profile, user, subnet, mtu, engine_im
         base_image_id = images.image_id(images.ensure_engine_image(reporter).ref)
     state = cluster.up(len(names) if names else count, names=names, inventory=Path(inventory) if inventory else None,
                        subnet=subnet, profile=profile, rebuild=rebuild, base_image_id=base_image_id, mtu=mtu,
-                       user=user)
+                       user=user, ring_links=ring)
     total = round(time.monotonic() - t0, 1)
     if as_json:
         click.echo(json.dumps({**state.to_dict(), "timings": reporter.timings, "total_seconds": total}, indent=2))
@@ -100,6 +103,8 @@ def up(count, node_names, name, inventory, profile, user, subnet, mtu, engine_im
     click.echo(f"sim cluster {state.name!r} up in {total} s ({state.subnet}, image {state.image})")
     for node in state.nodes:
         click.echo(f"  {node.name:<8} {node.role:<6} {node.ip:<15} container {node.container}")
+        for link in node.links:
+            click.echo(f"  {'':<8} link   {link.netdev} {link.ip}/{link.prefix} to {link.peer} ({link.network})")
     click.echo(f"inventory: {state.inventory} (login {state.user}, key {state.key})")
     click.echo(f"ssh:       sparkdeploy sim ssh {state.head.name}" + (f" --name {state.name}" if name else ""))
 
@@ -109,7 +114,7 @@ def up(count, node_names, name, inventory, profile, user, subnet, mtu, engine_im
 @click.option("--keep-volumes", is_flag=True, help="keep each node's Docker volume (its loaded images)")
 @click.option("--json", "as_json", is_flag=True)
 def down(name, keep_volumes, as_json) -> None:
-    """Remove the nodes, their Docker volumes, the network, the inventory and known_hosts."""
+    """Remove the nodes, their Docker volumes, the networks (a ring's links too), the inventory and known_hosts."""
     reporter = _RichReporter(quiet=as_json)
     t0 = time.monotonic()
     removed = _cluster(name, reporter).down(keep_volumes=keep_volumes)

@@ -30,7 +30,7 @@ from typing import Sequence
 
 from sparkdeploy import paths, timing
 from sparkdeploy.errors import SimError
-from sparkdeploy.sim import containers, images
+from sparkdeploy.sim import containers, images, ring
 from sparkdeploy.sim.containers import docker
 from sparkdeploy.sim.inventory_file import api_key_path
 from sparkdeploy.sim._proc import Reporter, need_tool, run
@@ -81,6 +81,7 @@ class SimNode:
     container: str
     volume: str
     role: str  # head | worker
+    links: list[ring.SimLink] = field(default_factory=list)  # its data links (`sim up --ring`); none: eth0 only
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,7 +119,8 @@ class SimState:
     @classmethod
     def from_dict(cls, d: dict) -> "SimState":
         d = dict(d)
-        d["nodes"] = [SimNode(**n) for n in d["nodes"]]
+        d["nodes"] = [SimNode(**{**n, "links": [ring.SimLink(**link) for link in n.get("links", ())]})
+                      for n in d["nodes"]]
         return cls(**d)
 
 
@@ -171,12 +173,14 @@ class SimCluster:
     # ------------------------------------------------------------------------------------------- up
     def up(self, nodes: int = 2, *, names: Sequence[str] | None = None, inventory: Path | None = None,
            subnet: str | None = None, profile: str = "sim-tiny", rebuild: bool = False,
-           base_image_id: str | None = None, mtu: int | None = None, user: str = DEFAULT_USER) -> SimState:
+           base_image_id: str | None = None, mtu: int | None = None, user: str = DEFAULT_USER,
+           ring_links: bool = False) -> SimState:
         """Build (or reuse) the node image, start the nodes, wait for systemd + SSH + docker, write the inventory.
 
         `base_image_id` pins the inventory's serving-image base to the engine base image's ID. `mtu` (e.g. 9000,
         as on a CX-7 data plane) applies when the network is created; an existing network keeps its own. `user`
-        is the SSH login made on every node (passwordless sudo; `root`: log in as root).
+        is the SSH login made on every node (passwordless sudo; `root`: log in as root). `ring_links`: cable the
+        nodes as a ring, a network per link (sparkdeploy.sim.ring); SSH stays on the management network.
         """
         if not USER_RE.match(user):
             raise SimError(f"login name {user!r} is invalid: use lowercase letters, digits, '_' and '-' (option --user)")
@@ -191,13 +195,15 @@ class SimCluster:
                 raise SimError(f"node name {n!r} is invalid: use lowercase letters, digits and '-', starting with a letter")
         if len(set(names)) != len(names):
             raise SimError(f"node names repeat: {', '.join(names)}")
+        if ring_links and len(names) < 2:
+            raise SimError("a ring needs at least 2 nodes (--nodes)")
 
         with timing.span("cluster bring-up", f"{self.name}: {len(names)} nodes"):
             return self._up(names, inventory=inventory, subnet=subnet, profile=profile, rebuild=rebuild,
-                            base_image_id=base_image_id, mtu=mtu, user=user)
+                            base_image_id=base_image_id, mtu=mtu, user=user, ring_links=ring_links)
 
     def _up(self, names: list[str], *, inventory: Path | None, subnet: str | None, profile: str, rebuild: bool,
-            base_image_id: str | None, mtu: int | None, user: str) -> SimState:
+            base_image_id: str | None, mtu: int | None, user: str, ring_links: bool) -> SimState:
         built = images.ensure_node_image(self.reporter, force=rebuild)
         image = built.ref
         self._ensure_key()
@@ -207,11 +213,13 @@ class SimCluster:
             want = subnet or (previous.subnet if previous else None)
             net_subnet = containers.ensure_network(self.network, self.name, want, mtu)
             info["detail"] = f"{self.network} {net_subnet}"
+        links = self._ring_networks(names, mtu) if ring_links else {n: [] for n in names}
         net = ipaddress.ip_network(net_subnet)
         nodes_: list[SimNode] = []
         for i, n in enumerate(names):
             nodes_.append(SimNode(name=n, ip=str(net.network_address + 11 + i), container=f"{self.prefix}-{n}",
-                                  volume=f"{self.prefix}-{n}-docker", role="head" if i == 0 else "worker"))
+                                  volume=f"{self.prefix}-{n}-docker", role="head" if i == 0 else "worker",
+                                  links=links[n]))
         containers.remove_stale_nodes(self.name, {n.container for n in nodes_}, self.reporter)
         with self.reporter.phase("start nodes", f"{len(nodes_)} x {image}") as info:
             started = [containers.ensure_node(node, image, self.network, self.name, self.reporter, self._install_key)
@@ -219,6 +227,12 @@ class SimCluster:
             info["detail"] = ", ".join(f"{n.name} {n.ip} ({how})" for n, how in zip(nodes_, started))
         with self.reporter.phase("wait for systemd, ssh, docker"):
             self._parallel(lambda node: containers.wait_ready(node, self.reporter, require_running=True), nodes_)
+        if ring_links:
+            with self.reporter.phase("ring links: attach, read netdevs") as info:
+                for node in nodes_:
+                    node.links = [containers.attach_link(node, link) for link in node.links]
+                info["detail"] = "; ".join(f"{n.name} " + ", ".join(f"{link.netdev} {link.ip} (to {link.peer})"
+                                                                     for link in n.links) for n in nodes_)
         with self.reporter.phase("known_hosts from host keys"):
             self._write_known_hosts(nodes_)
         with self.reporter.phase("check ssh by key (host keys verified)"):
@@ -241,6 +255,14 @@ class SimCluster:
             return self.load_state()
         except SimError:
             return None
+
+    def _ring_networks(self, names: list[str], mtu: int | None) -> dict[str, list[ring.SimLink]]:
+        """One network per cable of the ring (each its own free /24, or the one it has); {node: its links}."""
+        with self.reporter.phase("ring link networks") as info:
+            subnets = [containers.ensure_network(ring.link_network(self.prefix, a, b), self.name, None, mtu)
+                       for a, b in ring.ring_pairs(names)]
+            info["detail"] = ", ".join(f"{a}-{b} {s}" for (a, b), s in zip(ring.ring_pairs(names), subnets))
+        return ring.ring_addresses(names, subnets, self.prefix)
 
     def _ensure_key(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -397,9 +419,10 @@ class SimCluster:
                 if vols:
                     docker("volume", "rm", "-f", *vols, what="docker volume rm", timeout=600)
                     removed += vols
-            if docker("network", "inspect", self.network, what="docker network inspect", check=False).rc == 0:
-                docker("network", "rm", self.network, what=f"docker network rm {self.network}")
-                removed.append(self.network)
+            networks = containers.cluster_networks(self.name)  # the management network and any ring links
+            if networks:
+                docker("network", "rm", *networks, what=f"docker network rm {' '.join(networks)}")
+                removed += networks
             info["detail"] = f"{len(removed)} objects"
         if state and state.inventory:
             inv = Path(state.inventory)

@@ -99,6 +99,13 @@ def taken_subnets() -> list:
     return [n for n in nets if n.version == 4]
 
 
+def cluster_networks(cluster: str) -> list[str]:
+    """The cluster's Docker networks (found by label): the management network and, on a ring, one per link."""
+    out = docker("network", "ls", "--filter", f"label={CLUSTER_LABEL}={cluster}", "--format", "{{.Name}}",
+                 what="docker network ls").out
+    return sorted(out.split())
+
+
 def cluster_containers(cluster: str) -> list[str]:
     out = docker("ps", "-a", "--filter", f"label={CLUSTER_LABEL}={cluster}", "--format", "{{.Names}}",
                  what="docker ps").out
@@ -152,6 +159,33 @@ def ensure_node(node, image: str, network: str, cluster: str, reporter: Reporter
            "host refuses the capability set; see DESIGN.md 'The simulated cluster')")
     install_key(node)
     return "created"
+
+
+def attach_link(node, link, attempts: int = 20):
+    """Connect the running node to a link network at its fixed address (kept when already there), then return
+    the link with the netdev the node sees it on, read by address inside the node (sparkdeploy.sim.ring)."""
+    from dataclasses import replace
+
+    from sparkdeploy.sim.ring import netdev_for
+
+    info = inspect(node.container) or {}
+    have = (info.get("NetworkSettings", {}).get("Networks", {}).get(link.network) or {}).get("IPAMConfig") or {}
+    if have.get("IPv4Address") != link.ip:
+        if link.network in info.get("NetworkSettings", {}).get("Networks", {}):
+            docker("network", "disconnect", "-f", link.network, node.container,
+                   what=f"{node.name}: docker network disconnect {link.network}")
+        docker("network", "connect", "--ip", link.ip, link.network, node.container,
+               what=f"{node.name}: docker network connect {link.network} ({link.ip})")
+    seen = ""
+    for _ in range(attempts):  # the interface shows up inside the node a moment after `connect` returns
+        seen = exec_in(node, "ip -o -4 addr show", timeout=10).out
+        netdev = netdev_for(seen, link.ip)
+        if netdev:
+            return replace(link, netdev=netdev)
+        time.sleep(0.25)
+    raise SimError(f"{node.name}: no interface holds {link.ip} after connecting {link.network} (ip -o -4 addr "
+                   f"show: {' | '.join(seen.splitlines())[:300]}); recreate with `sparkdeploy sim down && sparkdeploy "
+                   "sim up --ring`")
 
 
 def exec_in(node, script: str, timeout: float = 30):

@@ -56,22 +56,42 @@ def _world_size(profile: str) -> int:
         return 0
 
 
+def data_plane(node) -> dict:
+    """A node's data links as the inventory writes them: `links:` from a ring's networks (the netdev the node
+    saw each address on, the peer at the other end), else the one-link shorthand on the management network."""
+    if not node.links:
+        return {"data_ip": node.ip, "netdev": "eth0", "hca": []}
+    return {"links": [{"netdev": link.netdev, "ip": link.ip, "prefix": link.prefix, "peer": link.peer}
+                      for link in node.links]}
+
+
+def service_groups(state, per: int) -> list[list[str]]:
+    """The nodes of each service: consecutive groups of the profile's `per` nodes. On a ring every full group
+    (three nodes at TP=2: node1 + node2, node3 idle: neighbours share a cable); otherwise only where the nodes
+    divide evenly and there is more than one group (else the inventory is one service without `services:`)."""
+    names = [n.name for n in state.nodes]
+    if per <= 0:
+        return []
+    ring = any(n.links for n in state.nodes)
+    if not ring and not (len(names) > per and len(names) % per == 0):
+        return []
+    return [names[i:i + per] for i in range(0, len(names) - per + 1, per)]
+
+
 def inventory_dict(state, vocab: Path | None = None, base_image_id: str | None = None,
                    api_key: Path | None = None) -> dict:
     """The inventory mapping for a sim cluster's state (nodes, SSH login and key, known_hosts, the sim profile).
-    More nodes than the profile's tp x pp x dp (e.g. four for a TP=2 profile): one service per group of that
-    many nodes, `s1` on node1 + node2, `s2` on node3 + node4 and so on, each behind its own API on its head."""
-    per = _world_size(state.profile)
-    several = per > 0 and len(state.nodes) > per and len(state.nodes) % per == 0
+    More nodes than the profile's tp x pp x dp (e.g. four for a TP=2 profile), or a ring: one service per group
+    of that many nodes, `s1` on node1 + node2, `s2` on node3 + node4 and so on, each behind its own API on its
+    head (and a router on node1 where there are several)."""
+    groups = service_groups(state, _world_size(state.profile))
     nodes = []
     for node in state.nodes:
         nodes.append({
             "name": node.name,
-            **({} if several else {"role": node.role}),
+            **({} if groups else {"role": node.role}),
             "ssh": ssh_block(state, node),
-            "data_ip": node.ip,
-            "netdev": "eth0",
-            "hca": [],
+            **data_plane(node),
             "gpu": "none",
         })
     service = {
@@ -87,11 +107,10 @@ def inventory_dict(state, vocab: Path | None = None, base_image_id: str | None =
         # Pinned by content: a rebuilt engine base gives a new serving-image tag instead of a stale image.
         image["base"] = base_image_id
     data: dict = {"cluster": f"sim-{state.name}", "nodes": nodes, "image": image}
-    if several:  # each service its own model name, behind one router on the first node
-        data["services"] = [{"name": f"s{i // per + 1}", "nodes": [n.name for n in state.nodes[i:i + per]],
-                             "served_name": f"tiny-s{i // per + 1}", **service}
-                            for i in range(0, len(state.nodes), per)]
-        if api_key is not None:
+    if groups:  # each service its own model name, behind one router on the first node
+        data["services"] = [{"name": f"s{i + 1}", "nodes": group, "served_name": f"tiny-s{i + 1}", **service}
+                            for i, group in enumerate(groups)]
+        if api_key is not None and len(groups) > 1:
             data["router"] = {"node": state.nodes[0].name, "port": ROUTER_PORT}
     else:
         data = {"cluster": data["cluster"], "profile": service.pop("profile"), "nodes": nodes, "image": image,
