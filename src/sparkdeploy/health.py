@@ -99,7 +99,7 @@ class Report:
 
 # ------------------------------------------------------------------------------------------- node side
 # One round trip: $1 unit, $2 container, $3 current link, $4 watchdog state, $5 draft-list pointer (the
-# service's layout), $6.. extra units; prints KEY VALUE lines.
+# service's layout), $6.. extra units; prints KEY VALUE lines (vocab_report: one per engine list report).
 _NODE_SCRIPT = r"""
 unit=$1; ctr=$2; current=$3; wd_state=$4; vocab=$5; shift 5
 echo "docker $(docker info --format '{{.ServerVersion}}' 2>/dev/null || echo DOWN)"
@@ -114,6 +114,7 @@ echo "watchdog $(cat "$wd_state" 2>/dev/null | tr -d '\n')"
 echo "vocab_pointer $(readlink "$vocab" 2>/dev/null)"
 echo "vocab_content $(sha256sum "$vocab" 2>/dev/null | cut -c1-64)"
 echo "vocab_configured $(grep -o 'sha256[^0-9a-f]\{1,8\}[0-9a-f]\{64\}' "$current/node-plan.json" 2>/dev/null | head -1 | grep -o '[0-9a-f]\{64\}$')"
+docker logs "$ctr" 2>&1 | grep 'spark_overlays: shortlist .*sha256=' | tail -n 64 | sed 's/^/vocab_report /'
 """
 
 
@@ -127,6 +128,8 @@ def node_snapshot(conn: Conn, lay: ServiceLayout, extra_units: tuple[str, ...] =
             name, _, rest = val.partition(" ")
             en, _, act = rest.partition(" ")
             snap["extra"][name] = (en.strip(), act.strip())
+        elif key == "vocab_report":  # the engine ranks' list reports (vocab_live.reports), in log order
+            snap.setdefault("vocab_reports", []).append(val)
         else:
             snap[key] = val.strip()
     return snap
