@@ -17,6 +17,7 @@ from sparkdeploy import health, plan, releases, render, rollout_live, vocab_live
 from sparkdeploy.connection import Target
 from sparkdeploy.layout import NODE_PLAN_FILE, ServiceLayout
 from sparkdeploy.remote import LocalConn
+from tests.unit.test_dry_run import nodes as loopback  # noqa: F401 - a fixture: two loopback nodes, PATH stand-ins
 from tests.unit.test_plan import _mtp_with_shortlist
 from tests.unit.test_vocab_live_swap import LINE, Engine
 
@@ -67,7 +68,7 @@ def cluster(tmp_path):
     naming NEW; one engine rank per node serving OLD."""
     lay = ServiceLayout(etc_root=str(tmp_path / "etc"), state_root=str(tmp_path))
     settings = {"capacity": 3000, "live_check_every": 64}
-    nodes = []
+    out = []
     for rank, name in enumerate(("node1", "node2")):
         conn = LocalConn(Target(name, "127.0.0.1", local=True))
         for data, sha in ((OLD, OLD_SHA), (NEW, NEW_SHA)):
@@ -76,8 +77,8 @@ def cluster(tmp_path):
         for number, sha in ((1, OLD_SHA), (2, NEW_SHA)):
             releases.write(conn, lay, number, {NODE_PLAN_FILE: (_node_plan(tmp_path, settings, sha), 0o644)}, {})
         releases.switch(conn, lay, 1)
-        nodes.append((conn, lay, Engine(conn, lay, OLD_SHA, ranks=(rank,))))
-    return nodes
+        out.append((conn, lay, Engine(conn, lay, OLD_SHA, ranks=(rank,))))
+    return out
 
 
 def _swap(cluster, verify):
@@ -179,3 +180,68 @@ def test_the_node_snapshot_reads_the_reports_in_its_one_round_trip(tmp_path, mon
     assert len(calls) == 1
     assert [r.sha256 for r in vocab_live.reports("\n".join(snap["vocab_reports"]))] == [OLD_SHA, NEW_SHA]
     assert json.dumps(snap)  # the snapshot stays plain data (health --json)
+
+
+# ------------------------------------------------------------------------- the rollout's live phase, end to end
+@pytest.fixture
+def live_rollout(loopback):
+    """A Rollout at its live phase on test_dry_run's loopback node (release 2 current, naming OLD; release 3
+    written, naming NEW), golden outputs taken; its API a FakeVllm, its engine a `docker` on PATH whose `logs`
+    does what a rank does at a drafter call: take the list the pointer names and log the report line."""
+    import numpy as np
+
+    from sparkdeploy import inventory as I
+    from sparkdeploy import rollout
+    from sparkdeploy.steps.deploy import Cluster, Options
+    from tests.unit.bench.fake_vllm import FakeVllm
+    from tests.unit.test_dry_run import _two_releases
+
+    nodes = loopback
+    cx = Cluster(I.load(str(nodes / "inventory.yaml")), Options(nodes=1))
+    _two_releases(cx, nodes / "node")
+    conn = cx.conn("node1")
+    for data, sha in ((OLD, OLD_SHA), (NEW, NEW_SHA)):
+        vocab_live.store(conn, cx.lay, data, sha, {"source": "x.txt"})
+    vocab_live.point(conn, cx.lay, OLD_SHA)
+    releases.write(conn, cx.lay, 3, {"launch.sh": (b"#!/bin/sh\n", 0o755)}, {})
+    log = nodes / "engine.log"
+    log.write_text(LINE.format(event="serves", sha=OLD_SHA, rank=0, why=""))
+    (nodes / "bin" / "docker").write_text(f"""#!/bin/sh
+[ "$1" = logs ] || exit 0
+pointed=$(readlink {cx.lay.vocab_host_dir}/current.txt | cut -c1-64)
+tail -n1 {log} | grep -q "sha256=$pointed " || \\
+  echo "spark_overlays: shortlist swapped; serves sha256=$pointed rows=2 capacity=3000 tp_rank=0 pid=7" >> {log}
+cat {log}
+""")
+    (nodes / "bin" / "docker").chmod(0o755)
+    with FakeVllm() as fake:
+        r = rollout.Rollout(cx, rollout.Candidate("new.txt", NEW, np.array([0, 5]), NEW_SHA, "sha256:t", None),
+                            rollout.RolloutOptions(categories=["code"], swap_timeout=5))
+        r.c.names = ["node1"]
+        r.prev, r.old_sha, r.new_num = 2, OLD_SHA, 3  # what _prepare read; _distribute wrote release 3
+        r.exp = health.ServiceExpect(fake.url, "fake", [])
+        res = rollout.RolloutResult(path="live", from_version=OLD_SHA[:12])
+        r._capture_before(res)
+        yield r, res, fake, conn
+    cx.close()
+
+
+def test_a_live_rollout_swaps_checks_and_makes_its_release_current_without_a_restart(live_rollout, loopback):
+    r, res, fake, conn = live_rollout
+    assert r._live(res) and res.golden_identical and res.acceptance_after["code"]
+    assert releases.scan(conn, r.c.lay).current == 3
+    assert vocab_live.read_state(conn, r.c.lay).content == NEW_SHA
+    calls = (loopback / "calls.log").read_text() if (loopback / "calls.log").exists() else ""
+    assert "systemctl stop" not in calls and "systemctl start" not in calls  # no restart
+
+
+def test_a_live_rollout_whose_acceptance_falls_swaps_the_old_list_back_and_fails(live_rollout):
+    r, res, fake, conn = live_rollout
+    fake.accept_per_pos = (0.0, 0.0)  # the new list drafts nothing the model accepts
+    assert not r._live(res)
+    assert res.status == "rolled-back" and not res.ok and "mean acceptance length fell" in res.reason
+    assert res.message.startswith(f"live swap to {NEW_SHA[:12]} FAILED") and "SWAPPED BACK" in res.message
+    assert vocab_live.read_state(conn, r.c.lay).content == OLD_SHA
+    assert vocab_live.served(conn, r.c.lay)[0].sha256 == OLD_SHA
+    assert releases.scan(conn, r.c.lay).current == 2  # still the release that names the old list
+    assert conn.exists(f"{releases.rdir(r.c.lay, 3)}/FAILED")
