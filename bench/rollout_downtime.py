@@ -1,19 +1,21 @@
 #!/usr/bin/env python3
-"""Downtime of `sparkdeploy vocab rollout` as a client sees it, and how long the rollout takes, in one run.
+"""The API's downtime under `sparkdeploy vocab rollout`, restart vs live swap, side by side in one run.
 
-A client thread sends short temperature-0 completions back to back (each with a timeout) while the rollout
-runs on the main thread. Printed:
+Client streams send short temperature-0 completions back to back (each with a timeout) while two rollouts
+run one after the other on the main thread: a restart rollout (`--restart`) to the list not live, then a
+live rollout (`--live`) back to the list that was live. Printed per path:
 
-  rollout       wall time of the whole rollout (validate, golden, distribute, restart, gate, verify, finish)
-  downtime      the longest window with no successful request: from the last success before a gap to the
-                first success after it (the restart of both ranks, workers first)
-  ratio         downtime / rollout
-  requests      ok / failed during the run, and the rollout's own phase timings
+  path          the path the rollout took (a live rollout that fell back to a restart says why)
+  rollout       wall time of the whole rollout (validate, golden, distribute, switch, checks, finish)
+  unavailable   the longest window with no successful request: from the last success before a gap to the
+                first success after it
+  requests      ok / failed while the rollout ran (a failed one: an error, a timeout or an empty answer)
 
-Usage: bench/rollout_downtime.py --inventory INVENTORY [--list LIST] [--interval 0.2]
-The inventory must name a deployed cluster (`sparkdeploy up`) with the shortlist on. Without --list, two lists
-are made for the served tokenizer (ids < 1536 or < 2560, plus its required ids) and the one not live is rolled
-out, so every run changes the list.
+Usage: bench/rollout_downtime.py --inventory INVENTORY [--lists A B] [--streams 4] [--interval 0.2] [--json]
+The inventory must name a deployed cluster (`sparkdeploy up`) whose profile has the MTP draft with the
+shortlist on, `shortlist.live_check_every` set and `shortlist.capacity` at least the larger list (2560 ids
+for the generated ones). Without --lists, two lists are made for the served tokenizer (ids < 1536 or < 2560,
+plus its required ids).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 import requests
 
 from sparkdeploy import inventory as I
-from sparkdeploy import health, rollout, served_tokenizer
+from sparkdeploy import health, rollout, served_tokenizer, vocab_live
 
 
 def client(url: str, model: str, stop: threading.Event, interval: float, log: list, api_key: str | None) -> None:
@@ -61,11 +63,56 @@ def downtime(log: list, start: float, end: float) -> tuple[float, float, float]:
     return best
 
 
+def live_list(inv) -> str | None:
+    """sha256 of the list the head serves now (its pointer)."""
+    with rollout._cluster(inv, rollout.RolloutOptions(), False) as cluster:
+        cluster.connect([])
+        return vocab_live.read_state(cluster.conn(cluster.head), cluster.lay).content
+
+
+def under_load(inv, tok, path: str, opts, streams: int, interval: float) -> dict:
+    """One rollout of `path` while `streams` clients send requests; the client's view and the rollout's."""
+    _, cand = rollout.validate_locally(inv, path)
+    cluster = rollout._cluster(inv, opts, False)
+    log: list = []
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    try:
+        cluster.connect([])
+        cluster.expect()
+        url, model = cluster.plan.api_url, inv.profile.served_name
+        threads += [threading.Thread(target=client, args=(url, model, stop, interval, log, inv.auth.api_key()),
+                                     daemon=True) for _ in range(streams)]
+        for th in threads:
+            th.start()
+        time.sleep(3)  # a baseline of successes before the rollout starts
+        t0 = time.time()
+        res = rollout.Rollout(cluster, cand, opts, tok).run()
+        t1 = time.time()
+        time.sleep(3)
+    finally:
+        stop.set()
+        cluster.close()
+    for th in threads:
+        th.join(15)
+    gap, ga, gb = downtime(log, t0, t1)
+    during = [k for a, b, k in log if b >= t0 and a <= t1]
+    return {"list": cand.version, "path": res.path, "path_reason": res.path_reason, "status": res.status,
+            "message": res.message, "rollout_s": round(t1 - t0, 1), "unavailable_s": round(gap, 1),
+            "unavailable_window": [round(ga - t0, 1), round(gb - t0, 1)], "requests_ok": sum(during),
+            "requests_failed": len(during) - sum(during), "timings": res.timings, "ok": res.ok}
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     ap.add_argument("--inventory", "-i", required=True)
-    ap.add_argument("--list", dest="list_path", help="list to roll out (default: one of two generated lists)")
-    ap.add_argument("--interval", type=float, default=0.2, help="seconds between client requests")
+    ap.add_argument("--lists", nargs=2, metavar=("A", "B"),
+                    help="two lists for the served tokenizer (default: two generated lists); the one not live goes "
+                         "first by a restart rollout, the other comes back live")
+    ap.add_argument("--streams", type=int, default=4, help="concurrent client streams during each rollout")
+    ap.add_argument("--interval", type=float, default=0.2, help="seconds between one stream's requests")
     ap.add_argument("--ready-timeout", type=float, default=600)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -73,52 +120,28 @@ def main(argv=None) -> int:
     inv = I.load(args.inventory)
     tok = served_tokenizer.resolve(inv)
     tmp = tempfile.mkdtemp(prefix="rollout-bench-")
-    candidates = [args.list_path] if args.list_path else [
+    lists = args.lists or [
         str(rollout.write_list_with_manifest(f"{tmp}/ids-{n}.txt", np.union1d(np.arange(n), tok.required_ids), tok))
-        for n in (1536, 2560)]
-    opts = rollout.RolloutOptions(ready_timeout=args.ready_timeout, max_tokens=16, log=lambda m: print("·", m))
-    res = None
-    for path in candidates:
-        _, cand = rollout.validate_locally(inv, path)
-        cluster = rollout._cluster(inv, opts, False)
-        try:
-            r = rollout.Rollout(cluster, cand, opts, tok)
-            dry = rollout.Rollout(cluster, cand, rollout.RolloutOptions(dry_run=True), tok).run()
-            if dry.status == "unchanged":
-                continue
-            url, model = cluster.plan.api_url, inv.profile.served_name  # planned by the dry run
-            log: list = []
-            stop = threading.Event()
-            th = threading.Thread(target=client, args=(url, model, stop, args.interval, log, inv.auth.api_key()), daemon=True)
-            th.start()
-            time.sleep(3)  # a baseline of successes before the rollout starts
-            t0 = time.time()
-            res = r.run()
-            t1 = time.time()
-            time.sleep(3)
-            stop.set()
-            th.join(15)
-        finally:
-            cluster.close()
-        break
-    if res is None:
-        print("every candidate list is already live; pass --list")
-        return 1
-    gap, ga, gb = downtime(log, t0, t1)
-    ok = sum(1 for *_, k in log if k)
-    out = {"status": res.status, "message": res.message, "rollout_s": round(t1 - t0, 1), "downtime_s": round(gap, 1),
-           "downtime_window": [round(ga - t0, 1), round(gb - t0, 1)], "ratio": round(gap / max(t1 - t0, 1e-9), 3),
-           "requests_ok": ok, "requests_failed": len(log) - ok, "timings": res.timings}
+        for n in (2560, 1536)]
+    shas = [rollout.validate_locally(inv, p)[1].sha256 for p in lists]
+    away, back = lists if live_list(inv) != shas[0] else lists[::-1]
+    rows = {}
+    for name, path, restart in (("restart", away, True), ("live", back, False)):
+        opts = rollout.RolloutOptions(ready_timeout=args.ready_timeout, max_tokens=16, restart=restart,
+                                      log=lambda m: print("·", m))
+        rows[name] = under_load(inv, tok, path, opts, args.streams, args.interval)
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps(rows, indent=2))
     else:
-        print(f"rollout   {out['rollout_s']:.1f} s ({res.status}: {res.message})")
-        print(f"downtime  {out['downtime_s']:.1f} s without a successful request "
-              f"(from +{out['downtime_window'][0]} s to +{out['downtime_window'][1]} s of the rollout)")
-        print(f"ratio     downtime / rollout = {out['ratio']}")
-        print(f"requests  {ok} ok, {len(log) - ok} failed; phases: "
-              + ", ".join(f"{k} {v} s" for k, v in res.timings.items()))
-    return 0 if res.ok else 1
+        r, v = rows["restart"], rows["live"]
+        print(f"{'':<22}{'restart':>12}{'live':>12}")
+        for label, key in (("path", "path"), ("status", "status"), ("rollout s", "rollout_s"),
+                           ("unavailable s", "unavailable_s"), ("requests ok", "requests_ok"),
+                           ("requests failed", "requests_failed")):
+            print(f"{label:<22}{str(r[key]):>12}{str(v[key]):>12}")
+        for name, row in rows.items():
+            print(f"{name}: {row['message']}" + (f" [path: {row['path_reason']}]" if row["path_reason"] else ""))
+    return 0 if all(row["ok"] for row in rows.values()) else 1
 
 
 if __name__ == "__main__":

@@ -115,6 +115,8 @@ NODE_SECTIONS: dict[str, str] = {
     "node_plan": f'cat "$current/{NODE_PLAN_FILE}" 2>/dev/null',  # the release's configured list (vocab_live)
     "healthy": f'cat "$current/{HEALTHY_MARK}" 2>/dev/null',  # the probe recorded at the release's gate
     "sentinel": f'cat "$current/{SENTINEL_RECORD}" 2>/dev/null',  # the head's speed record of the release
+    # the engine ranks' reports of the list each serves (vocab_live.reports), in log order
+    "vocab_reports": "docker logs \"$ctr\" 2>&1 | grep 'spark_overlays: shortlist .*sha256=' | tail -n 64",
 }
 
 
@@ -146,7 +148,8 @@ def snapshot(sections: dict[str, probes.Section], unit: str, extra_units: tuple[
             "mem": str(probes.parse_meminfo(text("meminfo")).get("MemAvailable", "")),
             "current": text("current").strip(), "watchdog": text("watchdog").replace("\n", ""),
             "vocab_pointer": vocab.get("pointer", ""), "vocab_content": vocab.get("content", ""),
-            "vocab_configured": vocab_live.configured_sha(record(sections, "node_plan") or {}) or ""}
+            "vocab_configured": vocab_live.configured_sha(record(sections, "node_plan") or {}) or "",
+            "vocab_reports": [line for line in text("vocab_reports").splitlines() if line.strip()]}
 
 
 def record(sections: dict[str, probes.Section], name: str) -> dict | None:

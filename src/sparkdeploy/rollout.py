@@ -13,6 +13,11 @@ nothing but speed.
                                               ones; start workers, then the head
     gate                                      a real completion answers (watching every rank's unit and boot)
     verify                                    greedy outputs byte-identical to golden; acceptance after
+    (live, instead of the three above)        where the running release takes a new list and it fits the
+                                              head's capacity (rollout_live): swap it on every rank, check
+                                              every rank serves it, golden, acceptance not below noise, probe;
+                                              any failure swaps the old list back live; then `current` moves
+                                              to the new release without a restart
     finish                                    HEALTHY mark, history line on every node, watchdog as it was
 
 Any failure after the switch rolls back to the previous release and list, waits for health, checks the
@@ -32,7 +37,7 @@ from typing import Callable
 
 import requests
 
-from sparkdeploy import faults, health, releases, vocab_live
+from sparkdeploy import faults, health, releases, rollout_live, vocab_live
 from sparkdeploy.connection import dry_session, narrate, recording
 from sparkdeploy.errors import SparkdeployError, VocabError
 from sparkdeploy.rollout_checks import (Candidate, Failed, Golden, RolloutError, boot_time, capture,
@@ -78,6 +83,8 @@ class RolloutResult:
     timings: dict = field(default_factory=dict)
     seconds: float = 0.0
     sentinel: dict | None = None  # the speed verdict on the new release (`vocab rollout --sentinel`)
+    path: str | None = None  # rollout_live.LIVE (swap in the running engine) or RESTART
+    path_reason: str = ""  # why that path
 
     @property
     def ok(self) -> bool:
@@ -100,6 +107,8 @@ class RolloutOptions:
     action: str = "rollout"  # or "rollback" (history label)
     require_golden: bool = True  # a rollback may run on an unhealthy service (no golden then)
     rank_check_s: float = 5.0
+    restart: bool = False  # `--restart`: the restart rollout even where a live swap is possible
+    swap_timeout: float = 120.0  # seconds every rank has to report the swapped list
     log: Log = lambda msg: None
     # Test hooks (failure injection): called with the Rollout at "distributed" (files on the nodes, nothing
     # switched), "started" (new release started, before the gate); `edit` may change a node's new release
@@ -129,6 +138,8 @@ class Rollout:
         self.prompts: list[tuple[str, str]] = []
         self.probe: str | None = None
         self.started_at = 0.0
+        self.swapping = False  # a live swap may have moved pointers: a failure swaps the old list back
+        self.committed = False  # `current` names the new release (live path): it stays
 
     # ----------------------------------------------------------------------------------------- helpers
     def conn(self, n: str):
@@ -177,15 +188,25 @@ class Rollout:
             self._capture_before(res)
             self._distribute(res)
             self._hook("distributed")
-            self._switch_and_start(res)
-            self._hook("started")
-            self._gate(res)
-            self._verify(res)
+            if res.path == rollout_live.LIVE:
+                if not self._live(res):
+                    return res
+            else:
+                self._switch_and_start(res)
+                self._hook("started")
+                self._gate(res)
+                self._verify(res)
             self._finish(res)
         except Exception as err:  # noqa: BLE001 - whatever broke after the switch, the previous list goes back
             reason = str(err) if isinstance(err, SparkdeployError) else f"{type(err).__name__}: {err}"
             res.reason = reason
-            if self.switched:
+            if self.committed:
+                res.status = "unfinished"
+                res.message = (f"list {self.cand.version} is live as release {self.new_num} (no restart), but the "
+                               f"rollout stopped before it finished: {reason}")
+            elif self.swapping:
+                self._swap_back_after(res, reason)
+            elif self.switched:
                 self._roll_back(res, reason)
             else:
                 self._discard(res)
@@ -251,11 +272,25 @@ class Rollout:
                            "nothing changed")
             return False
         self.new_num = max(nr.newest for nr in self.c.rel.values()) + 1
+        res.path, res.path_reason = rollout_live.choose_path(
+            rollout_live.read_settings(head, self.c.lay, self.prev), self.cand.size,
+            None if old_ids is None else len(old_ids), restart=self.opts.restart, release=self.prev)
+        silent = [n for n in self.names if not vocab_live.served(self.conn(n), self.c.lay)] \
+            if res.path == rollout_live.LIVE else []
+        if silent:
+            res.path, res.path_reason = rollout_live.RESTART, (
+                f"the engine on {', '.join(silent)} reports no list it serves (still loading, or an overlay without "
+                "the live swap); restarting the engine instead")
+        narrate(self.log, f"{res.path} rollout: {res.path_reason}")
         res.actions = [f"store {self.cand.version}.txt ({self.cand.size} ids) on {', '.join(self.names)}",
                        f"write release {self.new_num} = release {self.prev} with the list {res.from_version} -> "
                        f"{self.cand.version}",
                        "capture golden outputs; stop head, workers; switch current.txt and `current`; start "
-                       "workers, head; gate; compare outputs"]
+                       "workers, head; gate; compare outputs" if res.path == rollout_live.RESTART else
+                       "capture golden outputs; switch current.txt on every node and wait for every rank to report "
+                       f"{self.cand.version}; compare outputs and acceptance (a drop beyond "
+                       f"{rollout_live.ACCEPTANCE_NOISE:.0%} swaps {res.from_version} back live); switch `current` "
+                       f"to release {self.new_num}; no restart"]
         self.boots = self.c.each(boot_time, "reading boot time")
         return True
 
@@ -265,7 +300,12 @@ class Rollout:
         with dry_session(), recording(dry=True) as made:
             engine.watchdog(self.c, False)
             self._distribute(res)
-            self._switch_and_start(res)
+            if res.path == rollout_live.LIVE:  # the pointer moves, then `current` once the checks pass
+                for n in self.names:
+                    vocab_live.point(self.conn(n), self.c.lay, self.cand.sha256)
+                rollout_live.make_current([self.conn(n) for n in self.names], self.c.lay, self.new_num)
+            else:
+                self._switch_and_start(res)
         res.effects, res.new_release = list(made), None
         res.status = "dry-run"
         res.message = f"dry run: would roll out {self.cand.version} as release {self.new_num} (nothing changed)"
@@ -358,6 +398,75 @@ class Rollout:
                          f"now {after.outputs.get(k, '')[:60]!r})"
                          ": a draft list cannot change outputs, so something else changed")
 
+    def _live(self, res: RolloutResult) -> bool:
+        """The live swap and its checks; True when the new list serves and its release is current."""
+        t0 = time.monotonic()
+        conns = [self.conn(n) for n in self.names]
+        narrate(self.log, f"swapping list {res.from_version} -> {self.cand.version} in the running engine on every "
+                          "rank (no restart)")
+        self.swapping = True
+        out = rollout_live.swap_and_check(conns, self.c.lay, self.cand.sha256, self.old_sha,
+                                          verify=lambda: self._live_verify(res), nudge=self._nudge,
+                                          timeout=self.opts.swap_timeout)
+        self._timed(res, "live swap", t0)
+        if out.ok:
+            rollout_live.make_current(conns, self.c.lay, self.new_num)
+            self.committed = True
+            return True
+        self.swapping = False
+        self._live_failed(res, out.reason, out.swapped_back)
+        return False
+
+    def _nudge(self) -> None:
+        """An engine looks at the pointer only while it drafts: one short request makes it draft."""
+        try:
+            health.generate(self.exp.api_url, self.exp.served_model, timeout=self.opts.probe_timeout, max_tokens=4,
+                            api_key=self.exp.api_key)
+        except (requests.RequestException, ValueError, KeyError):
+            pass  # the swap's timeout says what did not answer
+
+    def _live_verify(self, res: RolloutResult) -> str | None:
+        """Golden outputs, acceptance and the health probe after a swap: why the new list must go, or None."""
+        try:
+            self._verify(res)
+            self.probe = health.generate(self.exp.api_url, self.exp.served_model, timeout=self.opts.probe_timeout,
+                                         api_key=self.exp.api_key)
+        except (Failed, requests.RequestException, ValueError, KeyError) as err:
+            return str(err) if isinstance(err, Failed) else f"{type(err).__name__}: {str(err)[:200]}"
+        old = self.exp.probe_expected
+        if old is not None and old != self.probe:
+            return f"the health probe changed: {old!r} recorded for release {self.prev}, now {self.probe!r}"
+        return rollout_live.acceptance_drop(res.acceptance_before, res.acceptance_after)
+
+    def _swap_back_after(self, res: RolloutResult, reason: str) -> None:
+        """An error during the live swap: put the old list back live on every rank."""
+        try:
+            back = vocab_live.live_swap([self.conn(n) for n in self.names], self.c.lay, self.old_sha,
+                                        timeout=self.opts.swap_timeout, nudge=self._nudge).ok
+        except Exception as err:  # noqa: BLE001 - reported in the message
+            reason, back = f"{reason}; swapping back failed too: {err}", False
+        self._live_failed(res, reason, back)
+
+    def _live_failed(self, res: RolloutResult, reason: str, swapped_back: bool | None) -> None:
+        """Mark the release the swap wrote FAILED, restore the watchdog, say what serves now."""
+        res.reason = reason
+        self.c.map(lambda c: c.put(f"{releases.rdir(self.c.lay, self.new_num)}/FAILED", (reason + "\n").encode()),
+                   self.names)
+        if self.watchdog_was is not None:
+            engine.watchdog(self.c, self.watchdog_was)
+        if swapped_back is False:
+            res.status = "failed"
+            res.message = (f"live swap to {self.cand.version} FAILED ({reason}) and swapping {res.from_version} back "
+                           "did not complete: `sparkdeploy health` shows what each rank serves; "
+                           f"`sparkdeploy vocab rollback {res.from_version} --restart` restarts on it")
+        elif swapped_back:
+            res.status = "rolled-back"
+            res.message = (f"live swap to {self.cand.version} FAILED: {reason}; SWAPPED BACK to {res.from_version} "
+                           f"live on every rank (release {self.prev}, no restart)")
+        else:
+            res.status = "failed"
+            res.message = f"live swap to {self.cand.version} refused; every rank keeps {res.from_version}: {reason}"
+
     def _finish(self, res: RolloutResult) -> None:
         t0 = time.monotonic()
         rec = {"probe": self.probe, "prompt": health.PROBE_PROMPT, "max_tokens": health.PROBE_MAX_TOKENS,
@@ -368,10 +477,12 @@ class Rollout:
         self.c.each(lambda c: releases.mark_healthy(c, self.c.lay, self.new_num, rec), "recording the health gate")
         entry = {"action": self.opts.action, "sha256": self.cand.sha256, "version": self.cand.version,
                  "from": self.old_sha, "release": self.new_num, "previous_release": self.prev,
-                 "size": self.cand.size, "source": Path(self.cand.path).name, "result": "live"}
+                 "size": self.cand.size, "source": Path(self.cand.path).name, "result": "live", "path": res.path}
         self.c.each(lambda c: vocab_live.record(c, self.c.lay, entry), "recording history")
         live = (f"list {self.cand.version} is live on every node as release {self.new_num} "
-                f"(was {res.from_version}, release {self.prev}); golden outputs byte-identical")
+                f"(was {res.from_version}, release {self.prev}"
+                + ("; swapped in the running engine, no restart" if res.path == rollout_live.LIVE else "")
+                + "); golden outputs byte-identical")
         res.release = self.new_num
         try:
             faults.hit("after-gate")

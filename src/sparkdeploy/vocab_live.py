@@ -226,6 +226,7 @@ def check(report, node: str, snap: dict) -> None:
                            if lv.configured else
                            f"list {lv.version} on the node; release {lv.release} has no shortlist"),
                node)
+    served_check(report, node, lv, snap.get("vocab_reports", []))
     others = {n: s for n, s in report.vocab.items() if n != node}
     report.vocab[node] = lv.content
     differ = {n: s for n, s in others.items() if s != lv.content}
@@ -235,6 +236,23 @@ def check(report, node: str, snap: dict) -> None:
                    f"live list {lv.version} differs from "
                    + ", ".join(f"{n} ({version_of(s)})" for n, s in differ.items())
                    + ": every rank must draft from the same list", node)
+
+
+def served_check(report, node: str, lv: LiveVocab, lines: list[str]) -> None:
+    """Health check "served list": every engine rank on the node serves the list its release names (from the
+    ranks' last reports; none yet, e.g. an engine still loading: no verdict)."""
+    ranks = {r.rank: r for r in reports("\n".join(lines))}
+    if lv.configured is None or not ranks:
+        return
+    wrong = {r: s for r, s in sorted(ranks.items()) if s.sha256 != lv.configured}
+    names = f"{version_of(lv.configured)}, the list release {lv.release} names"
+    if not wrong:
+        report.add("served list", True, f"every rank ({', '.join(map(str, sorted(ranks)))}) serves {names}", node)
+        return
+    serving = "; ".join(f"rank {r} serves {version_of(s.sha256)}" + (f" (kept it: {s.reason})" if s.reason else "")
+                        for r, s in wrong.items())
+    report.add("served list", False, f"{serving}, not {names}: `sparkdeploy vocab rollout` of that list swaps it "
+                                     "again, `--restart` restarts the engine on it", node)
 
 
 def follow_release(conn: Conn, lay: ServiceLayout) -> str | None:

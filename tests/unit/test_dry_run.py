@@ -117,7 +117,10 @@ def test_rollback_dry_run_from_the_cli_prints_the_commands_and_exits_0(nodes, ca
     assert _changes(nodes) == [], err
 
 
-def test_vocab_rollout_dry_run_lists_the_store_release_and_switch_and_changes_nothing(nodes):
+@pytest.mark.parametrize("path", ["restart", "live"])
+def test_vocab_rollout_dry_run_lists_the_store_release_and_switch_and_changes_nothing(nodes, path):
+    """Either path stores the list, writes the new release and moves both pointers; only the restart path
+    stops and starts the engine."""
     import numpy as np
 
     from sparkdeploy import rollout
@@ -134,12 +137,13 @@ def test_vocab_rollout_dry_run_lists_the_store_release_and_switch_and_changes_no
     r = rollout.Rollout(cx, cand, rollout.RolloutOptions(dry_run=True))
     r.prev, r.old_sha, r.new_num = 2, old_sha, 3  # what reading the nodes found (Rollout._prepare), with the plan
     before = _tree(nodes / "node")
-    res = r._dry(rollout.RolloutResult())
+    res = r._dry(rollout.RolloutResult(path=path))
     assert res.status == "dry-run" and res.ok and res.new_release is None, res.message
     vocab_dir, new_dir = cx.lay.vocab_host_dir, releases.rdir(cx.lay, 3)
     assert f"node1: link {vocab_dir}/current.txt -> {cand.sha256}.txt" in res.effects
     assert f"node1: link {cx.lay.current_link} -> releases/0003" in res.effects
-    assert "node1: run systemctl start sparkdeploy-engine.service" in res.effects
+    restarts = [e for e in res.effects if e.startswith("node1: run systemctl ") and "sparkdeploy-engine" in e]
+    assert bool(restarts) == (path == "restart"), restarts
     env, = [e for e in res.effects if e.startswith(f"node1: write {new_dir}/engine.env ")]
     assert f"-SHORTLIST={old_sha}" not in env.diff and f"+SHORTLIST={cand.sha256}" in env.diff  # a new file
     assert _tree(nodes / "node") == before and _changes(nodes) == []

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "gather", "releases", "registry", "vocab_live", "weights", "health", "hostsetup", "model_fetch")),
     ("steps: the idempotent remote steps and the verbs built on them", ("steps",)),
     ("procedures on a deployed cluster", (
-        "rollout", "rollout_checks", "doctor", "preflight", "init", "bench.client", "bench.run", "bench.probe", "bench.harness",
+        "rollout", "rollout_checks", "rollout_live", "doctor", "preflight", "init", "bench.client", "bench.run", "bench.probe", "bench.harness",
         "bench.turn2", "bench.context", "bench.sentinel", "bench", "exporter")),
     ("front: the command line and the simulated cluster", ("cli", "__main__", "sim")),
 ]

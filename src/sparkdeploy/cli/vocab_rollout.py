@@ -43,6 +43,10 @@ def _gate_options(f):
     f = click.option("--max-tokens", type=int, default=32, show_default=True, help="tokens per golden prompt")(f)
     f = click.option("--category", "categories", multiple=True,
                      help="golden prompt categories of the bench prompt set (default: all)")(f)
+    f = click.option("--live/--restart", "live", default=True, show_default=True,
+                     help="--live: swap the list inside the running engine where its release and the list's size "
+                          "allow (else a restart rollout, saying why); --restart: restart the engine on a new "
+                          "release")(f)
     return f
 
 
@@ -61,6 +65,8 @@ def _report(res, as_json: bool) -> None:
         click.echo(json.dumps(res.to_dict(), indent=2, default=str))
     d = res.diff or {}
     err.print(f"  list      {res.to_version} ({res.size} ids), live before: {res.from_version or '?'}")
+    if res.path:
+        err.print(f"  path      {res.path}: {res.path_reason}")
     if d.get("added") is not None:
         err.print(f"  diff      +{d['added']} ids, -{d['removed']} ids ({d['old_size']} -> {d['new_size']})"
                   + (f"; added e.g. {d['added_examples']}" if d.get("added_examples") else "")
@@ -101,15 +107,16 @@ def _report(res, as_json: bool) -> None:
 @_gate_options
 @_common
 @sentinel_option
-def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, spec, ready_timeout, max_tokens, categories,
+def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, spec, ready_timeout, max_tokens, categories, live,
                 inventory, trust_new_hosts, as_json, sentinel, allow_slower):
-    """Put LIST live on every node: validate, golden outputs, new release, restart workers-first, verify;
-    any failure rolls back to the previous list and release."""
+    """Put LIST live on every node: validate, golden outputs, new release, then a live swap in the running
+    engine (where its release and the list's size allow) or a restart workers-first, verify; any failure puts
+    the previous list back (live, or by a rollback to the previous release)."""
     from sparkdeploy import rollout as R
 
     inv = _load(inventory)
     opts = R.RolloutOptions(dry_run=dry_run, ready_timeout=ready_timeout, max_tokens=max_tokens,
-                            categories=list(categories) or None, samples=list(samples), log=_log)
+                            categories=list(categories) or None, samples=list(samples), restart=not live, log=_log)
     tok, cand = R.validate_locally(inv, list_path, tokenizer_spec=spec, allow_no_manifest=allow_no_manifest)
     err.print(f"[green]valid[/green] {list_path}: {cand.size} ids for {tok.name} ({tok.content_hash[:19]}), "
               f"version {cand.version}")
@@ -142,7 +149,7 @@ def _roll(cluster, candidate, opts, tok, what: str, sentinel: bool, allow_slower
 @_gate_options
 @_common
 @sentinel_option
-def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, inventory, trust_new_hosts, as_json,
+def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, live, inventory, trust_new_hosts, as_json,
                  sentinel, allow_slower):
     """Put a stored list back (VERSION = a sha256 prefix from `vocab history`; default: the one live before)."""
     from sparkdeploy import rollout as R
@@ -150,7 +157,7 @@ def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, inventory
 
     inv = _load(inventory)
     opts = R.RolloutOptions(ready_timeout=ready_timeout, max_tokens=max_tokens, categories=list(categories) or None,
-                            require_golden=False, log=_log, action="rollback")
+                            require_golden=False, restart=not live, log=_log, action="rollback")
     tok = served_tokenizer.resolve(inv, spec)
     _roll(R._cluster(inv, opts, trust_new_hosts), lambda c: R.stored_candidate(c, version, tok), opts, tok,
           "vocab rollback", sentinel, allow_slower, as_json)

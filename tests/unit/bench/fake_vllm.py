@@ -119,6 +119,11 @@ class FakeVllm:
                 if self.path == "/tokenize":
                     send_json(self, {"count": len(body["prompt"].split())})
                     return
+                if self.path == "/v1/completions":  # the kit's probes and golden prompts: greedy, not streamed
+                    with fake.lock:
+                        fake._account(body["max_tokens"], len(body["prompt"].split()), 0)
+                    send_json(self, {"choices": [{"text": " tok" * body["max_tokens"]}]})
+                    return
                 if self.path != "/v1/chat/completions":
                     send_json(self, {"error": "not found"}, 404)
                     return
