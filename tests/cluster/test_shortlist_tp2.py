@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -29,12 +30,12 @@ import requests
 import yaml
 
 from sparkdeploy import inventory as I
-from sparkdeploy import served_tokenizer
+from sparkdeploy import rollout, served_tokenizer
 from sparkdeploy.bench import metrics
 from sparkdeploy.health import bearer
 from sparkdeploy.layout import PLAIN
 from sparkdeploy.steps.deploy import Cluster, Options
-from tests.cluster.test_deploy import cli, wait_healthy
+from tests.cluster.test_deploy import cli, health_json, up_json, wait_healthy
 from tests.support.vllm_server import require_venv
 
 pytestmark = pytest.mark.cluster
@@ -216,3 +217,115 @@ def test_a_failed_up_with_the_listed_list_then_a_reboot_keeps_drafting_from_the_
     print(f"bench probe acceptance: listed {listed:.2f}, missing {missing:.2f}, after the failed up and the "
           f"reboot {after:.2f}")
     assert after == pytest.approx(missing, abs=0.05), (after, missing, listed)
+
+
+LIVE_CHECK_EVERY = 4  # drafter calls between two looks at the list pointer
+STREAMS = 4
+
+
+def _streams(url: str, headers: dict, model: str, stop: threading.Event, tally: dict) -> None:
+    """One client: streamed completions of the counted prompts until `stop`; a request is good when it streams
+    to [DONE] with finish_reason "length" and the text every other request for that prompt got."""
+    i = 0
+    while not stop.is_set():
+        prompt = PROMPTS[i % len(PROMPTS)]
+        i += 1
+        text, finish = "", None
+        try:
+            with requests.post(f"{url}/v1/completions", headers=headers, timeout=120, stream=True,
+                               json={"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+                                     "stream": True}) as r:
+                if r.status_code != 200:
+                    tally["failed"].append(f"HTTP {r.status_code}")
+                    continue
+                for line in r.iter_lines():
+                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                        continue
+                    choice = json.loads(line[6:])["choices"][0]
+                    text += choice.get("text") or ""
+                    finish = choice.get("finish_reason") or finish
+        except requests.RequestException as err:
+            tally["failed"].append(str(err)[:200])
+            continue
+        if finish != "length" or tally["texts"].setdefault(tuple(prompt), text) != text:
+            tally["truncated"].append((finish, text[:80]))
+        else:
+            tally["ok"] += 1
+
+
+def _acceptance_window(url: str, seconds: float = 8.0) -> float:
+    """accepted / drafted over a window of the clients' traffic (the engine's spec-decode counters)."""
+    before = metrics.scrape(url)
+    time.sleep(seconds)
+    after = metrics.scrape(url)
+    drafted = after.value(metrics.DRAFT_TOKENS) - before.value(metrics.DRAFT_TOKENS)
+    assert drafted > 0, "no drafts in the window: speculation is not running under the load"
+    return (after.value(metrics.ACCEPTED) - before.value(metrics.ACCEPTED)) / drafted
+
+
+def _engine_identity(sim) -> dict:
+    """Per node: the engine container's start time and its main process ID (a restart changes both)."""
+    return {n.name: sim.ssh(n, ["docker", "inspect", "-f", "{{.State.StartedAt}} {{.State.Pid}}",
+                                PLAIN.container]).out.strip() for n in sim.nodes}
+
+
+def test_a_live_swap_to_a_poor_list_and_back_under_load_restarts_nothing_and_fails_no_request(runs, sim_cluster):
+    """Issue 37 on the pair at TP=2: the head is built with room for either list (capacity) and looks at the
+    pointer every few drafter calls. Under four streaming clients, `vocab rollout --live` to the list lacking the
+    counted ids, then back to the list holding them: no request fails or is cut short, every output stays the
+    same, neither engine restarts (same start time and PID), acceptance (the engine's counters over the clients'
+    traffic) falls with the poor list and recovers with the good one, and both ranks report the list's sha. A
+    list larger than the capacity goes the restart way, saying why (a dry run shows it)."""
+    d = runs["dir"]
+    inv_listed = runs["listed"]["inventory"]
+    loaded = I.load(inv_listed)
+    tok = served_tokenizer.resolve(loaded)
+    listed_ids = np.asarray([int(x) for x in (d / "listed.txt").read_text().split()])
+    missing_ids = np.asarray([int(x) for x in (d / "missing.txt").read_text().split()])
+    good = rollout.write_list_with_manifest(d / "live-good.txt", listed_ids, tok)
+    poor = rollout.write_list_with_manifest(d / "live-poor.txt", missing_ids, tok)
+    big = rollout.write_list_with_manifest(d / "live-big.txt", np.arange(tok.vocab_size), tok)
+    raw = yaml.safe_load(inv_listed.read_text())
+    profile = yaml.safe_load(Path(raw["profile"]).read_text())
+    profile["shortlist"] = {"capacity": int(max(len(listed_ids), len(missing_ids))),
+                            "live_check_every": LIVE_CHECK_EVERY}
+    (d / "live.profile.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    raw.update(profile=str(d / "live.profile.yaml"), vocab=str(good))
+    inv = d / "live.yaml"
+    inv.write_text(yaml.safe_dump(raw, sort_keys=False))
+    rc, res, err = up_json(inv)
+    assert rc == 0 and res["healthy"], f"{res.get('message')}\n{err[-3000:]}"
+    url, headers = f"http://{loaded.head.ssh.host}:{loaded.ports.api}", bearer(loaded.auth.api_key())
+    identity = _engine_identity(sim_cluster)
+    tally = {"ok": 0, "failed": [], "truncated": [], "texts": {}}
+    stop = threading.Event()
+    clients = [threading.Thread(target=_streams, args=(url, headers, loaded.profile.served_name, stop, tally),
+                                daemon=True) for _ in range(STREAMS)]
+    for t in clients:
+        t.start()
+    try:
+        acceptance = {"good": _acceptance_window(url)}
+        swaps = {}
+        for name, path in (("poor", poor), ("good again", good)):
+            rc, out, err = cli("vocab", "rollout", str(path), "-i", str(inv), "--json")
+            swaps[name] = json.loads(out) if out.strip() else {"error": err[-2000:]}
+            assert rc == 0 and swaps[name].get("path") == "live", (name, swaps[name], err[-2000:])
+            acceptance[name] = _acceptance_window(url)
+        dry_rc, out, err = cli("vocab", "rollout", str(big), "-i", str(inv), "--json", "--dry-run")
+        over = json.loads(out) if out.strip() else {"error": err[-2000:]}
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(timeout=180)
+    print(f"\nlive swaps under {STREAMS} streams: {tally['ok']} requests answered, {len(tally['failed'])} failed, "
+          f"{len(tally['truncated'])} cut short or different; acceptance (accepted/drafted) {acceptance}; "
+          f"rollout seconds {[s.get('seconds') for s in swaps.values()]}")
+    assert tally["ok"] > 0 and not tally["failed"] and not tally["truncated"], (tally["failed"], tally["truncated"])
+    assert _engine_identity(sim_cluster) == identity  # no engine restarted
+    assert acceptance["poor"] < acceptance["good"] - 0.5 and acceptance["good again"] > acceptance["poor"] + 0.5
+    assert all(s["golden_identical"] for s in swaps.values()), swaps
+    rc, rep = health_json(inv)
+    assert rc == 0, rep.get("failed")
+    served = [c for cs in rep["checks"].values() for c in cs if c["name"] == "served list"]
+    assert len(served) == 2 and all(c["status"] == "ok" for c in served), served  # both ranks: the good list
+    assert dry_rc == 0 and over.get("path") == "restart" and "exceed" in over.get("path_reason", ""), over
