@@ -8,7 +8,7 @@ simulated cluster run in file order in one scope, and each xdist worker has its 
 (`sim_cluster`, named per worker). The cluster modules are split into four scopes, handed out first and in this
 order (CLUSTER_SCOPES), each to the next worker that runs low:
   "cluster"       deploy, doctor, image layers, model fetch, the sim's own tests (the longest)
-  "cluster-quad"  the 4-node services module (a cluster and a serving image of its own)
+  "cluster-quad"  the 3-node ring, then the 4-node services module (each a cluster of its own, downed after)
   "cluster-b"     the MTP modules (shortlist at TP=2, vocab rollout) on that worker's pair
   "cluster-c"     the failure matrix, on the pair of whichever worker runs low first
 then every other module, each a scope of its own (a module-scoped vLLM server starts once). Measured: one worker
@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parent
 TINY_MODEL_SCRIPT = REPO / "images" / "sim-engine" / "make_tiny_models.py"
 CLUSTER_DIR = REPO / "tests" / "cluster"
 # cluster modules that do not run on the first worker's pair: their scope (see the docstring)
-OWN_CLUSTER = {CLUSTER_DIR / "test_services.py": "cluster-quad", CLUSTER_DIR / "test_shortlist_tp2.py": "cluster-b",
+OWN_CLUSTER = {CLUSTER_DIR / "test_ring.py": "cluster-quad", CLUSTER_DIR / "test_services.py": "cluster-quad",
+               CLUSTER_DIR / "test_shortlist_tp2.py": "cluster-b",
                CLUSTER_DIR / "test_vocab_rollout.py": "cluster-b", CLUSTER_DIR / "test_failures.py": "cluster-c"}
 CLUSTER_SCOPES = ("cluster", "cluster-quad", "cluster-b", "cluster-c")  # handed out first, in this order
 
