@@ -126,7 +126,7 @@ class Patches:
 
 @dataclass(frozen=True)
 class Vocab:
-    path: Path  # absolute host path of the source list (copied into the image and onto the nodes)
+    path: Path  # absolute host path of the source list (stored on every node, bind-mounted read-only into the engine)
     sha256: str
     size: int  # number of ids
 

@@ -23,8 +23,9 @@ and /var/lib/sparkdeploy/services/<name>, and units named sparkdeploy-engine-<na
     /etc/systemd/system/sparkdeploy-engine.service   runs /etc/sparkdeploy/current/launch.sh; the same
                                                 bytes for every release, so switching needs no daemon-reload
     /var/lib/sparkdeploy/vocab/current.txt      draft vocab (relative symlink to <sha256>.txt), mounted
-                                                read-only at /opt/sparkdeploy/vocab: a vocab rollout is a
-                                                file switch + restart
+                                                read-only at /opt/sparkdeploy/vocab: a vocab rollout moves
+                                                the pointer, swapped live by a head with room for it, else
+                                                with a restart
     /var/lib/sparkdeploy/cache/{huggingface,vllm,flashinfer,triton}   warm-start caches (GB10 profiles)
 
 Rollback = point `current` at the previous release and restart the units (workers first). Nothing in a

@@ -1,5 +1,5 @@
-"""Bytes between nodes (`docker save | docker load`, a build context into `docker build -`): raw processes and
-channels with an explicit end of input (`close_stdin`), one read fanned out to several writers."""
+"""Bytes into a remote process (a build context into `docker build -`): raw processes and channels with an
+explicit end of input (`close_stdin`), one read fanned out to several writers."""
 
 from __future__ import annotations
 

@@ -2,9 +2,11 @@
 
 Order of `up` (each a step with ok | changed | failed per node; a failure stops before anything is switched):
 
-    connect -> facts -> plan + render -> stale units -> image -> vocab -> release files -> units
-    -> supervision wiring -> [switch + restart: stop head, stop workers, switch `current`, start workers, head]
-    -> wait for readiness -> health gate (temperature-0 probe recorded) -> prune
+    connect -> facts -> plan + render -> stale units -> image -> vocab -> secrets -> release files -> units
+    -> supervision wiring -> monitoring -> retire nodes outside the plan -> launch check (the new image's
+    vLLM judges the new argv) -> [switch + restart: stop head, stop workers, switch `current`, start workers,
+    head] -> wait for readiness -> health gate (temperature-0 probe recorded) -> prune
+    (docs/ARCHITECTURE.md section 1 has each step's effects on the node)
 
 Nothing is half-applied: files land in a new numbered release directory that no unit reads until every node
 holds all of it; `current` is switched on all nodes only then. A failed gate switches back to the last
