@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 
 import pytest
 
-from sparkdeploy import connection, remote, streams
+from sparkdeploy import connection, remote
 from sparkdeploy.errors import RemoteError
 from tests.support.sshd import sshd  # noqa: F401 - the loopback sshd fixture
 
@@ -107,21 +106,6 @@ def test_put_on_full_disk_leaves_old_file(conn, tmp_path):
         subprocess.run(["umount", str(mnt)])
 
 
-def test_stream_between_nodes_sends_eof(ssh, local, tmp_path):
-    out = tmp_path / "copy.bin"
-    gen = ["python3", "-c", "import os,sys; sys.stdout.buffer.write(os.urandom(1)*0 + bytes(range(256))*40000)"]
-    n = streams.stream(ssh, gen, local, ["sh", "-c", f"cat > {out}"])
-    assert n == 256 * 40000 == out.stat().st_size
-    back = tmp_path / "back.bin"
-    n2 = streams.stream(local, ["cat", str(out)], ssh, ["sh", "-c", 'cat > "$1"', "x", str(back)])
-    assert n2 == n and hashlib.sha256(back.read_bytes()).digest() == hashlib.sha256(out.read_bytes()).digest()
-
-
-def test_stream_reports_failing_side(ssh, local):
-    with pytest.raises(RemoteError, match="exited 4"):
-        streams.stream(ssh, ["sh", "-c", "echo data; exit 4"], local, ["cat"])
-
-
 def test_unknown_host_key_refused_then_trusted_and_recorded(sshd, tmp_path):
     kh = tmp_path / "kh"
     with pytest.raises(RemoteError, match="--trust-new-hosts"):
@@ -154,14 +138,6 @@ def test_pool_parallel_and_errors(sshd, known_hosts):
         assert list(errs) == ["bad"]
         out = pool.map(lambda c: c.run(["echo", c.name]).stdout.strip())
         assert out == {"a": "a"}
-
-
-def test_stream_many_fans_out_one_read(ssh, local, tmp_path):
-    gen = ["python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)) * 20000)"]
-    res = streams.stream_many(ssh, gen, [local, ssh], ["sh", "-c", 'test "$(wc -c)" -eq 5120000'])
-    assert res == {"me": 256 * 20000, "n1": 256 * 20000}
-    res = streams.stream_many(ssh, gen, [local], ["sh", "-c", "cat > /dev/null; exit 5"])
-    assert isinstance(res["me"], RemoteError) and "exited 5" in str(res["me"])
 
 
 def test_pool_reconnects_a_dropped_session(sshd, known_hosts):
