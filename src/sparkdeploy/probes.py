@@ -362,22 +362,32 @@ class Section:
 
 
 def split_sections(output: str) -> dict[str, Section]:
-    """Parse the probe's output into {name: Section(rc, text)}."""
+    """Parse the probe's output into {name: Section(rc, text)}. A section whose output does not end in a newline
+    (`cat` of a file written without one, e.g. the watchdog's JSON state) leaves its last line and the end
+    marker on one line: the marker is split off, so the section keeps that line."""
     out: dict[str, Section] = {}
     name, lines = None, []
-    for line in output.splitlines():
-        if line.startswith("@@@ rc=") and name is not None:
-            try:
-                rc = int(line[7:].strip())
-            except ValueError:
-                rc = -1
-            out[name] = Section(rc, "\n".join(lines))
-            name, lines = None, []
-        elif line.startswith("@@@ ") and not line.startswith("@@@ rc="):
-            name, lines = line[4:].strip(), []
-        elif name is not None:
-            lines.append(line)
+    for raw in output.splitlines():
+        glued = raw.find("@@@ rc=") if name is not None else -1
+        for line in ((raw[:glued], raw[glued:]) if glued > 0 else (raw,)):
+            name, lines = _take(out, name, lines, line)
     return out
+
+
+def _take(out: dict[str, Section], name: str | None, lines: list[str], line: str) -> tuple[str | None, list[str]]:
+    """One line of probe output: a section's start, its end (with its exit status) or a line of its text."""
+    if line.startswith("@@@ rc=") and name is not None:
+        try:
+            rc = int(line[7:].strip())
+        except ValueError:
+            rc = -1
+        out[name] = Section(rc, "\n".join(lines))
+        return None, []
+    if line.startswith("@@@ ") and not line.startswith("@@@ rc="):
+        return line[4:].strip(), []
+    if name is not None:
+        lines.append(line)
+    return name, lines
 
 
 def section_text(sections: Mapping[str, Section], name: str) -> str:

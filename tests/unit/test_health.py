@@ -123,3 +123,25 @@ def test_snapshot_reads_a_missing_unit_and_a_stopped_docker_from_the_probe():
     assert v["unit"] == (False, "sparkdeploy-engine.service is missing and inactive")
     assert v["docker"] == (False, "dockerd not answering")
     assert v["container"] == (False, "container sparkdeploy-engine does not exist")
+
+
+def test_the_watchdogs_state_is_read_though_its_file_ends_without_a_newline(tmp_path):
+    """The watchdog writes its JSON state without a final newline, so `cat` leaves it on the line of the
+    probe's end marker; the parser splits the marker off (before, the section was lost and health never said
+    the supervisor had stopped the service)."""
+    from sparkdeploy import probes
+    from sparkdeploy.connection import Target
+    from sparkdeploy.layout import ServiceLayout
+    from sparkdeploy.remote import LocalConn
+
+    lay = ServiceLayout(etc_root=str(tmp_path / "etc"), state_root=str(tmp_path))
+    state = {"gave_up": True, "reason": "retry cap 1 reached"}
+    (tmp_path / "etc").mkdir()
+    with open(lay.watchdog_state, "w") as f:
+        f.write(json.dumps(state))
+    argv = probes.named_probe_argv("health", health.NODE_SECTIONS, health.node_values(lay))
+    out = LocalConn(Target("node1", "127.0.0.1", local=True)).query(argv, check=False).stdout
+    snap = health.snapshot(probes.split_sections(out), lay.unit)
+    assert json.loads(snap["watchdog"]) == state
+    assert probes.split_sections("@@@ a\nx\nlast@@@ rc=3\n@@@ b\ny\n@@@ rc=0\n") == {
+        "a": probes.Section(3, "x\nlast"), "b": probes.Section(0, "y")}
