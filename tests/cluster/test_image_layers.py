@@ -73,14 +73,16 @@ def layered(sim_cluster, sim_engine_image, tmp_path_factory):
             (root / entry.name).symlink_to(entry)
     saved = os.environ.get("SPARKDEPLOY_ROOT")
     os.environ["SPARKDEPLOY_ROOT"] = str(root)
-    inv = _inventory(sim_cluster.inventory, tmp, "base")
-    res, _, tag = up(inv)
-    assert res.healthy, res.message
-    yield {"inv": inv, "tmp": tmp, "root": root, "tag": tag}
-    if saved is None:
-        os.environ.pop("SPARKDEPLOY_ROOT", None)
-    else:
-        os.environ["SPARKDEPLOY_ROOT"] = saved
+    try:  # put the root back even when the deploy fails: later modules on this worker render from it
+        inv = _inventory(sim_cluster.inventory, tmp, "base")
+        res, _, tag = up(inv)
+        assert res.healthy, res.message
+        yield {"inv": inv, "tmp": tmp, "root": root, "tag": tag}
+    finally:
+        if saved is None:
+            os.environ.pop("SPARKDEPLOY_ROOT", None)
+        else:
+            os.environ["SPARKDEPLOY_ROOT"] = saved
 
 
 def test_list_only_change_builds_and_ships_nothing(layered, sim_cluster):

@@ -52,7 +52,7 @@ PROBE_PROMPTS = "categories:\n  count:\n    description: one message the countin
                 "    prompts: [\"count\"]\n"
 PROBE_TOKENS = 16
 PLANTED = ("listed", "missing")
-BUILT = re.compile(r"shortlist head built: (\d+) rows of (\d+) .*rank rows (\d+)\.\.(\d+)")
+BUILT = re.compile(r"shortlist head built: (\d+) rows of (\d+),.*rank rows (\d+)\.\.(\d+)")
 
 
 @pytest.fixture(scope="module")
