@@ -6,10 +6,10 @@ holds an address) live here; `SimCluster` creates the networks and attaches the 
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from sparkdeploy import probes
 from sparkdeploy.errors import SimError
 
 LINK_PREFIX = 24
@@ -61,15 +61,11 @@ def ring_addresses(names: Sequence[str], subnets: Sequence[str], prefix: str) ->
     return out
 
 
-_ADDR_LINE = re.compile(r"^\d+:\s+(?P<dev>[^\s@:]+)(?:@\S+)?\s+inet\s+(?P<ip>[\d.]+)/(?P<prefix>\d+)")
 
 
 def netdev_for(ip_addr_output: str, ip: str) -> str | None:
     """The netdev that holds `ip`, from `ip -o -4 addr show` inside the node (`3: eth1    inet 172.30.7.12/24 ...`;
     a veth shows as `eth1@if12`). Docker numbers a container's interfaces in the order it attaches networks,
     which `docker network connect` does not promise, so the name is read, never assumed."""
-    for line in ip_addr_output.splitlines():
-        m = _ADDR_LINE.match(line.strip())
-        if m and m["ip"] == ip:
-            return m["dev"]
-    return None
+    return next((dev for dev, addrs in probes.parse_ip_addr(ip_addr_output).items()
+                 if any(a.split("/", 1)[0] == ip for a in addrs)), None)
