@@ -374,7 +374,9 @@ def test_capture_then_learn_then_rollout_lowers_the_miss_rate_with_identical_out
     capsys.readouterr()
     rc = cli.main(["vocab", "rollout", str(out), "-i", str(deployed["inv_path"]), "--max-tokens", "16", "--json"])
     res = json.loads(capsys.readouterr().out)
-    assert rc == 0 and res["status"] == "changed" and res["golden_identical"] is True, (res["message"], res["reason"])
+    # exit 3 is the sentinel's "slower beyond noise", a speed verdict this shared machine may give either way
+    assert rc == (3 if res["sentinel"]["regression"] else 0), (rc, res["sentinel"])
+    assert res["status"] == "changed" and res["golden_identical"] is True, (res["message"], res["reason"])
     sha = rollout.check_candidate(str(out), deployed["tok"]).sha256
     _assert_on(deployed, sha)
     # against the release `vocab rollback` left (it has a record) when that test ran, else the first record
