@@ -287,8 +287,11 @@ def _live_swap_hook(version: str) -> bool:
         return False
 
 
-def _shortlist_head(inv: Inventory, features: tuple[Feature, ...]) -> ShortlistHead | None:
-    """None when the plan runs no shortlisted head; PlanError for a capacity the list or the model cannot fit."""
+def _shortlist_head(inv: Inventory, features: tuple[Feature, ...], tp: int) -> ShortlistHead | None:
+    """None when the plan runs no shortlisted head; PlanError for a capacity the list, the model or the TP split
+    cannot fit."""
+    from spark_overlays.vocab_list import VOCAB_PADDING, VocabListError, rows_per_rank
+
     from sparkdeploy.served_tokenizer import known_vocab_size
 
     feat = next((f for f in features if f.name == "shortlist"), None)
@@ -303,6 +306,13 @@ def _shortlist_head(inv: Inventory, features: tuple[Feature, ...]) -> ShortlistH
     if vocab_size is not None and capacity > vocab_size:
         raise PlanError(f"{p.file}: shortlist.capacity {capacity:,} exceeds {p.model_id}'s vocabulary "
                         f"({vocab_size:,} tokens): lower it to at most {vocab_size:,}")
+    try:
+        rows_per_rank(capacity, tp)
+    except VocabListError:
+        raise PlanError(f"{p.file}: the shortlisted draft head's {capacity:,} rows, padded to a multiple of "
+                        f"{VOCAB_PADDING} as vLLM pads them, do not split evenly over TP {tp} (vLLM refuses such a "
+                        f"head): use a TP size that divides {VOCAB_PADDING} (parallel.tp), or serve without the "
+                        "shortlist (inventory `patches: {shortlist: false}`)") from None
     live_off = ("" if _live_swap_hook(inv.image.vllm_version) else
                 f"the shortlist overlay on vLLM {inv.image.vllm_version} has no live swap")
     if not live_off and not p.shortlist_live_check_every:
@@ -609,7 +619,7 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     features = _features(inv, mode_of, ckpt)
     secrets = inv.auth.fingerprints()
     capture = _capture_wired(inv.image.vllm_version, mode_of)
-    shortlist = _shortlist_head(inv, features)
+    shortlist = _shortlist_head(inv, features, tp)
     additional = _additional_config(inv, features, capture, shortlist)
     spec = _speculative_config(p, features)
     image = _image(inv, features, git_commit, overlays_digest)

@@ -316,6 +316,24 @@ def test_the_shortlist_head_is_planned_at_its_capacity_and_the_live_swap_where_p
     assert live.release_id != default.release_id
 
 
+def test_a_shortlisted_head_tp_cannot_split_is_a_plan_error_naming_the_fix(tmp_path, capsys):
+    """TP=3 over three nodes: the head's rows, padded to 64 as vLLM pads them, do not divide by 3 (the planner
+    used to crash on the overlay's VocabListError here)."""
+    raw = yaml.safe_load((paths.profiles_dir() / "sim-tiny-next-mtp.yaml").read_text())
+    raw["parallel"]["tp"] = 3
+    (tmp_path / "tp3.yaml").write_text(yaml.safe_dump(raw))
+    data = yaml.safe_load((FIXTURES / "inventory.sim.yaml").read_text())
+    third = dict(data["nodes"][1], name="node3", role="worker", data_ip="172.30.97.13")
+    third["ssh"] = dict(third["ssh"], host="172.30.97.13")
+    data.update(nodes=[*data["nodes"], third], vocab=str(FIXTURES / "vocab-1k.txt"), profile="tp3.yaml")
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(PlanError, match=r"1,000 rows, padded to a multiple of 64 .* do not split evenly over TP 3"):
+        plan.plan(inventory.load(path))
+    assert main(["plan", "--inventory", str(path)]) == 2
+    assert "patches: {shortlist: false}" in capsys.readouterr().err
+
+
 def test_a_pin_without_the_live_swap_hook_keeps_the_capacity_and_says_why(tmp_path, monkeypatch):
     from spark_overlays import compat
 
