@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 from sparkdeploy import releases, vocab_live
 from sparkdeploy.connection import Conn
 from sparkdeploy.layout import NODE_PLAN_FILE, ServiceLayout
+from sparkdeploy.rollout_checks import RolloutError
 
 LIVE, RESTART = "live", "restart"
 
@@ -46,7 +47,16 @@ def read_settings(conn: Conn, lay: ServiceLayout, release: int) -> dict:
 
 def choose_path(settings: dict, size: int, live_size: int | None, *, restart: bool, release: int) -> tuple[str, str]:
     """(LIVE or RESTART, why). The head's capacity is fixed at start: the release's `capacity`, else the size
-    of the list it started with, which is at least the live list's (`live_size`: the bound taken)."""
+    of the list it started with, which is at least the live list's (`live_size`: the bound taken).
+
+    RolloutError when the release sets a `capacity` below the list's size: a restart of a release derived from
+    it starts the same head, whose overlay then refuses the list and drafts without the shortlist."""
+    fixed = settings.get("capacity")
+    if fixed and size > fixed:
+        raise RolloutError(f"the list's {size:,} ids exceed the draft head capacity of release {release} "
+                           f"({fixed:,} rows, the profile's shortlist.capacity), and neither a live swap nor a "
+                           f"restart of that release can hold it: raise shortlist.capacity to at least {size:,}, "
+                           "point the inventory's `vocab:` at this list and run `sparkdeploy up`")
     if restart:
         return RESTART, "--restart asked for a restart rollout"
     if not settings.get("live_check_every"):
@@ -57,8 +67,8 @@ def choose_path(settings: dict, size: int, live_size: int | None, *, restart: bo
     if capacity is None:
         return RESTART, f"the capacity of release {release}'s draft head is unknown (live list unreadable)"
     if size > capacity:
-        return RESTART, (f"the list's {size:,} ids exceed the running draft head's capacity of {capacity:,} rows "
-                         "(profile shortlist.capacity); a restart starts a head sized for it")
+        return RESTART, (f"the list's {size:,} ids exceed the running draft head's {capacity:,} rows (the list it "
+                         "started with); a restart starts a head sized for the new one")
     return LIVE, (f"release {release} takes a new list in the running engine (capacity {capacity:,} rows, "
                   f"list {size:,} ids)")
 

@@ -275,7 +275,8 @@ def test_a_live_swap_to_a_poor_list_and_back_under_load_restarts_nothing_and_fai
     counted ids, then back to the list holding them: no request fails or is cut short, every output stays the
     same, neither engine restarts (same start time and PID), acceptance (the engine's counters over the clients'
     traffic) falls with the poor list and recovers with the good one, and both ranks report the list's sha. A
-    list larger than the capacity goes the restart way, saying why (a dry run shows it)."""
+    list larger than the profile's capacity is refused, saying what to raise (a dry run shows it; a list larger
+    than an implicit capacity, the starting list's size, goes the restart way: test_vocab_rollout_live.py)."""
     d = runs["dir"]
     inv_listed = runs["listed"]["inventory"]
     loaded = I.load(inv_listed)
@@ -331,4 +332,6 @@ def test_a_live_swap_to_a_poor_list_and_back_under_load_restarts_nothing_and_fai
     assert rc == 0, rep.get("failed")
     served = [c for cs in rep["checks"].values() for c in cs if c["name"] == "served list"]
     assert len(served) == 2 and all(c["status"] == "ok" for c in served), served  # both ranks: the good list
-    assert dry_rc == 0 and over.get("path") == "restart" and "exceed" in over.get("path_reason", ""), over
+    # beyond the profile's capacity neither path can hold the list (a restart starts the same head): refused
+    assert dry_rc == 1 and over.get("status") == "failed", over
+    assert "exceed the draft head capacity" in over["message"] and "raise shortlist.capacity" in over["message"], over

@@ -17,6 +17,7 @@ from sparkdeploy import health, plan, probes, releases, render, rollout_live, vo
 from sparkdeploy.connection import Target
 from sparkdeploy.layout import NODE_PLAN_FILE, ServiceLayout
 from sparkdeploy.remote import LocalConn
+from sparkdeploy.rollout_checks import RolloutError
 from tests.unit.test_dry_run import nodes as loopback  # noqa: F401 - a fixture: two loopback nodes, PATH stand-ins
 from tests.unit.test_plan import _mtp_with_shortlist
 from tests.unit.test_vocab_live_swap import LINE, Engine
@@ -43,13 +44,18 @@ def test_the_path_is_live_only_where_the_running_release_swaps_and_the_list_fits
 
     path, why = choose(live, 3000)
     assert path == "live" and "capacity 3,000 rows, list 3,000 ids" in why
-    path, why = choose(live, 3001)
-    assert path == "restart" and "3,001 ids exceed the running draft head's capacity of 3,000 rows" in why
+    # a list beyond the release's own capacity: a restart would start the same head, which refuses it
+    for restart in (False, True):
+        with pytest.raises(RolloutError, match="3,001 ids exceed the draft head capacity of release 4 "
+                                               r"\(3,000 rows.*raise shortlist.capacity to at least 3,001"):
+            choose(live, 3001, restart=restart)
     path, why = choose(off, 900)
     assert path == "restart" and "release 4 starts the engine without a live list swap" in why
     assert choose(live, 900, restart=True) == ("restart", "--restart asked for a restart rollout")
     # no capacity in the release: the head was sized by the list it started with
-    assert choose({"live_check_every": 8}, 1001)[0] == "restart" and choose({"live_check_every": 8}, 1000)[0] == "live"
+    path, why = choose({"live_check_every": 8}, 1001)
+    assert path == "restart" and "1,001 ids exceed the running draft head's 1,000 rows (the list it started" in why
+    assert choose({"live_check_every": 8}, 1000)[0] == "live"
 
 
 def test_an_acceptance_drop_beyond_noise_is_named_and_one_within_noise_is_not():
