@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -220,3 +221,59 @@ def test_failure_after_the_gate_keeps_the_new_release_and_turns_the_watchdog_bac
     assert rc == 0 and again["healthy"] and again["release"] == res["release"], again["message"]
     assert not again["restarted"], again["message"]  # nothing half-applied: no restart on the re-run
     serving["inv"] = changed
+
+
+def test_a_gpu_busy_at_low_power_restarts_the_pair_though_the_api_answers_and_the_exporter_shows_it(serving,
+                                                                                                    sim_cluster):
+    """Issue 36's wedge on the sim: the head's `nvidia-smi` is a test double for GB10's (there is no GB10 here;
+    tests/support/fake_nvidia_smi.py) reading 95 % utilization at 18.5 W, a hung kernel's signature, while the
+    API answers every probe. With `watchdog: {wedge_for_s: 10}` (outside the release: no restart to set it), the
+    head's exporter shows the GPU busy at low power, the watchdog restarts the pair (both engines start again),
+    and once the GPU reads healthy again the service is healthy and nothing stays marked."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sparkdeploy import layout
+    from tests.cluster.test_deploy import variant_of, wait_healthy
+    from tests.support import fake_nvidia_smi
+
+    def started(node: str) -> str:
+        return sim_cluster.ssh(node, ["docker", "inspect", "-f", "{{.State.StartedAt}}", layout.PLAIN.container]).out
+
+    def scrape() -> dict:
+        try:
+            text = requests.get(f"http://{sim_cluster.head.ip}:9466/metrics", timeout=10).text
+        except requests.RequestException:
+            return {}
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels
+                or set(s.labels) <= {"service", "node"}}
+
+    wedge_inv = variant_of(serving["inv"], serving["tmp"], "wedge", watchdog={"wedge_for_s": 10})
+    rc, res = up(wedge_inv)
+    assert rc == 0 and res["healthy"] and not res["restarted"], res["message"]
+    assert timer_state(sim_cluster) == "active"
+    before = {n: started(n) for n in ("node1", "node2")}
+    restarts = scrape().get("sparkdeploy_watchdog_restarts_total", 0.0)
+    script = (fake_nvidia_smi.install(serving["tmp"] / "smi", "18.52, 2405, 95") / "nvidia-smi").read_text()
+    sim_cluster.ssh("node1", ["sh", "-c", f"cat > /usr/local/bin/nvidia-smi <<'EOF'\n{script}EOF\n"
+                                          "chmod 755 /usr/local/bin/nvidia-smi"])
+    seen_busy, deadline = False, time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            now = scrape()
+            seen_busy |= now.get("sparkdeploy_watchdog_busy_at_low_power") == 1.0
+            if now.get("sparkdeploy_watchdog_restarts_total", 0.0) > restarts:
+                break
+            time.sleep(2)
+        else:
+            raise AssertionError(sim_cluster.ssh("node1", "journalctl -u sparkdeploy-watchdog -n 30").out)
+    finally:
+        sim_cluster.ssh("node1", ["rm", "-f", "/usr/local/bin/nvidia-smi"])
+    state = json.loads(sim_cluster.ssh("node1", ["cat", "/var/lib/sparkdeploy/watchdog.json"]).out)
+    assert seen_busy and state["last_action"] == "restart", state
+    assert "busy at low power" in state.get("last_failure", "") and "(wedged)" in state["last_failure"], state
+    wait_healthy(wedge_inv, 600)
+    assert all(started(n) != before[n] for n in before), before  # the watchdog restarted both ranks
+    assert scrape().get("sparkdeploy_watchdog_busy_at_low_power") == 0.0
+    rc, res = up(serving["inv"])  # the default thresholds back; still no restart
+    assert rc == 0 and res["healthy"] and not res["restarted"], res["message"]
