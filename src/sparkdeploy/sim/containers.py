@@ -26,7 +26,7 @@ def _host_config(node, network: str) -> dict:
     `--security-opt systempaths=unconfined`), every device, the host's cgroup tree, tmpfs on /run, /run/lock and
     /tmp, the node's dockerd data on its own volume, restarted unless stopped."""
     config = host_docker.api().create_host_config(
-        cap_add=["ALL"], cap_drop=["SYS_RESOURCE"],
+        cap_add=["ALL"], cap_drop=["CAP_SYS_RESOURCE"],
         security_opt=["seccomp=unconfined", "apparmor=unconfined"],
         device_cgroup_rules=["a *:* rwm"], cgroupns="host",
         binds={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
@@ -181,8 +181,9 @@ def ensure_node(node, image: str, network: str, cluster: str, reporter: Reporter
             "refuses the capability set; see DESIGN.md 'The simulated cluster')")
     endpoints = api.create_networking_config({network: api.create_endpoint_config(ipv4_address=node.ip)})
     created = host_docker.call(what, api.create_container, image, name=node.container, hostname=node.name,
-                               labels={CLUSTER_LABEL: cluster, NODE_LABEL: node.name}, stop_timeout=30,
-                               host_config=_host_config(node, network), networking_config=endpoints)
+                               labels={CLUSTER_LABEL: cluster, NODE_LABEL: node.name}, detach=True,
+                               stop_timeout=30, host_config=_host_config(node, network),
+                               networking_config=endpoints)
     host_docker.call(what, api.start, created["Id"])
     install_key(node)
     return "created"
