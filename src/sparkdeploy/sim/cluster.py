@@ -437,7 +437,8 @@ class SimCluster:
     # ------------------------------------------------------------------------------------- image preload
     def preload(self, image: str, nodes: Sequence[str] | None = None) -> dict:
         """Copy a host image into each node's own Docker engine: one save stream from the host's engine, fed to
-        every node's `docker load` over SSH at once (no registry; fabric's in_stream never sends EOF, so plain pipes).
+        every node's `docker load` over SSH at once (no registry; fabric's in_stream never sends EOF, so plain
+        pipes).
 
         Skipped for nodes that already hold the same image ID. Returns {"seconds", "bytes", "nodes"}.
         """
@@ -445,10 +446,7 @@ class SimCluster:
 
         state = self.load_state()
         targets = state.nodes if not nodes else [state.node(n) for n in nodes]
-        want = host_docker.inspect_or_none(host_docker.api().inspect_image, image, f"docker image inspect {image}")
-        if want is None:
-            raise SimError(f"image {image!r} is not on this host; build it first (e.g. `sparkdeploy sim image`)")
-        image_id = want["Id"]
+        image_id = images.image_id(image)
         need = []
         for node in targets:
             have = run(self.ssh_argv(node, f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)}"),
