@@ -280,6 +280,11 @@ def test_init_reads_two_boxes_over_real_ssh(tmp_path, monkeypatch, capsys):
         assert main(["init", "spark1", "spark2", "--dry-run", "--out", str(tmp_path / "none.yaml")]) == 0
         assert capsys.readouterr().out.splitlines()[1:] == text.splitlines()[1:]  # all but the time stamp
         assert not (tmp_path / "none.yaml").exists()
+        # a key and known_hosts given on the command line log in and are written into the node's ssh block
+        known = tmp_path / "known_hosts"
+        assert main(["init", "spark1", "--dry-run", "--profile", "gpt-oss-120b", "--key", str(servers[0].client_key),
+                     "--known-hosts", str(known)]) == 0
+        assert f"ssh: {{host: spark1, key: {servers[0].client_key}, known_hosts: {known}}}" in capsys.readouterr().out
     finally:
         for s in servers:
             s.stop()
