@@ -93,8 +93,9 @@ class Box:
         return "gb10" if self.gpu_name == GB10_NAME else "none"
 
 
-def parse_box(host: str, output: str) -> Box:
-    """One box's init probe output -> Box (pure)."""
+def parse_box(host: str, output: str, reached_at: str | None = None) -> Box:
+    """One box's init probe output -> Box (pure). `reached_at`: the address SSH reached the box on; on a box
+    without RDMA devices that port is the management network, a data port only where the box has no other."""
     hf = probes.HostFacts.from_output(host, output)
     gpus = probes.parse_nvidia_smi(hf.text("gpu")) if hf.rc("gpu") == 0 else []
     rdma = probes.parse_rdma(hf.text("rdma"))
@@ -116,6 +117,9 @@ def parse_box(host: str, output: str) -> Box:
             port = Port(dev.name, str(iface.ip), iface.network.prefixlen, dev.mtu, speeds.get(dev.name),
                         tuple(p.dev for p in mine), gids.pop() if len(gids) == 1 else None)
             (ports if mine or not rdma else others).append(port)
+    if not rdma and len(ports) > 1:
+        others += [p for p in ports if p.ip == reached_at]
+        ports = [p for p in ports if p.ip != reached_at]
     data_netdevs = {p.netdev for p in ports}
     files = []
     for line in hf.text("network").splitlines():
@@ -274,7 +278,8 @@ def _one_cycle(peers: Mapping[str, Sequence[str]]) -> bool:
 
 # ---------------------------------------------------------------------------------------------- writing
 def render(layout: Layout, *, user: str | None, profile: str | None, hosts: Sequence[str], cluster: str = "spark",
-           out: Path | None = None, now: datetime | None = None) -> str:
+           out: Path | None = None, now: datetime | None = None, key: str | None = None,
+           known_hosts: str | None = None) -> str:
     """The commented inventory.yaml. Multi-link nodes (ring) get `links:`; one data link keeps the shorthand
     data_ip, netdev, hca. More boxes than the profile's tp x pp x dp: one service per group of that many (in
     the layout's order, the head's group first); a count the profile cannot split is an InitError naming both."""
@@ -299,7 +304,8 @@ def render(layout: Layout, *, user: str | None, profile: str | None, hosts: Sequ
         lines.append(f"profile: {profile}   # deploy/profiles/<name>.yaml: the model you serve (plan shows if it fits)")
     lines += ["", "nodes:"]
     for i, nl in enumerate(layout.nodes):
-        lines += _node_lines(nl, user, role=None if services else ("head" if i == 0 else "worker"))
+        lines += _node_lines(nl, {"user": user, "key": key, "known_hosts": known_hosts},
+                             role=None if services else ("head" if i == 0 else "worker"))
     lines.append("")
     if head.gpu == "gb10":
         lines += [*GB10_IMAGE, ""]
@@ -320,9 +326,10 @@ def render(layout: Layout, *, user: str | None, profile: str | None, hosts: Sequ
     return "\n".join(lines)
 
 
-def _node_lines(nl: NodeLinks, user: str | None, role: str | None) -> list[str]:
+def _node_lines(nl: NodeLinks, login: Mapping[str, str | None], role: str | None) -> list[str]:
+    """`login`: the ssh keys given on init's command line (user, key, known_hosts), written where set."""
     b = nl.box
-    ssh = {"host": b.host} | ({"user": user} if user else {})
+    ssh = {"host": b.host} | {k: v for k, v in login.items() if v}
     out = [f"  - name: {b.name}"]
     if role:
         out.append(f"    role: {role}" + ("   # rank 0: serves the API" if role == "head" else ""))
@@ -347,19 +354,22 @@ def _speed(port: Port) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def read_boxes(hosts: Sequence[str], *, user: str | None, trust_new_hosts: bool) -> list[Box]:
-    """One SSH round trip per box, in parallel; a box that cannot be read fails the command naming it."""
+def read_boxes(hosts: Sequence[str], *, user: str | None, trust_new_hosts: bool, key: str | None = None,
+               known_hosts: str | None = None) -> list[Box]:
+    """One SSH round trip per box, in parallel; a box that cannot be read fails the command naming it. `key`
+    and `known_hosts` as in an inventory's ssh block (default: ~/.ssh/config's IdentityFile, the kit's file)."""
     from sparkdeploy.errors import RemoteError
     from sparkdeploy.inventory import SshTarget
     from sparkdeploy.remote import Pool, target_of
     from sparkdeploy.sshconfig import identity_of, ssh_config
 
-    targets = []
+    targets, addresses = [], {}
     for h in hosts:
         cfg = ssh_config(h)
+        addresses[h] = cfg["hostname"]
         targets.append(target_of(h, SshTarget(host=cfg["hostname"], user=user or cfg.get("user") or "root",
-                                              port=int(cfg.get("port", 22)), key=identity_of(cfg),
-                                              proxy_jump=cfg.get("proxyjump"))))
+                                              port=int(cfg.get("port", 22)), key=key or identity_of(cfg),
+                                              known_hosts=known_hosts, proxy_jump=cfg.get("proxyjump"))))
     pool = Pool(targets, trust_new_hosts=trust_new_hosts)
     try:
         errors = pool.open()
@@ -372,4 +382,4 @@ def read_boxes(hosts: Sequence[str], *, user: str | None, trust_new_hosts: bool)
     bad = {h: o for h, o in outs.items() if isinstance(o, Exception)}
     if bad:
         raise RemoteError("; ".join(f"{h}: probe failed: {e}" for h, e in bad.items()))
-    return [parse_box(h, outs[h].stdout) for h in hosts]
+    return [parse_box(h, outs[h].stdout, reached_at=addresses[h]) for h in hosts]

@@ -141,6 +141,12 @@ PLANTS = {
         f"mkdir -p {DOCTOR_DIR} && mount -t tmpfs -o size=1m tmpfs {DOCTOR_DIR} && "
         f"head -c 1000000 /dev/zero > {DOCTOR_DIR}/fill || true",
         f"umount {DOCTOR_DIR}; rmdir {DOCTOR_DIR}", "node2", "disk", "free space"),
+    # doctor reads the kernel as `uname -r` in its SSH session: a `uname` earlier on PATH answers a build on
+    # deploy/host/bad-kernels.yaml (the sim shares the host's kernel, which we cannot swap)
+    "bad-kernel": (
+        "printf '#!/bin/sh\\n[ \"$1\" = -r ] && exec echo 7.0.0-1019-nvidia\\nexec /usr/bin/uname \"$@\"\\n' "
+        "> /usr/local/bin/uname && chmod +x /usr/local/bin/uname",
+        "rm -f /usr/local/bin/uname", "node2", "kernel", "apt-mark hold linux-image-6.17.0-1032-nvidia"),
 }
 
 
@@ -155,6 +161,77 @@ def test_doctor_planted_problem_turns_exactly_that_check_red(nodes, host_setup_r
     assert rc == 1, {k: (r["status"], r["reason"]) for k, r in res.items() if k[0] == node}
     assert red(res) == {(node, check)}, {k: res[k]["reason"] for k in red(res)}
     assert res[(node, check)]["status"] == "failed" and fix in res[(node, check)]["fix"]
+
+
+#: A test double for a GB10's nvidia-smi (the GPU we cannot run): it answers the three queries doctor sends
+#: (probes.SECTIONS gpu, gpu_procs, gpu_clocks) in the driver's csv shape; the clocks line comes from CLOCKS_FILE.
+CLOCKS_FILE = "/etc/sparkdeploy-fake-gpu-clocks"
+FAKE_NVIDIA_SMI = f"""#!/bin/sh
+case "$*" in
+  *--query-gpu=name,driver_version*) echo 'NVIDIA GB10, 580.95.05' ;;
+  *--query-compute-apps=*) ;;
+  *--query-gpu=clocks.sm,*) cat {CLOCKS_FILE} ;;
+  *) echo "fake nvidia-smi: no answer for: $*" >&2; exit 2 ;;
+esac
+"""
+#: clocks.sm, clocks.max.sm, utilization.gpu, temperature.gpu, hw / sw thermal slowdown (csv,noheader,nounits)
+GPU_CLOCKS = {
+    "healthy": "2405, 3003, 96, 61, Not Active, Not Active",
+    "stuck-702": "702, 3003, 97, 52, Not Active, Not Active",  # the low-power state, seen under load
+    "thermal": "1310, 3003, 98, 94, Active, Not Active",
+}
+GB10_CHECKS = {"gpu", "gpu-clocks", "gpu-processes", "driver-match"}
+
+
+def gb10_inventory(nodes, path: Path) -> Path:
+    """The module's inventory as two GB10s (gpu: gb10 on every node: the loader refuses a mix) with a GB10
+    profile and image, for the fake nvidia-smi to answer."""
+    data = yaml.safe_load(nodes.inventory.read_text())
+    for node in data["nodes"]:
+        node["gpu"] = "gb10"
+    data.pop("vocab", None)
+    data.update(profile="qwen3.5-35b-a3b-fp8-tp2", patches={**data["patches"], "shortlist": False},
+                image={"base": "nvcr.io/nvidia/vllm@sha256:" + "3f1c7a9e5b2d8c4f6a0e9b7d5c3a1f8e" * 2,
+                       "vllm_version": "0.34.0", "repository": "sparkdeploy/serving"})
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_doctor_reports_a_stuck_clock_and_thermal_slowdown_from_a_fake_gb10(nodes, host_setup_runs, capsys,
+                                                                              tmp_path):
+    """Both nodes get the fake nvidia-smi (node2's planted). A GB10 inventory also turns on checks the sim cannot
+    pass (docker's nvidia runtime, a 35 GB checkpoint's disk and memory): whatever doctor finds red with both
+    GPUs healthy is the baseline, and each planted state on node2 adds exactly its gpu-clocks, with the fix."""
+    inv = gb10_inventory(nodes, tmp_path / "inventory.gb10.yaml")
+    seen = {}
+    try:
+        for node in ("node1", "node2"):
+            done = subprocess.run(nodes.cluster.ssh_argv(nodes.state.node(node), "cat > /usr/local/bin/nvidia-smi"),
+                                  input=FAKE_NVIDIA_SMI.encode(), capture_output=True, timeout=30)
+            assert done.returncode == 0, done.stderr
+            nodes.sh(node, f"chmod +x /usr/local/bin/nvidia-smi && echo '{GPU_CLOCKS['healthy']}' > {CLOCKS_FILE}")
+        for state in ("healthy", "stuck-702", "thermal"):
+            nodes.sh("node2", f"echo '{GPU_CLOCKS[state]}' > {CLOCKS_FILE}")
+            rc, rep = run_cli(capsys, "doctor", "--inventory", str(inv), "--dir", DOCTOR_DIR, "--json")
+            assert "results" in rep, (rc, rep)
+            seen[state] = (rc, {(r["node"], r["check"]): r for r in rep["results"]})
+    finally:
+        for node in ("node1", "node2"):
+            nodes.sh(node, f"rm -f /usr/local/bin/nvidia-smi {CLOCKS_FILE}", check=False)
+    _, healthy = seen["healthy"]
+    for node in ("node1", "node2"):
+        assert healthy[(node, "gpu")]["status"] == "ok" and "580.95.05" in healthy[(node, "gpu")]["reason"]
+        assert healthy[(node, "gpu-clocks")]["status"] == "ok", healthy[(node, "gpu-clocks")]
+        assert healthy[(node, "gpu-processes")]["status"] == "ok", healthy[(node, "gpu-processes")]
+    assert healthy[("cluster", "driver-match")]["status"] == "ok"
+    baseline = red(healthy)
+    assert not {check for _, check in baseline} & GB10_CHECKS, {k: healthy[k]["reason"] for k in baseline}
+    for state, (reason, fix) in {"stuck-702": ("SM 702 MHz at 97 % busy", "remove AC power"),
+                                 "thermal": ("hardware thermal slowdown active", "nvidia-smi -lgc")}.items():
+        rc, res = seen[state]
+        assert rc == 1 and red(res) == baseline | {("node2", "gpu-clocks")}, {k: res[k]["reason"] for k in red(res)}
+        clocks = res[("node2", "gpu-clocks")]
+        assert clocks["status"] == "failed" and reason in clocks["reason"] and fix in clocks["fix"], clocks
 
 
 def test_doctor_names_a_slow_data_plane_pair(nodes, host_setup_runs, capsys):

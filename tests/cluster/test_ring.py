@@ -1,8 +1,10 @@
 """Three simulated Sparks cabled as a ring, as NVIDIA Sync's Cluster Assistant does without a switch (issue 35):
 a docker network per cable, each its own /24, two cables per node; SSH stays on the management network.
 
-`sim up --ring` finds each cable's netdev inside the node by its address and writes `links:` per node; the
-tiny model runs at TP=2 on node1 + node2 (service s1) over the cable those two share, so NCCL and Gloo name
+`sim up --ring` finds each cable's netdev inside the node by its address and writes `links:` per node. The
+deployment does not use that file: `sparkdeploy init` reads the three nodes over SSH, as a user would run it
+against their boxes, and its inventory (a ring, service s1 on node1 + node2, node3 in none) is deployed
+unchanged: the tiny model runs at TP=2 on node1 + node2 over the cable those two share, so NCCL and Gloo name
 that cable's netdev on each node, and the ranks' traffic goes over it; doctor checks all three cables of the
 ring, node3's too, naming both ports of each. The module has a cluster of its own, downed at the end.
 """
@@ -33,13 +35,13 @@ def ring(sim_node_image, sim_engine_image, tmp_path_factory):
     cluster.down()
     try:
         state = cluster.up(3, inventory=tmp / "inventory.sim.yaml", ring_links=True)
-        data = yaml.safe_load(Path(state.inventory).read_text())
-        for service in data["services"]:
-            service["memory"] = {"reserve_gib": 2.0}
-        inv = tmp / "ring.yaml"
-        inv.write_text(yaml.safe_dump(data, sort_keys=False))
+        inv = tmp / "inventory.yaml"
+        rc, _, err = cli("init", *(n.ip for n in state.nodes), "--user", state.user, "--key", state.key,
+                         "--known-hosts", state.known_hosts, "--cluster", f"sim-{name}", "--out", str(inv))
+        assert rc == 0 and "ring, head node1, 3 node(s)" in err, err
         cluster.preload(build_serving_image(inv, "s1"), ["node1", "node2"])  # node3 serves nothing
-        yield {"cluster": cluster, "state": state, "inv": inv, "data": data, "name": name}
+        yield {"cluster": cluster, "state": state, "inv": inv, "data": yaml.safe_load(inv.read_text()),
+               "sim": yaml.safe_load(Path(state.inventory).read_text()), "name": name}
     finally:
         if os.environ.get("SPARKDEPLOY_SIM_KEEP") != "1":
             cluster.down()
@@ -50,8 +52,14 @@ def link_to(data: dict, node: str, peer: str) -> dict:
     return next(link for link in spec["links"] if link["peer"] == peer)
 
 
+def link_table(inventory: dict) -> dict:
+    """{node: its links as (peer, netdev, ip, prefix), sorted}: init and the sim write them in other orders."""
+    return {n["name"]: sorted((link["peer"], link["netdev"], link["ip"], link["prefix"]) for link in n["links"])
+            for n in inventory["nodes"]}
+
+
 def test_each_cable_is_a_network_of_its_own_and_each_link_names_the_netdev_holding_its_address(ring):
-    data, cluster = ring["data"], ring["cluster"]
+    data, cluster = ring["sim"], ring["cluster"]
     subnets = set()
     for spec in data["nodes"]:
         assert len(spec["links"]) == 2, spec
@@ -61,6 +69,9 @@ def test_each_cable_is_a_network_of_its_own_and_each_link_names_the_netdev_holdi
                                    check=True).out
             assert f" {link['ip']}/" in shown, (spec["name"], link, shown)
     assert len(subnets) == 3 and ipaddress.ip_network(ring["state"].subnet) not in subnets, subnets
+    # init, reading the nodes, finds the links the sim cabled (the management network, SSH's, is no link)
+    assert link_table(ring["data"]) == link_table(data), ring["inv"].read_text()
+    assert [s["nodes"] for s in ring["data"]["services"]] == [["node1", "node2"]]
 
 
 def test_tp2_on_two_nodes_of_the_ring_talks_over_their_own_cable_and_doctor_checks_all_three(ring):

@@ -3,6 +3,7 @@ choices it asks for where the boxes are ambiguous, and the inventory it writes p
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
 import pytest
@@ -132,6 +133,42 @@ def test_sim_like_boxes_without_rdma_use_their_plain_interface(tmp_path):
     assert [(n.name, n.data_ip) for n in p.nodes] == [("node1", "172.30.97.11"), ("node2", "172.30.97.12")]
 
 
+def sim_ring_box(n: int) -> I.Box:
+    """A node of `sim up --ring`: no RDMA devices, SSH on eth0 (the management network, every node on it) and
+    one interface per cable, each cable its own /24 (node1-node2 on .12, node2-node3 on .23, node3-node1 on .31)."""
+    cables = {1: ("172.31.12.11", "172.31.31.11"), 2: ("172.31.12.12", "172.31.23.12"),
+              3: ("172.31.23.13", "172.31.31.13")}[n]
+    ifaces = [("eth0", f"172.30.97.1{n}")] + [(f"eth{i}", ip) for i, ip in enumerate(cables, 1)]
+    s = sections(f"node{n}", n, {}, gpu="nvidia-smi: not found")
+    s["rdma"] = ""
+    s["ip"] = json.dumps([{"ifname": dev, "mtu": 1500, "operstate": "UP",
+                           "addr_info": [{"family": "inet", "local": ip, "prefixlen": 24}]} for dev, ip in ifaces])
+    return I.parse_box(f"172.30.97.1{n}", output(s), reached_at=f"172.30.97.1{n}")
+
+
+def test_the_port_ssh_reached_is_management_where_a_box_without_rdma_has_others(tmp_path):
+    """The sim's ring: every node shares the SSH network, which would read as a switch; init leaves the port
+    it reached the box on out of the data ports, so the cables make the ring, and the inventory names the key
+    and known_hosts init logged in with (the sim's own, not the user's defaults)."""
+    boxes = [sim_ring_box(n) for n in (1, 2, 3)]
+    assert [p.netdev for p in boxes[0].ports] == ["eth1", "eth2"] and boxes[0].other_ports[0].netdev == "eth0"
+    lay = I.work_out(boxes)
+    assert lay.kind == "ring" and [n.box.name for n in lay.nodes] == ["node1", "node2", "node3"]
+    text = I.render(lay, user="nvidia", profile=None, hosts=[f"172.30.97.1{n}" for n in (1, 2, 3)], now=NOW,
+                    key="~/.ssh/sim_ed25519", known_hosts="~/.ssh/sim_known_hosts")
+    (tmp_path / "inventory.yaml").write_text(text)
+    s1 = inventory.load(tmp_path / "inventory.yaml", "s1")
+    assert [(n.name, n.ssh.host, n.ssh.key, n.ssh.known_hosts) for n in s1.nodes] == [
+        (f"node{n}", f"172.30.97.1{n}", "~/.ssh/sim_ed25519", "~/.ssh/sim_known_hosts") for n in (1, 2)]
+    p = plan.plan(s1)
+    assert [(n.name, n.data_ip, n.env["NCCL_SOCKET_IFNAME"]) for n in p.nodes] == [
+        ("node1", "172.31.12.11", "eth1"), ("node2", "172.31.12.12", "eth1")]
+    # a node whose only port is the SSH one keeps it as its data port (the plain two-node sim)
+    only_ssh = I.parse_box("10.0.0.1", output({**sections("node1", 1, {}, gpu="nvidia-smi: not found"), "rdma": ""}),
+                           reached_at="10.0.0.1")
+    assert [p.netdev for p in only_ssh.ports] == ["enP7s7"]
+
+
 def test_a_lone_box_serves_on_its_management_address(tmp_path):
     """One Spark, no CX-7 cable: the single-box layout on the address it has (a one-node profile)."""
     lone = box("spark1", 1, {})
@@ -243,6 +280,11 @@ def test_init_reads_two_boxes_over_real_ssh(tmp_path, monkeypatch, capsys):
         assert main(["init", "spark1", "spark2", "--dry-run", "--out", str(tmp_path / "none.yaml")]) == 0
         assert capsys.readouterr().out.splitlines()[1:] == text.splitlines()[1:]  # all but the time stamp
         assert not (tmp_path / "none.yaml").exists()
+        # a key and known_hosts given on the command line log in and are written into the node's ssh block
+        known = tmp_path / "known_hosts"
+        assert main(["init", "spark1", "--dry-run", "--profile", "gpt-oss-120b", "--key", str(servers[0].client_key),
+                     "--known-hosts", str(known)]) == 0
+        assert f"ssh: {{host: spark1, key: {servers[0].client_key}, known_hosts: {known}}}" in capsys.readouterr().out
     finally:
         for s in servers:
             s.stop()

@@ -27,6 +27,11 @@ def _pairs(option: str, values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--dry-run", is_flag=True, help="print the inventory on stdout instead of writing it")
 @click.option("--force", is_flag=True, help="overwrite an existing --out file")
 @click.option("--user", default=None, metavar="U", help="SSH login (default: ~/.ssh/config's User, else root)")
+@click.option("--key", default=None, metavar="FILE",
+              help="SSH private key (default: ~/.ssh/config's IdentityFile, else the agent); written into the inventory")
+@click.option("--known-hosts", "known_hosts", default=None, metavar="FILE",
+              help="known_hosts file with the boxes' host keys (default: the kit's and ~/.ssh/known_hosts); "
+                   "written into the inventory")
 @click.option("--profile", default=None, metavar="P",
               help="model profile for the inventory (default: qwen3.8-flash-next-nvfp4 on GB10s, sim-tiny otherwise)")
 @click.option("--head", default=None, metavar="NODE", help="the head node (default: the first linked to every other)")
@@ -34,7 +39,7 @@ def _pairs(option: str, values: tuple[str, ...]) -> dict[str, str]:
               help="the data port where a node has two up ports on one subnet (repeatable)")
 @click.option("--cluster", default="spark", show_default=True, metavar="NAME", help="the inventory's cluster name")
 @click.option("--trust-new-hosts", is_flag=True, help="accept and record SSH host keys not seen before")
-def init(hosts, out, dry_run, force, user, profile, head, netdevs, cluster, trust_new_hosts):
+def init(hosts, out, dry_run, force, user, key, known_hosts, profile, head, netdevs, cluster, trust_new_hosts):
     """Read each HOST (an address or an ~/.ssh/config alias) over SSH, one round trip per box: memory, GPU,
     CX-7 ports with their addresses, speed, MTU, RoCE devices and GID indexes, kernel, driver and the netplan or
     NetworkManager files that configured the network (read, never rewritten). Works out the layout (direct
@@ -43,9 +48,10 @@ def init(hosts, out, dry_run, force, user, profile, head, netdevs, cluster, trus
     target = Path(out)
     if not dry_run and target.exists() and not force:
         raise InputError(f"{target} exists: pass --force to overwrite it, --out FILE for another, or --dry-run")
-    boxes = init_mod.read_boxes(hosts, user=user, trust_new_hosts=trust_new_hosts)
+    boxes = init_mod.read_boxes(hosts, user=user, trust_new_hosts=trust_new_hosts, key=key, known_hosts=known_hosts)
     layout = init_mod.work_out(boxes, head=head, netdev=_pairs("--netdev", netdevs))
-    text = init_mod.render(layout, user=user, profile=profile, hosts=hosts, cluster=cluster, out=target)
+    text = init_mod.render(layout, user=user, profile=profile, hosts=hosts, cluster=cluster, out=target, key=key,
+                           known_hosts=known_hosts)
     if dry_run:
         click.echo(text, nl=False)
         return
