@@ -23,6 +23,7 @@ import yaml
 
 from sparkdeploy.steps.supervise import AUTHORIZED_KEYS
 from tests.cluster.test_deploy import cli, up_json
+from tests.unit.test_router import openai_sdk
 
 pytestmark = pytest.mark.cluster
 
@@ -160,6 +161,9 @@ def test_the_router_sends_each_request_to_the_service_serving_its_model(quad):
     assert code == 200 and sorted(m["id"] for m in json.loads(listed)["data"]) == ["tiny-s1", "tiny-s2"], listed
     code, body = _complete(router_url(quad), quad["key"], "no-such-model")  # OpenAI's 404, not another model
     assert code == 404 and json.loads(body)["error"]["code"] == "model_not_found" and "no-such-model" in body, body
+    # OpenAI's own SDK (the vLLM venv's) lists both and raises its NotFoundError for the unknown model
+    assert openai_sdk(router_url(quad), quad["key"], "no-such-model") == \
+        "tiny-s1 tiny-s2; NotFoundError model_not_found"
     for _ in range(3):
         for model in ("tiny-s1", "tiny-s2"):
             code, body = _complete(router_url(quad), quad["key"], model)

@@ -146,20 +146,21 @@ import sys, openai
 client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key=sys.argv[2])
 ids = " ".join(m.id for m in client.models.list())
 try:
-    client.completions.create(model="model-z", prompt="hi", max_tokens=1)
+    client.completions.create(model=sys.argv[3], prompt="hi", max_tokens=1)
     print(ids + "; answered")
 except openai.APIStatusError as err:
     print(ids + "; " + type(err).__name__ + " " + err.body["code"])
 """
 
 
-def _openai_sdk(url: str) -> str | None:
+def openai_sdk(url: str, key: str = KEY, unknown: str = "model-z") -> str | None:
     """What OpenAI's own SDK (from the vLLM venv: a dependency of vLLM) makes of the router: the ids its
     models.list() parses, and the error a request for an unknown model raises; None without that venv."""
     python = venv_python()
     if python is None:
         return None
-    r = subprocess.run([str(python), "-c", SDK_CLIENT, url, KEY], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([str(python), "-c", SDK_CLIENT, url, key, unknown], capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout.strip()
 
@@ -193,7 +194,7 @@ def test_the_launcher_routes_by_model_behind_the_key_and_stops_sending_to_a_dead
             ("model-a", "model", "svc-a"), ("model-b", "model", "svc-b")]
         assert all(isinstance(m["created"], int) for m in listed["data"])
         assert requests.get(f"{url}/v1/models/model-b", headers=auth, timeout=5).json()["id"] == "model-b"
-        assert _openai_sdk(url) in (None, "model-a model-b; NotFoundError model_not_found")
+        assert openai_sdk(url) in (None, "model-a model-b; NotFoundError model_not_found")
         # every route needs the key, the admin API that adds workers too
         assert requests.get(f"{url}/v1/models", timeout=5).status_code == 401
         assert requests.get(f"{url}/workers", headers={"Authorization": "Bearer wrong"}, timeout=5).status_code == 401
