@@ -197,6 +197,25 @@ def test_host_setup_dry_run_prints_the_commands_and_writes_and_changes_nothing(n
     assert _tree(etc) == before and _changes(nodes) == []
 
 
+def test_host_setup_covers_a_node_that_serves_no_service(nodes, capsys, monkeypatch):
+    """A ring's third box is in no service, yet needs earlyoom, the sshd drop-in and its netplan like the rest;
+    `--service s1` keeps to that service's nodes."""
+    import yaml
+
+    data = yaml.safe_load((nodes / "inventory.yaml").read_text())
+    data["services"] = [{"name": "s1", "nodes": ["node1"],
+                         **{k: data.pop(k) for k in ("profile", "vocab", "patches", "ports", "memory")}}]
+    for node in data["nodes"]:
+        node.pop("role")
+    (nodes / "services.yaml").write_text(yaml.safe_dump(data))
+    argv = ["host", "setup", "--dry-run", "--json", "--inventory", str(nodes / "services.yaml")]
+    assert main(argv) == 0
+    assert set(json.loads(capsys.readouterr().out)["nodes"]) == {"node1", "node2"}
+    assert main([*argv, "--service", "s1"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["nodes"]) == {"node1"}
+    assert _changes(nodes) == []
+
+
 def test_a_dry_write_shows_its_diff_against_the_nodes_file(tmp_path, capsys):
     c = LocalConn(Target("n1", "localhost", local=True))
     conf, new, key = tmp_path / "app.conf", tmp_path / "new.conf", tmp_path / "key.pem"

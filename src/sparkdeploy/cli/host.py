@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sparkdeploy import hostsetup as hs
-from sparkdeploy.cli.options import inventory_option, selected_services
+from sparkdeploy.cli.options import chosen_service, inventory_option, selected_services
 from sparkdeploy.connection import recording
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.remote import Pool
@@ -34,8 +34,10 @@ def host() -> None:
 def setup(inventory_file, dry_run, apply_network, as_json, trust_new_hosts):
     """Install and configure earlyoom (prefer vllm/python/ray, avoid sshd/dockerd/containerd/systemd), pin sshd's
     OOMScoreAdjust=-1000, and with --apply-network the CX-7 netplan. Shows the diff first; idempotent."""
-    # every node of the inventory, whichever service it serves (--service: that service's nodes)
-    nodes = {n.name: n for inv in selected_services(inventory_file) for n in inv.nodes}
+    # every node of the inventory, whichever service it serves or none (a ring's idle node needs its guard rails
+    # and netplan too); --service: that service's nodes
+    nodes = {n.name: n for inv in selected_services(inventory_file)
+             for n in (*inv.nodes, *(() if chosen_service() else inv.elsewhere))}
     with Pool([target_of(n.name, n.ssh) for n in nodes.values()], trust_new_hosts=trust_new_hosts) as pool:
         errors = pool.open()
         for name, e in errors.items():
