@@ -20,11 +20,12 @@ import difflib
 import ipaddress
 import shlex
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from sparkdeploy import probes, render
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.topology import Link
+from sparkdeploy.verdict import Status
 
 EARLYOOM_DEFAULT = "/etc/default/earlyoom"
 NETPLAN_FILE = "/etc/netplan/40-cx7.yaml"
@@ -35,7 +36,9 @@ SSHD_DROPIN_NAME = "50-sparkdeploy-oom.conf"
 EARLYOOM_MEM_TERM, EARLYOOM_MEM_KILL = 4, 2
 EARLYOOM_SWAP, EARLYOOM_REPORT_S = "100,100", 3600
 
-OK, CHANGE, SKIPPED = "ok", "change", "skipped"
+# the one result vocabulary (verdict.Status): an item is ok, skipped, or would change; applied, it changed or
+# failed, and the items after a failure on that node are skipped
+OK, CHANGE, SKIPPED = Status.OK, Status.WOULD_CHANGE, Status.SKIPPED
 
 #: earlyoom arguments the kit installs (rendered into /etc/default/earlyoom; doctor checks for them).
 EARLYOOM_PREFER = "^(vllm|VLLM|python|ray)"
@@ -72,7 +75,7 @@ class HostState:
 @dataclass
 class Item:
     name: str
-    status: str  # ok | change | skipped
+    status: Status  # OK, CHANGE (would change) or SKIPPED; once applied CHANGED or FAILED (SKIPPED: not run)
     what: list[str] = field(default_factory=list)  # one line per action (dry-run shows these)
     diff: str = ""
     writes: list[tuple[str, str, int]] = field(default_factory=list)  # (path, content, mode)
@@ -80,7 +83,8 @@ class Item:
     note: str = ""
 
     def to_dict(self) -> dict:
-        return {"item": self.name, "status": self.status, "actions": self.what, "diff": self.diff, "note": self.note}
+        return {"item": self.name, "status": self.status.value, "actions": self.what, "diff": self.diff,
+                "note": self.note}
 
 
 # ----------------------------------------------------------------------------------------------- render
@@ -278,7 +282,7 @@ def write_file(conn, path: str, content: str, mode: int, *, sudo: Sequence[str] 
 @dataclass
 class Applied:
     item: str
-    status: str  # changed | failed | not run
+    status: Status  # CHANGED, FAILED, or SKIPPED (not run: an earlier item on the node failed)
     detail: str = ""
 
 
@@ -291,7 +295,7 @@ def apply_items(conn, items: Sequence[Item], *, sudo: Sequence[str] = ()) -> lis
         if item.status != CHANGE:
             continue
         if failed:
-            out.append(Applied(item.name, "not run", "an earlier item failed"))
+            out.append(Applied(item.name, Status.SKIPPED, "not run: an earlier item failed"))
             continue
         try:
             for path, content, mode in item.writes:
@@ -301,16 +305,9 @@ def apply_items(conn, items: Sequence[Item], *, sudo: Sequence[str] = ()) -> lis
                 if not res.ok:
                     tail = (res.stderr or res.stdout).strip().splitlines()[-2:]
                     raise RemoteError(f"`{shlex.join(argv)}` exited {res.rc}: {' | '.join(tail)}", node=conn.name)
-            out.append(Applied(item.name, "changed", "; ".join(item.what)))
+            out.append(Applied(item.name, Status.CHANGED, "; ".join(item.what)))
         except RemoteError as err:
             failed = True
-            out.append(Applied(item.name, "failed", str(err)))
+            out.append(Applied(item.name, Status.FAILED, str(err)))
     return out
 
-
-def summary(items: Mapping[str, Sequence[Item]]) -> dict[str, int]:
-    out = {OK: 0, CHANGE: 0, SKIPPED: 0}
-    for its in items.values():
-        for it in its:
-            out[it.status] += 1
-    return out

@@ -319,7 +319,7 @@ def test_earlyoom_kills_a_bounded_hog_and_sshd_survives(nodes, host_setup_runs, 
     assert nodes.sh(node, "systemctl is-active docker containerd").split() == ["active", "active"]
     # host setup puts the kit's thresholds back (drift repaired), and then has nothing left to do
     rc, rep = run_cli(capsys, "host", "setup", "--inventory", str(nodes.inventory), "--json")
-    assert rc == 0 and {i["item"] for i in rep["nodes"][node] if i["status"] == "change"} == \
+    assert rc == 0 and {i["item"] for i in rep["nodes"][node] if i["status"] == "changed"} == \
         {"earlyoom-config", "earlyoom-service"}
     assert nodes.sh(node, "systemctl is-active earlyoom").strip() == "active"
     rc, rep = run_cli(capsys, "host", "setup", "--inventory", str(nodes.inventory), "--json")

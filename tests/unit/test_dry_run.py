@@ -197,6 +197,33 @@ def test_host_setup_dry_run_prints_the_commands_and_writes_and_changes_nothing(n
     assert _tree(etc) == before and _changes(nodes) == []
 
 
+def test_host_setup_reports_each_item_in_the_one_result_vocabulary(nodes, capsys, monkeypatch):
+    """A dry run says `would change` where the real run then says `changed` (the JSON `--json` prints), and a
+    failing item leaves the items after it on that node `skipped`, with why."""
+    from sparkdeploy import hostsetup as hs
+
+    etc = nodes / "etc"
+    monkeypatch.setattr(hs, "EARLYOOM_DEFAULT", str(etc / "default/earlyoom"))
+    monkeypatch.setattr(hs, "NETPLAN_FILE", str(etc / "netplan/40-cx7.yaml"))
+    monkeypatch.setattr(hs, "dropin_path", lambda unit: str(etc / f"systemd/{unit}.service.d/oom.conf"))
+    argv = ["host", "setup", "--json", "--inventory", str(nodes / "inventory.yaml")]
+
+    def statuses(out: str) -> dict:
+        return {n: {i["item"]: i["status"] for i in its} for n, its in json.loads(out)["nodes"].items()}
+
+    assert main([*argv, "--dry-run"]) == 0
+    dry = statuses(capsys.readouterr().out)
+    assert dry["node1"]["earlyoom-config"] == "would change" and dry["node1"]["netplan"] == "skipped", dry
+    (nodes / "bin/apt-get").write_text("#!/bin/sh\necho 'E: no network' >&2\nexit 100\n")  # packages fail
+    assert main(argv) == 1
+    real = statuses(capsys.readouterr().out)
+    for node in ("node1", "node2"):
+        assert real[node]["packages"] == "failed" and real[node]["netplan"] == "skipped", real
+        assert {real[node][i] for i, s in dry[node].items() if s == "would change" and i != "packages"} == \
+            {"skipped"}, real  # not run: the packages came first and failed
+    assert set().union(*(set(s.values()) for s in real.values())) <= {"ok", "changed", "failed", "skipped"}
+
+
 def test_host_setup_covers_a_node_that_serves_no_service(nodes, capsys, monkeypatch):
     """A ring's third box is in no service, yet needs earlyoom, the sshd drop-in and its netplan like the rest;
     `--service s1` keeps to that service's nodes."""

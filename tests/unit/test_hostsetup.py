@@ -40,8 +40,8 @@ def statuses(items):
 def test_fresh_node_changes_everything_but_network_then_nothing():
     kw = dict(netdev="enp1s0f1np1", data_ip="192.168.177.11")
     first = hs.plan_items("spark1", fresh(), **kw)
-    assert statuses(first) == {"packages": "change", "earlyoom-config": "change",
-                               "earlyoom-service": "change", "sshd-oom": "change", "netplan": "skipped"}
+    assert statuses(first) == {"packages": "would change", "earlyoom-config": "would change",
+                               "earlyoom-service": "would change", "sshd-oom": "would change", "netplan": "skipped"}
     assert "--apply-network" in first[-1].note and "+      mtu: 9000" in first[-1].diff
     cfg = first[1]
     assert cfg.diff.startswith("--- spark1:/etc/default/earlyoom (now)") and '-EARLYOOM_ARGS="-r 3600"' in cfg.diff
@@ -55,7 +55,7 @@ def test_apply_network_writes_netplan_once():
     kw = dict(netdev="enp1s0f1np1", data_ip="192.168.177.11", apply_network=True)
     first = hs.plan_items("spark1", fresh(), **kw)
     net = first[-1]
-    assert net.status == "change" and net.commands == [["netplan", "apply"]]
+    assert net.status == "would change" and net.commands == [["netplan", "apply"]]
     (path, content, mode), = net.writes
     assert (path, mode) == ("/etc/netplan/40-cx7.yaml", 0o600)
     eth = yaml.safe_load(content)["network"]["ethernets"]
@@ -68,7 +68,7 @@ def test_apply_network_writes_netplan_once():
 def test_sshd_live_adjust_skipped_where_impossible():
     st = dataclasses.replace(fresh(), can_lower_oom=False)
     ssh = {i.name: i for i in hs.plan_items("n", st, netdev="eth0", data_ip="10.0.0.1")}["sshd-oom"]
-    assert ssh.status == "change" and not any("oom_score_adj" in " ".join(c) for c in ssh.commands)
+    assert ssh.status == "would change" and not any("oom_score_adj" in " ".join(c) for c in ssh.commands)
     assert "CAP_SYS_RESOURCE" in ssh.note
     done = dataclasses.replace(st, files={**st.files, hs.dropin_path("ssh"): hs.render_sshd_dropin()})
     assert {i.name: i for i in hs.plan_items("n", done, netdev="eth0", data_ip="10.0.0.1")}["sshd-oom"].status == "ok"
@@ -93,12 +93,12 @@ def test_drift_is_repaired():
     drift = dataclasses.replace(done, files={**done.files, hs.EARLYOOM_DEFAULT: 'EARLYOOM_ARGS="-m 50"\n'},
                                 earlyoom_cmdline="/usr/bin/earlyoom -m 50")
     items = {i.name: i for i in hs.plan_items("n", drift, **kw)}
-    assert items["earlyoom-config"].status == "change"
+    assert items["earlyoom-config"].status == "would change"
     assert ["systemctl", "restart", "earlyoom"] in items["earlyoom-service"].commands
     # file right but the daemon still runs old arguments: restart only
     stale = dataclasses.replace(done, earlyoom_cmdline="/usr/bin/earlyoom -m 50")
     items = {i.name: i for i in hs.plan_items("n", stale, **kw)}
-    assert items["earlyoom-config"].status == "ok" and items["earlyoom-service"].status == "change"
+    assert items["earlyoom-config"].status == "ok" and items["earlyoom-service"].status == "would change"
 
 
 def test_rendered_earlyoom_matches_doctor_and_has_no_spaces_in_regexes():
@@ -165,7 +165,7 @@ def test_a_ring_nodes_netplan_lists_each_link_with_its_own_subnet():
     links = spark2.data_links()
     kw = dict(netdev=spark2.netdev, data_ip=spark2.data_ip, hca=spark2.hca, links=links, apply_network=True)
     net = {i.name: i for i in hs.plan_items("spark2", fresh(), **kw)}["netplan"]
-    assert net.status == "change"
+    assert net.status == "would change"
     written = yaml.safe_load(net.writes[0][1])["network"]["ethernets"]
     assert {dev: cfg["addresses"] for dev, cfg in written.items()} == {
         "enp1s0f0np0": ["192.168.11.2/24"], "enp1s0f1np1": ["192.168.10.2/24"]}
