@@ -244,7 +244,7 @@ def _rsync(head, argv: Sequence[str], files: Sequence[str], total: int,
 @dataclass
 class SyncResult:
     node: str
-    status: str  # skipped | synced | would sync
+    status: Status  # OK (identical already), CHANGED (synced) or WOULD_CHANGE (a dry run): the one vocabulary
     files: int = 0
     bytes: int = 0
     seconds: float = 0.0
@@ -259,7 +259,7 @@ class SyncResult:
         return self.bytes / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict:
-        return {"node": self.node, "status": self.status, "files": self.files, "bytes": self.bytes,
+        return {"node": self.node, "status": self.status.value, "files": self.files, "bytes": self.bytes,
                 "seconds": round(self.seconds, 3), "transfer_seconds": round(self.transfer_seconds, 3),
                 "streams": self.streams, "extra": self.extra, "detail": self.detail, "effects": self.effects}
 
@@ -319,7 +319,7 @@ def sync(head: Endpoint, targets: Sequence[Endpoint], directory: str, *, dry_run
         t0 = time.monotonic()
         send, extra = diff_manifests(src, manifest(t.conn, directory))
         if not send:
-            results.append(_skipped(t.name, src, extra, t0))
+            results.append(_identical(t.name, src, extra, t0))
             continue
         sizes = {f: src.files[f][0] for f in send}
         groups = split_streams(sizes, streams or auto_streams(int(head.conn.query(["nproc"]).stdout)))
@@ -336,15 +336,16 @@ def sync(head: Endpoint, targets: Sequence[Endpoint], directory: str, *, dry_run
         if still:
             raise RemoteError(f"after rsync {len(still)} files still differ from the head's: {', '.join(still[:3])}",
                               node=t.name)
-        results.append(SyncResult(t.name, "would sync" if dry_run else "synced", len(send), sum(sizes.values()),
+        results.append(SyncResult(t.name, Status.WOULD_CHANGE if dry_run else Status.CHANGED, len(send),
+                                  sum(sizes.values()),
                                   time.monotonic() - t0, transfer, extra,
                                   f"{len(send)} of {len(src.files)} files, {len(groups)} rsync stream(s)",
                                   len(groups), list(made)))
     return results
 
 
-def _skipped(node: str, src: Manifest, extra: list[str], t0: float) -> SyncResult:
-    return SyncResult(node, "skipped", 0, 0, time.monotonic() - t0, 0.0, extra,
+def _identical(node: str, src: Manifest, extra: list[str], t0: float) -> SyncResult:
+    return SyncResult(node, Status.OK, 0, 0, time.monotonic() - t0, 0.0, extra,
                       f"identical: {len(src.files)} files, {src.bytes / GIB:.2f} GiB")
 
 

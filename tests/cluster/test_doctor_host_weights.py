@@ -333,16 +333,16 @@ def test_weights_sync_moves_then_skips_then_sends_only_the_change(nodes, host_se
              timeout=300)
     base = ["--inventory", str(nodes.inventory), "--dir", CKPT_DIR, "--json"]
     rc, dry = run_cli(capsys, "weights", "sync", *base, "--dry-run")
-    assert rc == 0 and dry["nodes"][0]["status"] == "would sync" and dry["nodes"][0]["files"] == 4
+    assert rc == 0 and dry["nodes"][0]["status"] == "would change" and dry["nodes"][0]["files"] == 4
     rc, first = run_cli(capsys, "weights", "sync", *base, "--streams", "3")
     r = first["nodes"][0]
-    assert rc == 0 and (r["node"], r["status"], r["files"], r["bytes"]) == ("node2", "synced", 4, 300000003)
+    assert rc == 0 and (r["node"], r["status"], r["files"], r["bytes"]) == ("node2", "changed", 4, 300000003)
     assert r["streams"] == 3  # 4 files over 3 parallel rsync streams
     same = "cd %s && sha256sum $(ls) " % CKPT_DIR
     assert nodes.sh("node1", same) == nodes.sh("node2", same)
     assert "sparkdeploy-weights" not in nodes.sh("node2", "cat /root/.ssh/authorized_keys")  # one-time key gone
     rc, second = run_cli(capsys, "weights", "sync", *base)
-    assert rc == 0 and second["nodes"][0]["status"] == "skipped"
+    assert rc == 0 and second["nodes"][0]["status"] == "ok"
     # the skip, too, leaves no key behind: not authorized on the worker, no key directory on the head
     assert "sparkdeploy-weights" not in nodes.sh("node2", "cat /root/.ssh/authorized_keys")
     assert nodes.sh("node1", "ls -d /tmp/sparkdeploy-sync-* 2>/dev/null; true").strip() == ""
@@ -351,7 +351,7 @@ def test_weights_sync_moves_then_skips_then_sends_only_the_change(nodes, host_se
                       "status=none; touch -d '2001-01-01' " + f"{CKPT_DIR}/model-00002-of-00003.safetensors")
     rc, third = run_cli(capsys, "weights", "sync", *base)
     assert rc == 0 and (third["nodes"][0]["status"], third["nodes"][0]["files"], third["nodes"][0]["streams"]) == (
-        "synced", 1, 1)
+        "changed", 1, 1)
     assert nodes.sh("node1", same) == nodes.sh("node2", same)
     # eviction: the page cache of the checkpoint is dropped on every node, then the guard judges memory
     nodes.sh("node2", f"cat {CKPT_DIR}/* > /dev/null")

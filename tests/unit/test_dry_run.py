@@ -165,7 +165,7 @@ def test_weights_sync_dry_run_lists_the_copy_and_changes_nothing(tmp_path, monke
     # the head's listing of its checkpoint (read from head_dir: both nodes here are this machine)
     res, = w.sync(w.Endpoint(head, "node1", "127.0.0.1"), [w.Endpoint(node, "node2", "127.0.0.2")], str(node_dir),
                   dry_run=True, head_manifest=w.manifest(head, str(head_dir)), streams=2)
-    assert (res.status, res.files, res.streams) == ("would sync", 1, 1)
+    assert (res.status, res.files, res.streams) == ("would change", 1, 1)
     assert res.effects[0] == f"node2: run mkdir -p {node_dir}"
     rsync, = [e for e in res.effects if e.startswith("node1: run rsync ")]
     assert "<directory mktemp makes on node1>/key" in rsync and rsync.endswith(

@@ -18,6 +18,7 @@ from sparkdeploy import weights as w
 from sparkdeploy.errors import InputError, RemoteError
 from sparkdeploy.remote import Pool
 from sparkdeploy.remote import target_of
+from sparkdeploy.verdict import Status
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 GIB = 1 << 30
@@ -135,8 +136,8 @@ def sync(inventory_file, directory, dry_run, streams, as_json, trust_new_hosts):
             results = w.sync(ep[head.name], [ep[n.name] for n in inv.nodes if n.name != head.name], d,
                              dry_run=dry_run, head_manifest=src, streams=streams, progress=progress)
     for r in results:
-        rate = f", {r.rate / 1e6:.0f} MB/s" if r.status == "synced" else ""
-        err.print(f"  {r.status:<11} {r.node:<9} {r.detail} ({r.bytes / GIB:.2f} GiB in {r.seconds:.1f} s{rate})")
+        rate = f", {r.rate / 1e6:.0f} MB/s" if r.status is Status.CHANGED else ""
+        err.print(f"  {r.status.value:<12} {r.node:<9} {r.detail} ({r.bytes / GIB:.2f} GiB in {r.seconds:.1f} s{rate})")
         if r.extra:
             err.print(f"{'':>23}[dim]{len(r.extra)} file(s) only on {r.node} left alone: {', '.join(r.extra[:3])}[/dim]")
         for e in r.effects if dry_run else []:
