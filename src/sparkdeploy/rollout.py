@@ -40,8 +40,8 @@ import requests
 from sparkdeploy import faults, health, releases, rollout_live, vocab_live
 from sparkdeploy.connection import dry_session, narrate, recording
 from sparkdeploy.errors import SparkdeployError, VocabError
-from sparkdeploy.rollout_checks import (Candidate, Failed, Golden, RolloutError, boot_time, capture,
-                                        check_candidate, check_ranks, coverage_change, derive_release,
+from sparkdeploy.rollout_checks import (Candidate, Failed, Golden, RolloutError, capture,
+                                        check_candidate, coverage_change, derive_release,
                                         golden_prompts, list_diff, mismatches, pick_version,
                                         write_list_with_manifest)
 from sparkdeploy.steps import engine, healthcheck
@@ -106,7 +106,6 @@ class RolloutOptions:
     samples: list[str] = field(default_factory=list)
     action: str = "rollout"  # or "rollback" (history label)
     require_golden: bool = True  # a rollback may run on an unhealthy service (no golden then)
-    rank_check_s: float = 5.0
     restart: bool = False  # `--restart`: the restart rollout even where a live swap is possible
     swap_timeout: float = 120.0  # seconds every rank has to report the swapped list
     log: Log = lambda msg: None
@@ -128,7 +127,8 @@ class Rollout:
         self.log = opts.log
         self.switched = False
         self.watchdog_was: bool | None = None  # the timer's state before the rollout stopped it
-        self.boots: dict[str, str] = {}
+        self.boots: dict[str, str] = {}  # each node's boot id before the switch (a reboot since fails the gate)
+        self.watch = None  # engine.rank_watch of the new release, from its first look
         self.golden: Golden | None = None
         self.exp: health.ServiceExpect | None = None  # what the current release serves (read by _prepare)
         self.prev: int | None = None  # the release running before
@@ -154,7 +154,14 @@ class Rollout:
         return derive_release(self.c, node, self.prev, self.old_sha, self.cand, self.opts.action, self.opts.edit)
 
     def _check_ranks(self) -> None:
-        check_ranks(self.c, self.boots, self.new_num)
+        """The release's ranks are still up (engine.rank_watch, one per rollout: its baseline is the first look
+        after the switch, and the boot ids read before it)."""
+        if self.watch is None:
+            self.watch = engine.rank_watch(self.c, self.boots, self.new_num)
+        try:
+            self.watch()
+        except engine.RankLost as err:
+            raise Failed(str(err)) from None
 
     def _hook(self, name: str) -> None:
         fn = self.opts.hooks.get(name)
@@ -291,7 +298,7 @@ class Rollout:
                        f"{self.cand.version}; compare outputs and acceptance (a drop beyond "
                        f"{rollout_live.ACCEPTANCE_NOISE:.0%} swaps {res.from_version} back live); switch `current` "
                        f"to release {self.new_num}; no restart"]
-        self.boots = self.c.each(boot_time, "reading boot time")
+        self.boots = self.c.each(engine.boot_id, "reading boot time")
         return True
 
     def _dry(self, res: RolloutResult) -> RolloutResult:
@@ -360,19 +367,12 @@ class Rollout:
         self.started_at = time.monotonic()
         self._timed(res, "switch", t0)
 
-    def wait_ready(self, timeout: float, watch: bool = True) -> str:
-        url = self.exp.api_url
-        try:
-            return health.wait_answering(url, self.exp.served_model, timeout=timeout,
-                                         probe_timeout=self.opts.probe_timeout, log=self.log,
-                                         every=self._check_ranks if watch else None,
-                                         every_s=self.opts.rank_check_s, poll_s=1.0, api_key=self.exp.api_key)
-        except health.NotAnswering as err:
-            raise Failed(f"health gate timed out after {timeout:.0f} s: last saw {err.last} at {url}") from None
-
     def _gate(self, res: RolloutResult) -> None:
         t0 = time.monotonic()
-        self.probe = self.wait_ready(self.opts.ready_timeout)
+        try:
+            self.probe = engine.wait_ready(self.c, self.opts.ready_timeout, watch=self._check_ranks)
+        except engine.NotReady as err:
+            raise Failed(f"health gate timed out: {err}") from None
         self._check_ranks()
         res.timings["ready_after_start"] = round(time.monotonic() - self.started_at, 2)
         self._timed(res, "gate", t0)
@@ -519,9 +519,7 @@ class Rollout:
                 raise RolloutError("cannot reach " + ", ".join(f"{n} ({e})" for n, e in errs.items()))
             self.c.scan()
             # the plan is release prev's already (planned from its facts by _prepare); the watchdog comes back below
-            engine.serve_again(self.c, self.prev, plan_of_release=False, list_sha=self.old_sha, what="switching back",
-                               started=lambda: setattr(self, "boots", self.c.each(boot_time, "reading boot time")),
-                               wait=lambda: self.wait_ready(self.opts.rollback_timeout, watch=False))
+            engine.serve_again(self.c, self.prev, plan_of_release=False, list_sha=self.old_sha, what="switching back")
             same = None
             if self.golden is not None:
                 again = capture(self.exp.api_url, self.exp.served_model, self.prompts,

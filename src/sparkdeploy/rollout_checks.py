@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sparkdeploy import health, probes, releases, render, vocab_live
+from sparkdeploy import health, releases, render, vocab_live
 from sparkdeploy.bench import metrics as M
 from sparkdeploy.bench import prompts as bench_prompts
 from sparkdeploy.errors import SparkdeployError, VocabError
@@ -224,44 +224,3 @@ def derive_release(cx, node: str, prev: int, old_sha: str, cand: Candidate, acti
                 derived_from=prev, vocab={"sha256": cand.sha256, "version": cand.version,
                                                 **cand.meta()})
     return files, meta
-
-
-def boot_time(conn) -> str:
-    """Which boot this is: the kernel's boot id and PID 1's start in clock ticks since that boot.
-
-    Neither depends on the wall clock. `ps -o lstart` did (btime moves when the clock is stepped), and a VM's
-    clock step once read as a reboot in CI. The tick count tells a restarted container (the sim's reboot)
-    from the one that was there."""
-    return conn.query(["sh", "-c", "echo $(cat /proc/sys/kernel/random/boot_id)/$(sed 's/.*) //' /proc/1/stat | cut -d' ' -f20)"],
-                      check=False, timeout=20).stdout.strip()
-
-
-def rank_state(conn, lay) -> dict:
-    """The engine unit's state on a node and its boot time."""
-    out = conn.query(probes.unit_show_argv([lay.unit], ("ActiveState", "SubState", "Result", "ExecMainStatus")),
-                     check=False, timeout=20).stdout
-    st = dict(probes.unit_state(out))
-    st["boot"] = boot_time(conn)
-    return st
-
-def check_ranks(cx, boots: dict[str, str], num: int | None) -> None:
-    """Fail fast: a rank whose unit failed or is waiting to restart, or a node that rebooted."""
-    res = cx.map(lambda c: rank_state(c, cx.lay))
-    for n, st in res.items():
-        if isinstance(st, Exception):
-            errs = cx.reconnect([n], wait=0)
-            boot = None if errs else boot_time(cx.conn(n))
-            if boot and boots.get(n) and boot != boots[n]:
-                raise Failed(f"{n} rebooted during the rollout (boot/PID 1 start {boot}, was {boots[n]})")
-            raise Failed(f"{n}: lost the connection during the rollout ({st})"
-                         + ("; it does not answer SSH now (rebooting?)" if errs else "; it answers again"))
-        if st.get("boot") and boots.get(n) and st["boot"] != boots[n]:
-            raise Failed(f"{n} rebooted during the rollout (boot/PID 1 start {st['boot']}, was {boots[n]})")
-        # inactive too: a foreground server whose engine died can exit 0 (vLLM's EngineDeadError path)
-        if st.get("ActiveState") in ("failed", "inactive") or st.get("SubState") == "auto-restart":
-            tail = cx.conn(n).query(["journalctl", "-u", cx.lay.unit, "-n", "4", "--no-pager", "-o", "cat"],
-                                    check=False, timeout=20).stdout.strip().replace("\n", " | ")
-            role = "worker" if n != cx.head else "head"
-            raise Failed(f"{n} ({role}) failed to start or stopped on release {num}: unit "
-                         f"{st.get('ActiveState')}/"
-                         f"{st.get('SubState')} (exit status {st.get('ExecMainStatus')}): {tail[-300:]}")

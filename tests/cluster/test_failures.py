@@ -102,7 +102,7 @@ def test_sigint_mid_switch_serves_the_last_good_release(serving, sim_cluster):
 
 def test_rank_killed_during_the_gate_rolls_back_without_waiting_out_the_timeout(serving, sim_cluster):
     """A real fault: the worker's engine container is killed once the head started and `up` waits for readiness.
-    The head would wait for the lost rank forever; `up` sees the rank gone at its next check (every 10 s), not
+    The head would wait for the lost rank forever; `up` sees the rank gone at its next check (every 5 s), not
     after --ready-timeout, and rolls back."""
     rc, before = up(serving["inv"])
     assert rc == 0 and before["healthy"], before["message"]
@@ -120,7 +120,8 @@ def test_rank_killed_during_the_gate_rolls_back_without_waiting_out_the_timeout(
     assert "Traceback" not in err, err[-3000:]
     res = json.loads(out)
     assert p.returncode == 1 and not res["healthy"], res["message"]
-    assert "node2: rank 1's engine unit is" in res["message"] and "ROLLED BACK" in res["message"], res["message"]
+    assert "node2 (worker, rank 1) failed to start or stopped on release" in res["message"], res["message"]
+    assert "its engine unit is" in res["message"] and "ROLLED BACK" in res["message"], res["message"]
     assert "not ready after" not in res["message"], res["message"]  # it did not wait out the timeout
     assert res["rolled_back_to"] == before["release"]
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == good

@@ -256,7 +256,7 @@ def test_failure_after_the_switch_before_the_start_rolls_back(deployed, monkeypa
 
 def test_worker_fails_to_start_rolls_back(deployed):
     res = _run(deployed, "c", edit=_serve_flag(b"--no-such-option", ("node2",)))
-    _assert_rolled_back(deployed, res, "node2 (worker) failed to start")
+    _assert_rolled_back(deployed, res, "node2 (worker, rank 1) failed to start")
 
 
 def test_health_gate_timeout_rolls_back(deployed):

@@ -137,36 +137,44 @@ def test_failed_or_aborted_newest_release_number_is_reused(cluster):
 
 
 def test_rank_watch_stops_the_wait_once_a_rank_is_gone():
-    """The readiness wait ends at once when a rank's unit stopped being active or was restarted (issue 14);
-    not on a node that merely did not answer the check."""
+    """The readiness wait (of `up`, `rollback` and `vocab rollout` alike) ends at once when a rank's unit stopped
+    being active or was restarted (issue 14), or its node booted again since the switch; not on a node that
+    merely did not answer the check. The nodes' answers are canned here: what is judged is the decision."""
     from types import SimpleNamespace
 
     import pytest
 
-    from sparkdeploy.errors import HealthError
-    from sparkdeploy.steps.engine import rank_watch
+    from sparkdeploy.steps.engine import RankLost, rank_watch
 
     answers: list[dict] = []
+    journal = SimpleNamespace(query=lambda *a, **k: SimpleNamespace(stdout="engine: out of memory\n"))
     cx = SimpleNamespace(plan=SimpleNamespace(nodes=[SimpleNamespace(name="node1", rank=0),
                                                      SimpleNamespace(name="node2", rank=1)]),
-                         map=lambda fn: answers.pop(0))
+                         head="node1", lay=SimpleNamespace(unit="sparkdeploy-engine.service"),
+                         map=lambda fn: answers.pop(0), conn=lambda n: journal,
+                         reconnect=lambda names, wait=0: {n: OSError("no route") for n in names})
 
-    def unit(state="active", inv="a1", status="0", sub="running"):
-        return {"ActiveState": state, "SubState": sub, "InvocationID": inv, "ExecMainStatus": status}
+    def unit(state="active", inv="a1", status="0", sub="running", boot="b/1"):
+        return {"ActiveState": state, "SubState": sub, "InvocationID": inv, "ExecMainStatus": status, "boot": boot}
 
-    check = rank_watch(cx)
+    check = rank_watch(cx, release=7)
     for seen in ({"node1": unit(), "node2": unit(inv="b1")},
                  {"node1": unit(), "node2": OSError("ssh dropped")}):  # unreachable: judged next time
         answers.append(seen)
         check()
     answers.append({"node1": unit(), "node2": unit("activating", "b1", "137", "auto-restart")})
-    with pytest.raises(HealthError, match=r"node2: rank 1's engine unit is activating \(auto-restart; its process "
-                                          "exited with status 137"):
+    with pytest.raises(RankLost, match=r"node2 \(worker, rank 1\) failed to start or stopped on release 7: its "
+                                       r"engine unit is activating \(auto-restart; its process exited with status "
+                                       r"137\).*engine: out of memory"):
         check()
     check = rank_watch(cx)
     answers += [{"node1": unit(), "node2": unit(inv="b1")}, {"node1": unit(inv="a2"), "node2": unit(inv="b1")}]
     check()
-    with pytest.raises(HealthError, match="node1: rank 0's engine unit was restarted"):
+    with pytest.raises(RankLost, match=r"node1 \(head, rank 0\): its engine unit was restarted"):
+        check()
+    check = rank_watch(cx, boots={"node1": "b/1", "node2": "b/1"})  # read before the switch
+    answers.append({"node1": unit(), "node2": unit(boot="b/2")})  # node2 came back on a new boot
+    with pytest.raises(RankLost, match=r"node2 \(worker, rank 1\) rebooted while the release came up"):
         check()
 
 

@@ -153,46 +153,84 @@ def opens_without_key(cx: Context, num: int) -> bool:
 
 
 # ----------------------------------------------------------------------------------- readiness + gate
-def wait_ready(cx: Context, timeout: float) -> str:
-    """Poll the head until a real temperature-0 completion answers; returns its text. Stops early when a rank
-    dies meanwhile (`rank_watch`): the other rank then waits for it forever, the timeout would only add to the
-    outage before the rollback."""
+class NotReady(HealthError):
+    """The head did not answer a completion within the wait's time."""
+
+
+class RankLost(HealthError):
+    """A rank stopped, restarted or its node rebooted while its peers waited for it."""
+
+
+def wait_ready(cx: Context, timeout: float, watch: Callable[[], None] | None = None) -> str:
+    """Poll the head until a real temperature-0 completion answers; returns its text. Stops early when a rank is
+    lost meanwhile (`watch`, default a new `rank_watch`): the other rank then waits for it forever, the timeout
+    would only add to the outage before the rollback. `up`, `rollback` and `vocab rollout` all wait here."""
     url = cx.plan.api_url
     try:
         return health.wait_answering(url, served(cx.plan), timeout=timeout,
                                      probe_timeout=cx.opts.probe_timeout, log=cx.log,
-                                     api_key=cx.inv.auth.api_key(), every=rank_watch(cx))
+                                     api_key=cx.inv.auth.api_key(), every=watch or rank_watch(cx), every_s=5.0)
     except health.NotAnswering as err:
         states = cx.map(lambda c: c.query(["docker", "inspect", "-f", "{{.State.Status}}",
                                            cx.lay.container], check=False).stdout.strip() or "absent")
-        raise HealthError(f"not ready after {timeout:.0f} s: last saw {err.last} at {url}; containers: "
-                          + ", ".join(f"{n} {s}" for n, s in states.items())) from None
+        raise NotReady(f"not ready after {timeout:.0f} s: last saw {err.last} at {url}; containers: "
+                       + ", ".join(f"{n} {s}" for n, s in states.items())) from None
 
 
-def rank_watch(cx: Context) -> Callable[[], None]:
-    """A check to repeat while waiting: raises HealthError naming the node once a rank's engine unit is no
-    longer active or runs another invocation than the first check saw (its process died and systemd's
-    Restart= started it again, or the node rebooted). A node that does not answer is judged at the next check."""
+def boot_id(conn) -> str:
+    """Which boot this is: the kernel's boot id and PID 1's start in clock ticks since that boot.
+
+    Neither depends on the wall clock. `ps -o lstart` did (btime moves when the clock is stepped), and a VM's
+    clock step once read as a reboot in CI. The tick count tells a restarted container (the sim's reboot)
+    from the one that was there."""
+    return conn.query(["sh", "-c", "echo $(cat /proc/sys/kernel/random/boot_id)/$(sed 's/.*) //' /proc/1/stat "
+                                   "| cut -d' ' -f20)"], check=False, timeout=20).stdout.strip()
+
+
+def rank_watch(cx: Context, boots: dict[str, str] | None = None, release: int | None = None) -> Callable[[], None]:
+    """The one rank watch: a check to repeat while a release comes up, raising RankLost naming the node, its role
+    and rank once its engine unit is not active (failed, or waiting to restart: with the journal's last lines),
+    runs another invocation than the first check saw (its process died and systemd's Restart= started it again),
+    or its node booted again since `boots` (read before the switch) or since the first check. A node that does
+    not answer is judged at the next check, unless it answers again right away on a new boot."""
     first: dict[str, str] = {}
-    ranks = {n.name: n.rank for n in cx.plan.nodes}
+    boots = dict(boots or {})
+    ranks = {n.name: n.rank for n in cx.plan.nodes} if cx.plan else {n: i for i, n in enumerate(cx.names)}
+    fields = ("ActiveState", "SubState", "InvocationID", "ExecMainStatus")
+    on = f" on release {release}" if release is not None else ""
 
-    def look(c) -> probes.UnitState:
-        return probes.unit_state(c.query(probes.unit_show_argv(
-            [cx.lay.unit], ("ActiveState", "SubState", "InvocationID", "ExecMainStatus")), check=False, timeout=20).stdout)
+    def who(n: str) -> str:
+        return f"{n} ({'head' if n == cx.head else 'worker'}, rank {ranks.get(n)})"
+
+    def look(c) -> dict:
+        st = dict(probes.unit_state(c.query(probes.unit_show_argv([cx.lay.unit], fields), check=False,
+                                            timeout=20).stdout))
+        return {**st, "boot": boot_id(c)}
+
+    def rebooted(n: str, boot: str) -> None:
+        boots.setdefault(n, boot)
+        if boot and boot != boots[n]:
+            raise RankLost(f"{who(n)} rebooted while the release came up (boot/PID 1 start {boot}, was {boots[n]})")
 
     def check() -> None:
-        for n, unit in cx.map(look).items():
-            if isinstance(unit, Exception) or "ActiveState" not in unit:
+        for n, st in cx.map(look).items():
+            if isinstance(st, Exception):
+                if not cx.reconnect([n], wait=0):
+                    rebooted(n, boot_id(cx.conn(n)))
                 continue
-            first.setdefault(n, unit.get("InvocationID", ""))
-            if unit["ActiveState"] != "active":
-                raise HealthError(f"{n}: rank {ranks.get(n)}'s engine unit is {unit['ActiveState']} "
-                                  f"({unit.get('SubState')}; its process exited with status "
-                                  f"{unit.get('ExecMainStatus')}) while waiting for readiness; the other rank "
-                                  "cannot finish without it")
-            if unit.get("InvocationID", "") != first[n]:
-                raise HealthError(f"{n}: rank {ranks.get(n)}'s engine unit was restarted while waiting for "
-                                  "readiness; the other rank cannot finish with a new peer")
+            rebooted(n, st.get("boot", ""))
+            if "ActiveState" not in st:
+                continue
+            first.setdefault(n, st.get("InvocationID", ""))
+            if st["ActiveState"] != "active" or st.get("SubState") == "auto-restart":
+                tail = cx.conn(n).query(["journalctl", "-u", cx.lay.unit, "-n", "4", "--no-pager", "-o", "cat"],
+                                        check=False, timeout=20).stdout.strip().replace("\n", " | ")
+                raise RankLost(f"{who(n)} failed to start or stopped{on}: its engine unit is {st['ActiveState']} "
+                               f"({st.get('SubState')}; its process exited with status {st.get('ExecMainStatus')}); "
+                               f"the other ranks cannot finish without it: {tail[-300:]}")
+            if st.get("InvocationID", "") != first[n]:
+                raise RankLost(f"{who(n)}: its engine unit was restarted while the release came up; the other "
+                               "ranks cannot finish with a new peer")
 
     return check
 
@@ -200,7 +238,7 @@ def rank_watch(cx: Context) -> Callable[[], None]:
 def gate(cx: Context, num: int, out: list[Outcome]) -> str:
     """Readiness + a temperature-0 probe (twice: it must be deterministic); record it as HEALTHY."""
     t0 = time.monotonic()
-    text = wait_ready(cx, cx.opts.ready_timeout)
+    text = wait_ready(cx, cx.opts.ready_timeout, rank_watch(cx, release=num))
     again = health.generate(cx.plan.api_url, served(cx.plan), timeout=cx.opts.probe_timeout,
                             api_key=cx.inv.auth.api_key())
     if again != text:
