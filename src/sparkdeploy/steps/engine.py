@@ -12,6 +12,7 @@ them, exactly the commands and links a real restart makes: `up --dry-run` prints
 
 from __future__ import annotations
 
+import shlex
 import time
 from typing import Callable
 
@@ -177,14 +178,14 @@ def wait_ready(cx: Context, timeout: float, watch: Callable[[], None] | None = N
                        + ", ".join(f"{n} {s}" for n, s in states.items())) from None
 
 
-def boot_id(conn) -> str:
-    """Which boot this is: the kernel's boot id and PID 1's start in clock ticks since that boot.
+BOOT_ID = "$(cat /proc/sys/kernel/random/boot_id)/$(sed 's/.*) //' /proc/1/stat | cut -d' ' -f20)"
+"""Which boot this is (shell): the kernel's boot id and PID 1's start in clock ticks since that boot. Neither
+depends on the wall clock: `ps -o lstart` did (btime moves when the clock is stepped), and a VM's clock step once
+read as a reboot in CI. The tick count tells a restarted container (the sim's reboot) from the one that was."""
 
-    Neither depends on the wall clock. `ps -o lstart` did (btime moves when the clock is stepped), and a VM's
-    clock step once read as a reboot in CI. The tick count tells a restarted container (the sim's reboot)
-    from the one that was there."""
-    return conn.query(["sh", "-c", "echo $(cat /proc/sys/kernel/random/boot_id)/$(sed 's/.*) //' /proc/1/stat "
-                                   "| cut -d' ' -f20)"], check=False, timeout=20).stdout.strip()
+
+def boot_id(conn) -> str:
+    return conn.query(["sh", "-c", f"echo {BOOT_ID}"], check=False, timeout=20).stdout.strip()
 
 
 def rank_watch(cx: Context, boots: dict[str, str] | None = None, release: int | None = None) -> Callable[[], None]:
@@ -202,10 +203,10 @@ def rank_watch(cx: Context, boots: dict[str, str] | None = None, release: int | 
     def who(n: str) -> str:
         return f"{n} ({'head' if n == cx.head else 'worker'}, rank {ranks.get(n)})"
 
-    def look(c) -> dict:
-        st = dict(probes.unit_state(c.query(probes.unit_show_argv([cx.lay.unit], fields), check=False,
-                                            timeout=20).stdout))
-        return {**st, "boot": boot_id(c)}
+    look_sh = f"{shlex.join(probes.unit_show_argv([cx.lay.unit], fields))}; echo boot={BOOT_ID}"
+
+    def look(c) -> probes.UnitState:  # one round trip: the unit's state and the boot, one block
+        return probes.unit_state(c.query(["sh", "-c", look_sh], check=False, timeout=20).stdout)
 
     def rebooted(n: str, boot: str) -> None:
         boots.setdefault(n, boot)
