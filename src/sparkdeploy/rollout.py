@@ -107,6 +107,7 @@ class RolloutOptions:
     action: str = "rollout"  # or "rollback" (history label)
     require_golden: bool = True  # a rollback may run on an unhealthy service (no golden then)
     restart: bool = False  # `--restart`: the restart rollout even where a live swap is possible
+    allow_lower_acceptance: bool = False  # `--allow-lower-acceptance`: a live swap's acceptance fall is reported only
     swap_timeout: float = 120.0  # seconds every rank has to report the swapped list
     log: Log = lambda msg: None
     # Test hooks (failure injection): called with the Rollout at "distributed" (files on the nodes, nothing
@@ -436,7 +437,11 @@ class Rollout:
         old = self.exp.probe_expected
         if old is not None and old != self.probe:
             return f"the health probe changed: {old!r} recorded for release {self.prev}, now {self.probe!r}"
-        return rollout_live.acceptance_drop(res.acceptance_before, res.acceptance_after)
+        drop = rollout_live.acceptance_drop(res.acceptance_before, res.acceptance_after)
+        if drop and self.opts.allow_lower_acceptance:
+            res.notes.append(f"kept with --allow-lower-acceptance: {drop}")
+            return None
+        return drop
 
     def _swap_back_after(self, res: RolloutResult, reason: str) -> None:
         """An error during the live swap: put the old list back live on every rank."""

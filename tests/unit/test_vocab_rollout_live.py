@@ -253,3 +253,14 @@ def test_a_live_rollout_whose_acceptance_falls_swaps_the_old_list_back_and_fails
     assert vocab_live.served(conn, r.c.lay)[0].sha256 == OLD_SHA
     assert releases.scan(conn, r.c.lay).current == 2  # still the release that names the old list
     assert conn.exists(f"{releases.rdir(r.c.lay, 3)}/FAILED")
+
+
+def test_a_fall_allowed_by_the_operator_keeps_the_new_list_and_says_so(live_rollout):
+    """`--allow-lower-acceptance`: a list meant for other traffic may draft worse on the golden prompts; the swap
+    is kept and the fall reported, nothing else is waived (outputs and ranks are still checked)."""
+    r, res, fake, conn = live_rollout
+    r.opts.allow_lower_acceptance = True
+    fake.accept_per_pos = (0.0, 0.0)
+    assert r._live(res) and res.golden_identical
+    assert any(n.startswith("kept with --allow-lower-acceptance: mean acceptance length fell") for n in res.notes)
+    assert vocab_live.read_state(conn, r.c.lay).content == NEW_SHA and releases.scan(conn, r.c.lay).current == 3

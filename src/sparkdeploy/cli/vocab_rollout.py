@@ -104,11 +104,14 @@ def _report(res, as_json: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="validate, read the nodes and show the change; change nothing")
 @click.option("--samples", multiple=True, metavar="TEXT", help="text file(s): coverage of the old and new list")
 @click.option("--allow-no-manifest", is_flag=True, help="accept a list without a manifest (tokenizer hash unchecked)")
+@click.option("--allow-lower-acceptance", is_flag=True,
+              help="keep a live-swapped list whose acceptance on the golden prompts fell beyond noise (a list "
+                   "tuned for other traffic); the fall is still reported")
 @_gate_options
 @_common
 @sentinel_option
-def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, spec, ready_timeout, max_tokens, categories, live,
-                inventory, trust_new_hosts, as_json, sentinel, allow_slower):
+def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, allow_lower_acceptance, spec, ready_timeout,
+                max_tokens, categories, live, inventory, trust_new_hosts, as_json, sentinel, allow_slower):
     """Put LIST live on every node: validate, golden outputs, new release, then a live swap in the running
     engine (where its release and the list's size allow) or a restart workers-first, verify; any failure puts
     the previous list back (live, or by a rollback to the previous release)."""
@@ -116,7 +119,8 @@ def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, spec, ready_time
 
     inv = _load(inventory)
     opts = R.RolloutOptions(dry_run=dry_run, ready_timeout=ready_timeout, max_tokens=max_tokens,
-                            categories=list(categories) or None, samples=list(samples), restart=not live, log=_log)
+                            categories=list(categories) or None, samples=list(samples), restart=not live,
+                            allow_lower_acceptance=allow_lower_acceptance, log=_log)
     tok, cand = R.validate_locally(inv, list_path, tokenizer_spec=spec, allow_no_manifest=allow_no_manifest)
     err.print(f"[green]valid[/green] {list_path}: {cand.size} ids for {tok.name} ({tok.content_hash[:19]}), "
               f"version {cand.version}")
