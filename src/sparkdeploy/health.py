@@ -18,7 +18,7 @@ from typing import Callable
 
 import requests
 
-from sparkdeploy import memguard, probes, timing, vocab_live
+from sparkdeploy import memguard, poll, probes, timing, vocab_live
 from sparkdeploy.layout import HEALTHY_MARK, NODE_PLAN_FILE, SENTINEL_RECORD, ServiceLayout
 from sparkdeploy.verdict import Status
 
@@ -248,26 +248,20 @@ def wait_answering(api_url: str, model: str, *, timeout: float, probe_timeout: f
 def _poll_answering(api_url: str, model: str, *, timeout: float, probe_timeout: float,
                     log: Callable[[str], None], every: Callable[[], None] | None, every_s: float, poll_s: float,
                     api_key: str | None) -> str:
-    t0 = time.monotonic()
-    last, next_every, next_note = "nothing yet", 0.0, 0.0
-    while True:
-        el = time.monotonic() - t0
+    def attempt() -> str:
         try:
             r = requests.get(f"{api_url}/health", timeout=5)
             if r.status_code == 200:
                 return generate(api_url, model, timeout=probe_timeout, api_key=api_key)
-            last = f"/health HTTP {r.status_code}"
+            raise poll.NotYet(f"/health HTTP {r.status_code}")
         except (requests.RequestException, ValueError, KeyError) as err:
-            last = type(err).__name__
-        if every is not None and el >= next_every:
-            every()
-            next_every = el + every_s
-        if el > timeout:
-            raise NotAnswering(last)
-        if el >= next_note:
-            log(f"waiting for {api_url} ({el:.0f}/{timeout:.0f} s): {last}")
-            next_note = el + 15
-        time.sleep(poll_s)
+            raise poll.NotYet(type(err).__name__) from None
+
+    try:
+        return poll.until(attempt, timeout=timeout, interval=poll_s, side=every, side_every=every_s,
+                          note=lambda el, last: log(f"waiting for {api_url} ({el:.0f}/{timeout:.0f} s): {last}"))
+    except poll.TimedOut as out:
+        raise NotAnswering(out.last) from None
 
 
 def check_api_key(report: Report, exp: ServiceExpect) -> None:

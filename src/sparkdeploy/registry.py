@@ -23,10 +23,10 @@ import json
 import re
 import socket
 import threading
-import time
 from dataclasses import dataclass
 from typing import Iterator
 
+from sparkdeploy import poll
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.layout import REGISTRY_CONFIG_DIR, REGISTRY_PORT, REGISTRY_STORAGE_DIR, REGISTRY_UNIT
 from sparkdeploy.connection import Conn, narrate
@@ -153,17 +153,18 @@ _PROBE = ("import ssl,sys,urllib.request as u\n"
 
 def wait_answering(head: Conn, data_ip: str, timeout: float = 30) -> None:
     """The registry's API answers over TLS, verified against its CA (from the head itself)."""
-    end = time.monotonic() + timeout
-    while True:
+    def attempt() -> None:
         res = head.query(["python3", "-c", _PROBE, address(data_ip), CA_FILE], check=False, timeout=30,
                          answer="")  # the registry this run (re)started: a dry run started none
-        if res.ok:
-            return
-        if time.monotonic() > end:
-            status = head.query(["systemctl", "status", "--no-pager", "-n", "5", UNIT_NAME], check=False).stdout
-            raise RemoteError(f"registry at https://{address(data_ip)} does not answer: "
-                              f"{(res.stderr or '').strip()[-300:]} | {status.strip()[-500:]}", node=head.name)
-        time.sleep(0.5)
+        if not res.ok:
+            raise poll.NotYet((res.stderr or "").strip()[-300:])
+
+    try:
+        poll.until(attempt, timeout=timeout, interval=0.5)
+    except poll.TimedOut as out:
+        status = head.query(["systemctl", "status", "--no-pager", "-n", "5", UNIT_NAME], check=False).stdout
+        raise RemoteError(f"registry at https://{address(data_ip)} does not answer: {out.last} | "
+                          f"{status.strip()[-500:]}", node=head.name) from None
 
 
 def trust(conn: Conn, addr: str, ca: bytes) -> bool:

@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Sequence, TypeVar
 
 import paramiko
 
+from sparkdeploy import poll
 from sparkdeploy.connection import CHUNK, Conn, Proc, Result, Target
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.sshconfig import local_path, ssh_config
@@ -382,16 +383,23 @@ class Pool:
         if c is not None:
             c.close()
             del self.conns[name]
-        deadline = time.monotonic() + wait
-        while True:
+        failed: list[RemoteError] = []
+
+        def attempt() -> Conn:
             try:
                 c = connect(target, trust_new_hosts=self.trust_new_hosts)
-                self.conns[name] = c
-                return c
             except RemoteError as err:
-                if "host key" in str(err) or time.monotonic() > deadline:
+                if "host key" in str(err):
                     raise
-                time.sleep(2)
+                failed[:] = [err]
+                raise poll.NotYet(str(err)) from None
+            self.conns[name] = c
+            return c
+
+        try:
+            return poll.until(attempt, timeout=wait, interval=2)
+        except poll.TimedOut:
+            raise failed[0] from None
 
     def map(self, fn: Callable[[Conn], T], names: Iterable[str] | None = None) -> dict[str, T | Exception]:
         names = list(names) if names is not None else [t.name for t in self.targets if t.name in self.conns]

@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
+from sparkdeploy import poll as polling
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.layout import ServiceLayout
 from sparkdeploy.connection import Conn
@@ -350,17 +351,19 @@ def live_swap(conns: Sequence[Conn], lay: ServiceLayout, sha: str, *, timeout: f
     for conn in conns:
         point(conn, lay, sha)
     answers: dict[str, dict[int, Served]] = {c.name: {} for c in conns}
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def look() -> None:
         for conn in conns:
             for r in reports(logs(conn, lay))[before[conn.name]:]:
                 answers[conn.name].setdefault(r.rank, r)
-        result = LiveSwapResult(sha, answers, ranks)
-        waiting = any(len(answers[n]) < len(ranks[n]) for n in ranks)
-        if not waiting or time.monotonic() >= deadline:
-            break
-        nudge()
-        time.sleep(poll)
+        if any(len(answers[n]) < len(ranks[n]) for n in ranks):
+            raise polling.NotYet("a rank has not reported")
+
+    try:
+        polling.until(look, timeout=timeout, interval=poll, side=nudge, side_every=0)
+    except polling.TimedOut:
+        pass  # the ranks that did not report are the result's problems
+    result = LiveSwapResult(sha, answers, ranks)
     for conn in conns:
         back = None if result.ok else previous[conn.name]
         if back:

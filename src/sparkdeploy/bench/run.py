@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import requests
 
+from sparkdeploy import poll as polling
 from sparkdeploy.bench import metrics
 from sparkdeploy.bench.client import RequestResult, Service
 from sparkdeploy.errors import BenchError
@@ -39,16 +40,18 @@ class RunOutcome:
 def wait_idle(service: Service, *, timeout: float = 120.0, poll: float = 0.2,
               session: requests.Session | None = None) -> metrics.Snapshot:
     """Return a snapshot taken while nothing runs or waits; raise if the engine stays busy."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def attempt() -> metrics.Snapshot:
         snap = metrics.scrape(service.url, session=session)
         running, waiting = snap.value(metrics.RUNNING), snap.value(metrics.WAITING)
-        if running == 0 and waiting == 0:
-            return snap
-        if time.monotonic() > deadline:
-            raise BenchError(f"{service.url}: engine still busy after {timeout:.0f} s "
-                             f"(running {running:g}, waiting {waiting:g}); not starting a run")
-        time.sleep(poll)
+        if running or waiting:
+            raise polling.NotYet(f"running {running:g}, waiting {waiting:g}")
+        return snap
+
+    try:
+        return polling.until(attempt, timeout=timeout, interval=poll)
+    except polling.TimedOut as out:
+        raise BenchError(f"{service.url}: engine still busy after {timeout:.0f} s ({out.last}); not starting a "
+                         "run") from None
 
 
 class _Watcher(threading.Thread):

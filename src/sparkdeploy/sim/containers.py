@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+from sparkdeploy import poll
 from sparkdeploy.errors import SimError
 from sparkdeploy.sim import host_docker
 from sparkdeploy.sim._proc import Reporter
@@ -227,32 +228,24 @@ def wait_ready(node, reporter: Reporter, *, require_running: bool, after_ticks: 
                timeout: float = READY_TIMEOUT) -> dict:
     """Wait until PID 1 is a (new) systemd, the system is up, ssh and docker are active. Returns what it saw."""
     deadline = time.monotonic() + timeout
-    last = "container not running"
-    while time.monotonic() < deadline:
+
+    def attempt() -> dict:
         info = inspect(node.container)
         if info is None:
             raise SimError(f"{node.name}: container {node.container} is gone; run `sparkdeploy sim up`")
         if not info["State"]["Running"]:
-            last = f"container state {info['State']['Status']}"
-            time.sleep(0.3)
-            continue
+            raise poll.NotYet(f"container state {info['State']['Status']}")
         stat = exec_in(node, "cat /proc/1/stat", timeout=10)
         if stat.rc != 0:
-            last = "cannot read /proc/1/stat"
-            time.sleep(0.3)
-            continue
+            raise poll.NotYet("cannot read /proc/1/stat")
         ticks = pid1_start_ticks(stat.out)
         if after_ticks is not None and ticks <= after_ticks:
-            last = "PID 1 has not restarted yet"
-            time.sleep(0.3)
-            continue
+            raise poll.NotYet("PID 1 has not restarted yet")
         left = max(5, int(deadline - time.monotonic()))
         sysstate = exec_in(node, f"timeout {left} systemctl is-system-running --wait", timeout=left + 5)
         state = sysstate.out.strip()
         if state in ("initializing", "starting", "") or "Failed to connect" in sysstate.err:
-            last = f"systemd {state or 'not answering'}"
-            time.sleep(0.3)
-            continue
+            raise poll.NotYet(f"systemd {state or 'not answering'}")
         if state != "running":
             failed = exec_in(node, "systemctl --failed --no-legend --plain | cut -d' ' -f1").out.split()
             if require_running or state not in ("degraded",):
@@ -262,10 +255,12 @@ def wait_ready(node, reporter: Reporter, *, require_running: bool, after_ticks: 
             reporter.note(f"{node.name}: systemd is degraded (failed: {', '.join(failed)})")
         units = exec_in(node, "systemctl is-active ssh docker").out.split()
         if units != ["active", "active"]:
-            last = f"ssh/docker units: {' '.join(units)}"
-            time.sleep(0.3)
-            continue
+            raise poll.NotYet(f"ssh/docker units: {' '.join(units)}")
         return {"pid1_ticks": ticks, "system": state}
-    raise SimError(f"{node.name}: not ready after {timeout:.0f} s ({last}); see `docker logs {node.container}` "
-                   f"or recreate it with `sparkdeploy sim down && sparkdeploy sim up`")
+
+    try:
+        return poll.until(attempt, timeout=timeout, interval=0.3)
+    except poll.TimedOut as out:
+        raise SimError(f"{node.name}: not ready after {timeout:.0f} s ({out.last}); see `docker logs "
+                       f"{node.container}` or recreate it with `sparkdeploy sim down && sparkdeploy sim up`") from None
 

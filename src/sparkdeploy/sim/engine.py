@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from typing import Sequence
 
+from sparkdeploy import poll
 from sparkdeploy.errors import SimError
 
 CONTAINER = "sparkdeploy-sim-vllm"
@@ -75,13 +76,19 @@ def logs(cluster, *, name: str = CONTAINER, tail: int = 40) -> str:
 def wait_healthy(base: str, timeout: float = 420) -> float:
     """Poll `GET /health` until 200; return the seconds it took. Raises SimError on timeout."""
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
+
+    def attempt() -> None:
         try:
             with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
                 if resp.status == 200:
-                    return time.monotonic() - t0
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1)
-    raise SimError(f"{base}/health not 200 after {timeout:.0f} s; see the engine logs (`sparkdeploy sim ssh node1 -- "
-                   f"docker logs {CONTAINER}`)")
+                    return
+                raise poll.NotYet(f"HTTP {resp.status}")
+        except (urllib.error.URLError, OSError) as err:
+            raise poll.NotYet(type(err).__name__) from None
+
+    try:
+        poll.until(attempt, timeout=timeout, interval=1)
+    except poll.TimedOut:
+        raise SimError(f"{base}/health not 200 after {timeout:.0f} s; see the engine logs (`sparkdeploy sim ssh "
+                       f"node1 -- docker logs {CONTAINER}`)") from None
+    return time.monotonic() - t0

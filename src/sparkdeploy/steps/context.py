@@ -11,7 +11,7 @@ from typing import Callable
 
 from sparkdeploy import facts as F
 from sparkdeploy import probes
-from sparkdeploy import gather, paths, releases, render
+from sparkdeploy import gather, paths, poll, releases, render
 from sparkdeploy import plan as P
 from sparkdeploy.errors import InventoryError, RemoteError
 from sparkdeploy.connection import Conn
@@ -123,21 +123,28 @@ class Context:
 
     def reconnect(self, names: list[str] | None = None, wait: float = 0.0) -> dict[str, Exception]:
         """Drop and re-open connections (after a node rebooted); retry for up to `wait` seconds."""
-        names = names or self.names
-        deadline = time.monotonic() + wait
-        while True:
-            for n in names:
+        left = list(names or self.names)
+        errs: dict[str, Exception] = {}
+
+        def attempt() -> None:
+            nonlocal left, errs
+            for n in left:
                 c = self.pool.conns.pop(n, None)
                 if c is not None:
                     try:
                         c.close()
                     except Exception:  # noqa: BLE001
                         pass
-            errs = self.pool.open(names)
-            if not errs or time.monotonic() > deadline:
-                return errs
-            names = list(errs)
-            time.sleep(3)
+            errs = self.pool.open(left)
+            if errs:
+                left = list(errs)
+                raise poll.NotYet(", ".join(errs))
+
+        try:
+            poll.until(attempt, timeout=wait, interval=3)
+        except poll.TimedOut:
+            pass
+        return errs
 
     def scan(self, names: list[str] | None = None) -> dict[str, releases.NodeReleases]:
         names = names or self.names

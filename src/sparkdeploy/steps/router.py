@@ -15,13 +15,12 @@ import io
 import subprocess
 import sys
 import tarfile
-import time
 import zipfile
 from pathlib import Path
 
 import requests
 
-from sparkdeploy import credentials, health, layout, paths
+from sparkdeploy import credentials, health, layout, paths, poll
 from sparkdeploy.connection import Conn
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.inventory import Inventory
@@ -134,18 +133,20 @@ def step_router(views: tuple[Inventory, ...], *, dry_run: bool, trust_new_hosts:
 
 def wait_listing(rp: RouterPlan, api_key: str | None, timeout: float = READY_TIMEOUT_S) -> list[str]:
     """Until the router lists every model it routes (it registers them once it listens)."""
-    deadline, last = time.monotonic() + timeout, "nothing yet"
-    while time.monotonic() < deadline:
+    def attempt() -> list[str]:
         try:
             listed = listed_models(rp, api_key)
-            if set(rp.models) <= set(listed):
-                return listed
-            last = f"lists {listed}"
         except (requests.RequestException, ValueError) as err:
-            last = f"{type(err).__name__}: {err}"
-        time.sleep(0.5)
-    raise RouterError(f"the router at {rp.url} did not list {', '.join(rp.models)} within {timeout:.0f} s ({last}); "
-                      f"see `journalctl -u {layout.ROUTER_UNIT}` on {rp.node.name}")
+            raise poll.NotYet(f"{type(err).__name__}: {err}") from None
+        if not set(rp.models) <= set(listed):
+            raise poll.NotYet(f"lists {listed}")
+        return listed
+
+    try:
+        return poll.until(attempt, timeout=timeout, interval=0.5)
+    except poll.TimedOut as out:
+        raise RouterError(f"the router at {rp.url} did not list {', '.join(rp.models)} within {timeout:.0f} s "
+                          f"({out.last}); see `journalctl -u {layout.ROUTER_UNIT}` on {rp.node.name}") from None
 
 
 def listed_models(rp: RouterPlan, api_key: str | None) -> list[str]:
