@@ -73,7 +73,7 @@ class Proc:
 
 
 # ------------------------------------------------------------------------------------------- effects
-# A context variable, not a thread-local: `remote.parallel` runs each node's function in a copy of the caller's
+# A context variable, not a thread-local: `fanout.parallel` runs each node's function in a copy of the caller's
 # context, so what a step does on its nodes at once is recorded in the step's one list.
 _effects: contextvars.ContextVar[tuple[list[str], bool] | None] = contextvars.ContextVar("effects", default=None)
 # Paths a dry run has written (node, path): a later step of the same dry run finds them, as the real run would.
@@ -84,7 +84,7 @@ _dry_written: contextvars.ContextVar[set[tuple[str, str]] | None] = contextvars.
 @contextmanager
 def recording(*, dry: bool) -> Iterator[list[str]]:
     """Collect, as one line each, the commands and file writes made through any `Conn` in this context (and the
-    nodes' threads `remote.parallel` starts from it): the exact effects of a step's action (pyinfra's
+    nodes' threads `fanout.parallel` starts from it): the exact effects of a step's action (pyinfra's
     "operations yield commands", taken from the calls themselves, so what a dry run prints cannot drift from
     what a real run does). With `dry`, nothing reaches a node: a command answers success with the output its
     caller named (`Conn.run(answer=)`, a placeholder such as `<image id of TAG built on node1>`; else none), a

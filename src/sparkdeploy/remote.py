@@ -15,8 +15,6 @@ What a connection is (`Conn`, `Target`, the effects recorder) is in `connection`
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import contextvars
 import getpass
 import ipaddress
 import os
@@ -32,6 +30,7 @@ from typing import Callable, Iterable, Sequence, TypeVar
 import paramiko
 
 from sparkdeploy import poll
+from sparkdeploy.fanout import parallel
 from sparkdeploy.connection import CHUNK, Conn, Proc, Result, Target
 from sparkdeploy.errors import RemoteError
 from sparkdeploy.sshconfig import local_path, ssh_config
@@ -332,23 +331,6 @@ def host_key_line(conn: Conn, host: str, port: int = 22) -> str:
         kt, kb = conn.query(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout.split()[:2]
     name = host if port == 22 else f"[{host}]:{port}"
     return f"{name} {kt} {kb}"
-
-
-def parallel(items: Iterable[T], fn: Callable[[T], object], *, max_workers: int = 8) -> dict[int, object]:
-    """Run `fn` over items at once; returns {index: result or the exception raised}. Never raises itself."""
-    items = list(items)
-    out: dict[int, object] = {}
-    if not items:
-        return out
-    with cf.ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
-        # each in a copy of the caller's context: an effects recording (connection.recording) sees every node
-        futs = {pool.submit(contextvars.copy_context().run, fn, it): i for i, it in enumerate(items)}
-        for fut in cf.as_completed(futs):
-            try:
-                out[futs[fut]] = fut.result()
-            except Exception as err:  # noqa: BLE001 - reported per node by the caller
-                out[futs[fut]] = err
-    return out
 
 
 @dataclass

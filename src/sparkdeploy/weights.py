@@ -31,7 +31,8 @@ from typing import Callable, Iterator, Mapping, Sequence
 from sparkdeploy import memguard, probes
 from sparkdeploy.connection import effect, recording
 from sparkdeploy.errors import PlanError, RemoteError, SparkdeployError
-from sparkdeploy.remote import host_key_line, parallel
+from sparkdeploy.fanout import parallel
+from sparkdeploy.remote import host_key_line
 from sparkdeploy.verdict import Result, Status
 
 HELPER_SOURCE = (Path(__file__).with_name("weights_node.py")).read_text()

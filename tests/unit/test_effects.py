@@ -1,10 +1,11 @@
 """The effects recorder (connection.recording): what a dry run lists is what a real run makes, including what a
-step does on its nodes at once (remote.parallel), and reads are never listed and always carried out."""
+step does on its nodes at once (fanout.parallel), and reads are never listed and always carried out."""
 
 from __future__ import annotations
 
 from sparkdeploy.connection import Target, dry_session, recording
-from sparkdeploy.remote import LocalConn, parallel
+from sparkdeploy.fanout import parallel
+from sparkdeploy.remote import LocalConn
 
 
 def _conns(n: int = 3) -> list[LocalConn]:

@@ -17,8 +17,8 @@ PACKAGE = Path(sparkdeploy.__file__).parent
 # lowest first; an entry names a module or a package (every module under it)
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base: pure helpers, types, on-node names, parsers", (
-        "sparkdeploy", "errors", "extras", "paths", "poll", "timing", "yamlfile", "layout", "verdict", "sshconfig",
-        "faults", "checkpoint",
+        "sparkdeploy", "errors", "extras", "fanout", "paths", "poll", "timing", "yamlfile", "layout", "verdict",
+        "sshconfig", "faults", "checkpoint",
         "credentials", "facts", "probes", "memory", "memguard", "engine_args", "served_tokenizer", "vocab",
         "bench.stats", "bench.metrics", "bench.prompts", "bench.compare", "bench.results", "bench.report",
         "model_fetch_node", "weights_node", "steps.node_files")),

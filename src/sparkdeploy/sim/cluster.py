@@ -16,7 +16,6 @@ names them with `~` paths, as a real inventory does.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import ipaddress
 import json
 import os
@@ -28,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from sparkdeploy import paths, timing
+from sparkdeploy import fanout, paths, timing
 from sparkdeploy.errors import SimError
 from sparkdeploy.sim import containers, host_docker, images, ring
 from sparkdeploy.sim.inventory_file import api_key_path
@@ -225,7 +224,7 @@ class SimCluster:
                        for node in nodes_]
             info["detail"] = ", ".join(f"{n.name} {n.ip} ({how})" for n, how in zip(nodes_, started))
         with self.reporter.phase("wait for systemd, ssh, docker"):
-            self._parallel(lambda node: containers.wait_ready(node, self.reporter, require_running=True), nodes_)
+            fanout.each(nodes_, lambda node: containers.wait_ready(node, self.reporter, require_running=True))
         if ring_links:
             with self.reporter.phase("ring links: attach, read netdevs") as info:
                 for node in nodes_:
@@ -235,7 +234,7 @@ class SimCluster:
         with self.reporter.phase("known_hosts from host keys"):
             self._write_known_hosts(nodes_)
         with self.reporter.phase("check ssh by key (host keys verified)"):
-            self._parallel(self._check_ssh, nodes_)
+            fanout.each(nodes_, self._check_ssh)
         inv_path = Path(inventory).resolve() if inventory else self.default_inventory()
         state = SimState(name=self.name, subnet=str(net), network=self.network, image=image, nodes=nodes_,
                          key=str(self.key_path), known_hosts=str(self.known_hosts_path), inventory=str(inv_path),
@@ -320,11 +319,6 @@ class SimCluster:
         raise SimError(f"{node.name}: ssh {self.user}@{node.ip} by key failed: {err[-300:]}; check `docker logs "
                        f"{node.container}`, or `sparkdeploy sim down && sparkdeploy sim up`")
 
-    def _parallel(self, fn, nodes: list[SimNode]) -> list:
-        with cf.ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-            futures = [pool.submit(fn, n) for n in nodes]
-            return [f.result() for f in futures]
-
     # --------------------------------------------------------------------------------------------- use
     def ssh(self, node_name: str, command: Sequence[str] | str | None = None, *, interactive: bool = False) -> int:
         """Run a command (or a login shell) on a node with the terminal attached; return its exit code."""
@@ -362,7 +356,7 @@ class SimCluster:
             return round(time.monotonic() - t0, 2)
 
         with self.reporter.phase("reboot", ", ".join(n.name for n in targets)) as info:
-            secs = dict(zip([n.name for n in targets], self._parallel(one, targets)))
+            secs = dict(zip([n.name for n in targets], fanout.each(targets, one)))
             info["detail"] = ", ".join(f"{k} {v:.1f} s" for k, v in secs.items())
         return secs
 
@@ -397,7 +391,7 @@ class SimCluster:
                                    for line in parts[3].splitlines() if line.strip()]
             return entry
 
-        out["nodes"] = self._parallel(one, state.nodes)
+        out["nodes"] = fanout.each(state.nodes, one)
         return out
 
     def down(self, *, keep_volumes: bool = False) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 
 from sparkdeploy.connection import recording
 from sparkdeploy.errors import SparkdeployError
-from sparkdeploy.remote import parallel
+from sparkdeploy.fanout import parallel
 from sparkdeploy.verdict import Status
 
 # the per-node outcome of a step, in the kit's one result vocabulary

@@ -29,9 +29,9 @@ One small module per procedure, this one puts the verbs on the cluster context:
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 
+from sparkdeploy import fanout
 from sparkdeploy import health as H
 from sparkdeploy.steps import down as _down
 from sparkdeploy.steps import healthcheck, release
@@ -91,6 +91,4 @@ def dry_run_services(inventory_path: str, opts: Options, services: list[str | No
         with load_cluster(inventory_path, dry, service) as cluster:
             return cluster.up()
 
-    with cf.ThreadPoolExecutor(max_workers=max(1, len(services))) as pool:
-        futures = {name: pool.submit(one, name) for name in services}
-    return {name: f.result() for name, f in futures.items()}
+    return dict(zip(services, fanout.each(services, one)))

@@ -1,4 +1,5 @@
-"""poll.until, the one poll-until loop, on a fake clock (sleeping advances it): the counts below are exact."""
+"""poll.until, the one poll-until loop, on a fake clock (sleeping advances it): the counts below are exact; and
+fanout, the one fan-out."""
 
 from __future__ import annotations
 
@@ -87,3 +88,27 @@ def test_an_attempt_that_raises_something_else_ends_the_wait(clock):
     with pytest.raises(PermissionError):
         poll.until(attempt, timeout=100, interval=2)
     assert clock[0] == 0.0
+
+
+# ------------------------------------------------------------------------------ fanout, the one fan-out
+def test_each_keeps_the_items_order_and_raises_the_first_failure_after_all_ran():
+    import threading
+
+    from sparkdeploy import fanout
+
+    ran, lock = [], threading.Lock()
+
+    def fn(i):
+        with lock:
+            ran.append(i)
+        if i in (2, 4):
+            raise RuntimeError(f"node{i} failed")
+        return i * 10
+
+    assert fanout.each([3, 1, 0], fn) == [30, 10, 0]
+    with pytest.raises(RuntimeError, match="node2 failed"):
+        fanout.each([0, 2, 4, 1], fn)
+    assert sorted(ran[3:]) == [0, 1, 2, 4]  # every call ran, though two failed
+    assert fanout.parallel([], fn) == {}
+    res = fanout.parallel([4, 5], fn)
+    assert isinstance(res[0], RuntimeError) and res[1] == 50
