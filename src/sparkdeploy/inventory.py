@@ -27,12 +27,13 @@ Inventory shape (see the top-level `inventory.yaml` and `tests/unit/fixtures/inv
     ports:      {api: 8000, master: 29501, metrics: 9466}   # metrics: the head's exporter, 0 = none
     memory:     {reserve_gib: 28, gpu_memory_utilization: null}   # see memory.py
     watchdog:   {wedge_util_pct: 90, wedge_power_w: 30, wedge_for_s: 120}   # busy at low power = wedged
+    sentinel:   {categories: [code, prose_en], tokens: 32, runs: 3, warmup: 1}  # the speed check after a gate
     speculative_tokens: 2               # optional override of the profile's MTP depth (0 = off)
     served_name: chat                   # optional: the model name requests ask for (default: the profile's)
 
 Several services (`examples/inventory.4node.yaml`): the nodes once, without `role`, then `services:`, each entry
 with `name`, `nodes` (names, its head first) and the per-service keys above (profile, image, patches, vocab, ports,
-memory, watchdog, speculative_tokens, served_name; `image` merges over the top-level one). Each service loads as its own
+memory, watchdog, sentinel, speculative_tokens, served_name; `image` merges over the top-level one). Each service loads as its own
 `Inventory`; services may share a node (own names there, an equal part of its memory, their own ports).
 `router: {node: spark1, port: 8080}` puts vLLM's router on that node:
 one OpenAI endpoint that sends each request to the service serving its `model` (steps/router.py).
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sparkdeploy import credentials, engine_args, layout, paths, sshconfig, topology, yamlfile
+from sparkdeploy.bench.prompts import SENTINEL_CATEGORIES
 from sparkdeploy.credentials import Auth
 from sparkdeploy.errors import InventoryError, RemoteError
 from sparkdeploy.fields import Fields, path_text, short
@@ -155,6 +157,18 @@ class WatchdogConfig:
 
 
 @dataclass(frozen=True)
+class SentinelConfig:
+    """What the speed sentinel measures after a release's gate (bench/sentinel.py `check_release`): `runs` kept
+    repeats, after `warmup`, of `tokens` tokens for each prompt category. The defaults take a few seconds a category
+    on a GB10; fewer categories make it shorter, and the noise it judges against comes from the runs (at least 2).
+    Two records compare only where they share categories and settings."""
+    categories: tuple[str, ...] = SENTINEL_CATEGORIES
+    tokens: int = 32
+    runs: int = 3
+    warmup: int = 1
+
+
+@dataclass(frozen=True)
 class RouterConfig:
     """`router:` (with `services:`): vLLM's router on `node`, one OpenAI endpoint for every service's model."""
     node: Node
@@ -174,6 +188,7 @@ class Inventory:
     memory: MemoryConfig
     auth: Auth = Auth()
     watchdog: WatchdogConfig = WatchdogConfig()
+    sentinel: SentinelConfig = SentinelConfig()
     service: str | None = None  # its name in `services:`; None: the inventory is one service (no `services:`)
     router: RouterConfig | None = None  # the same on every service's view
     backend: str = "mp"  # how the ranks of a multi-node service meet: vLLM's own (mp) or a Ray cluster (ray)
@@ -315,10 +330,10 @@ def _check_own_links(f: Fields, node: str, links: tuple[Link, ...]) -> None:
 
 # ------------------------------------------------------------------------------------------------ load
 _TOP_KEYS = ("cluster", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
-             "auth", "services", "served_name", "router", "backend", "watchdog")
+             "auth", "services", "served_name", "router", "backend", "watchdog", "sentinel")
 # One service: at the top level of an inventory without `services:`, else in each entry of `services:`
 _SERVICE_KEYS = ("name", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
-                 "served_name", "backend", "watchdog")
+                 "served_name", "backend", "watchdog", "sentinel")
 BACKENDS = ("mp", "ray")
 
 
@@ -560,6 +575,7 @@ def _service(f: Fields, cluster: str, nodes: tuple[Node, ...], inventory_file: P
         wedge_for_s=wd.number("wedge_for_s", 10.0, 86400.0, 120.0, what="seconds (10..86400) busy at low power"),
     )
 
+    sentinel = _sentinel(f)
     if len(nodes) > 1 and profile.world_size != len(nodes):  # one node listed: the single-box layout
         raise InventoryError(
             f"profile {profile.name!r} needs tp x pp x dp = {profile.tp} x {profile.pp} x {profile.dp} = "
@@ -580,8 +596,25 @@ def _service(f: Fields, cluster: str, nodes: tuple[Node, ...], inventory_file: P
 
     vocab = _vocab(f, inventory_file, required=patches.shortlist, vocab_size=known_vocab_size(profile.model_id))
     return Inventory(file=file, cluster=cluster, nodes=nodes, profile=profile, image=image, patches=patches,
-                     vocab=vocab, ports=ports, memory=memory, auth=auth, watchdog=watchdog, service=service,
-                     backend=backend)
+                     vocab=vocab, ports=ports, memory=memory, auth=auth, watchdog=watchdog, sentinel=sentinel,
+                     service=service, backend=backend)
+
+
+def _sentinel(f: Fields) -> SentinelConfig:
+    se = f.sub("sentinel", ("categories", "tokens", "runs", "warmup"), required=False)
+    cats = se.items("categories", len(SENTINEL_CATEGORIES), SENTINEL_CATEGORIES,
+                    what=f"a non-empty list of prompt categories from {', '.join(SENTINEL_CATEGORIES)}")
+    for i, cat in enumerate(cats):
+        if cat not in SENTINEL_CATEGORIES:
+            se.fail(f"categories[{i}]", f"{cat!r} is not a category the sentinel measures (one of: "
+                                        f"{', '.join(SENTINEL_CATEGORIES)})")
+    if not cats or len(set(cats)) != len(cats):
+        se.fail("categories", "a non-empty list, each category once")
+    return SentinelConfig(
+        categories=tuple(cats),
+        tokens=se.integer("tokens", 2, 4096, 32, what="tokens per request, 2..4096"),
+        runs=se.integer("runs", 2, 20, 3, what="kept runs per category, 2..20 (the noise is measured from them)"),
+        warmup=se.integer("warmup", 0, 10, 1, what="warm-up runs per category, 0..10"))
 
 
 def _series(image: ImageConfig, file: str) -> str:

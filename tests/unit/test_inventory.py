@@ -240,3 +240,24 @@ def test_watchdog_thresholds_default_from_the_field_report_and_reach_the_watchdo
     assert {k: knobs[k] for k in ("wedge_util_pct", "wedge_power_w", "wedge_for_s")} == {
         "wedge_util_pct": 90.0, "wedge_power_w": 25.0, "wedge_for_s": 300.0}
     assert set(knobs) <= set(watchdog.DEFAULTS)
+
+
+def test_sentinel_settings_default_to_every_category_and_a_bad_one_names_its_field(tmp_path):
+    """`sentinel:` sets what the speed check after a gate measures; a category it does not know, or runs too few to
+    measure noise from, exit 2 naming the field."""
+    from sparkdeploy.bench.prompts import SENTINEL_CATEGORIES
+
+    assert inventory.load(_write(tmp_path, yaml.safe_dump(_sim()))).sentinel == inventory.SentinelConfig(
+        SENTINEL_CATEGORIES, 32, 3, 1)
+    data = dict(_sim(), sentinel={"categories": ["prose_en"], "tokens": 16, "runs": 2, "warmup": 0})
+    assert inventory.load(_write(tmp_path, yaml.safe_dump(data))).sentinel == inventory.SentinelConfig(
+        ("prose_en",), 16, 2, 0)
+    for bad, field, words in (({"categories": ["prose_fr"]}, "sentinel.categories[0]", "'prose_fr' is not a category"),
+                              ({"categories": []}, "sentinel.categories", "non-empty"),
+                              ({"categories": ["code", "code"]}, "sentinel.categories", "each category once"),
+                              ({"runs": 1}, "sentinel.runs", "noise"),
+                              ({"tokens": "many"}, "sentinel.tokens", "tokens per request"),
+                              ({"repeats": 3}, "sentinel.repeats", "")):
+        with pytest.raises(InventoryError) as err:
+            inventory.load(_write(tmp_path, yaml.safe_dump(dict(_sim(), sentinel=bad))))
+        assert field in str(err.value) and words in str(err.value), (bad, str(err.value))

@@ -10,6 +10,8 @@ import yaml
 from sparkdeploy.errors import InputError
 
 DEFAULT = Path(__file__).with_name("prompts.yaml")
+# the categories of DEFAULT the speed sentinel measures unless the inventory's `sentinel.categories` says otherwise
+SENTINEL_CATEGORIES = ("code", "prose_en", "prose_zh_hant", "prose_zh_hans", "reasoning")
 
 
 @dataclass(frozen=True)

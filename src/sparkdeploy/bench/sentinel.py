@@ -33,7 +33,6 @@ from sparkdeploy import vocab_live
 from sparkdeploy.errors import InputError
 
 SCHEMA = "sparkdeploy.sentinel/1"
-CATEGORIES = ("code", "prose_en", "prose_zh_hant", "prose_zh_hans", "reasoning")
 # what a release record may say about itself; a difference in one of these is a candidate cause
 RELEASE_KEYS = ("list_sha", "image", "flags")
 # settings that must agree for two records to measure the same thing
@@ -68,7 +67,7 @@ def from_probe(result: dict, release: dict | None = None) -> dict:
     }
 
 
-def measure(service: Service, *, categories: tuple[str, ...] | list[str] = CATEGORIES,
+def measure(service: Service, *, categories: tuple[str, ...] | list[str] = prompts.SENTINEL_CATEGORIES,
             prompt_file: str | Path | None = None, tokens: int = 64, runs: int = 3, warmup: int = 1,
             release: dict | None = None, progress: Progress | None = None) -> dict:
     """A record of the live server: the probe per category (one stream, temperature 0), then reduced.
@@ -256,10 +255,9 @@ def _flag_diff(change: dict) -> str:
 
 
 # ------------------------------------------------------------------------------- a release on a cluster
-def check_release(cx, number: int, *, against: int | None = None, tokens: int = 32, runs: int = 3,
-                  warmup: int = 1, progress: Progress | None = None) -> dict:
+def check_release(cx, number: int, *, against: int | None = None, progress: Progress | None = None) -> dict:
     """After release `number` passed its gate on the cluster context `cx` (steps.context.Context) through `up`,
-    `rollback` or `vocab rollout`: measure it, compare with the record of release `against` (default: the newest
+    `rollback` or `vocab rollout`: measure it as the inventory's `sentinel:` says, compare with the record of release `against` (default: the newest
     older release that passed its gate and has one; a rollback passes the release itself, whose earlier record
     says how fast it was), and keep the record, with that verdict, in the release's directory on the head
     (`layout.SENTINEL_RECORD`): `health` shows it, `bench sentinel --inventory` repeats it. Returns the verdict."""
@@ -270,8 +268,10 @@ def check_release(cx, number: int, *, against: int | None = None, tokens: int = 
     nrs = cx.scan()
     raw = head.get(f"{releases.rdir(cx.lay, number)}/{layout.NODE_PLAN_FILE}")
     facts = release_facts(number, json.loads(raw) if raw else {}, nrs[cx.head].complete.get(number, {}))
+    how = cx.inv.sentinel
     rec = measure(client.discover(cx.plan.api_url, model=served(cx.plan), api_key=cx.inv.auth.api_key()),
-                  tokens=tokens, runs=runs, warmup=warmup, progress=progress, release=facts)
+                  categories=how.categories, tokens=how.tokens, runs=how.runs, warmup=how.warmup, progress=progress,
+                  release=facts)
     before = against if against is not None else releases.last_healthy(nrs, before=number)
     base = releases.read_sentinel(head, cx.lay, before) if before is not None else None
     rec["verdict"] = summary(compare(base, rec) if base else None, before if base else None)

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from sparkdeploy import credentials, layout
 from sparkdeploy.bench import client, context, prompts, results, sentinel
-from sparkdeploy.bench.sentinel import CATEGORIES
+from sparkdeploy.bench.prompts import SENTINEL_CATEGORIES
 from sparkdeploy.cli.options import chosen_service, inventory_option
 from sparkdeploy.errors import BenchError, InputError
 
@@ -219,7 +219,7 @@ def _print_comparison(cmp: dict, a: str, b: str) -> None:
 @_service_options
 @click.option("--prompts", "prompt_file", type=click.Path(dir_okay=False), help="Prompt set YAML.")
 @click.option("--category", "categories", multiple=True,
-              help=f"Category (or prefix); repeatable. Default: {', '.join(CATEGORIES)}.")
+              help=f"Category (or prefix); repeatable. Default: {', '.join(SENTINEL_CATEGORIES)}.")
 @click.option("--tokens", default=64, show_default=True, type=click.IntRange(2), help="Output tokens per request.")
 @click.option("--runs", default=3, show_default=True, type=click.IntRange(2),
               help="Kept runs per category (at least 2: the noise is measured from them).")
@@ -235,9 +235,9 @@ def record_cmd(url, api_key_file, inventory, model, prompt_file, categories, tok
     acceptance per position and decode tok/s."""
     svc, _ = _service(url, inventory, model, api_key_file)
     facts = {"number": release_number, "list_sha": list_sha, "image": image, "flags": list(flags) or None}
-    rec = sentinel.measure(svc, categories=list(categories) or CATEGORIES, prompt_file=prompt_file, tokens=tokens,
-                           runs=runs, warmup=warmup, release={k: v for k, v in facts.items() if v is not None},
-                           progress=_progress)
+    rec = sentinel.measure(svc, categories=list(categories) or SENTINEL_CATEGORIES, prompt_file=prompt_file,
+                           tokens=tokens, runs=runs, warmup=warmup,
+                           release={k: v for k, v in facts.items() if v is not None}, progress=_progress)
     _err.print(f"record written to {sentinel.save(rec, out)}")
 
 

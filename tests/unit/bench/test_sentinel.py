@@ -8,7 +8,7 @@ import random
 import pytest
 
 from sparkdeploy import layout
-from sparkdeploy.bench import client, sentinel
+from sparkdeploy.bench import client, prompts, sentinel
 from sparkdeploy.cli import main
 from sparkdeploy.errors import InputError
 
@@ -180,7 +180,7 @@ def test_measure_records_every_category_with_its_repeats_from_the_counters(tmp_p
         svc = client.discover(fake.url)
         a = sentinel.measure(svc, tokens=20, runs=3, warmup=1, release={"number": 3})
         b = sentinel.measure(svc, tokens=20, runs=3, warmup=1, release={"number": 3})
-    assert list(a["categories"]) == list(sentinel.CATEGORIES)
+    assert list(a["categories"]) == list(prompts.SENTINEL_CATEGORIES)
     code = a["categories"]["code"]
     # 10 verify steps per request, positions accepted 8 and 5 times (the fake's 0.75 / 0.5, rounded)
     assert code["acceptance_length"] == [2.3] * 3
@@ -235,6 +235,7 @@ def test_check_release_keeps_the_record_with_its_verdict_against_the_last_health
 
     from sparkdeploy import releases
     from sparkdeploy.connection import Conn, Target
+    from sparkdeploy.inventory import SentinelConfig
     from sparkdeploy.steps import context
 
     class Head(Conn):
@@ -255,11 +256,12 @@ def test_check_release_keeps_the_record_with_its_verdict_against_the_last_health
     head.files[f"{releases.rdir(layout.PLAIN, 4)}/node-plan.json"] = json.dumps({"image": "img:4", "node": {"serve_argv": argv}})
     monkeypatch.setattr(context, "served", lambda plan: None)
     with FakeVllm() as fake:
+        how = SentinelConfig(categories=("code", "reasoning"), tokens=20, runs=2, warmup=0)  # inventory `sentinel:`
         cx = SimpleNamespace(head="node1", lay=layout.PLAIN, conn=lambda n: head, scan=lambda: nrs, inv=SimpleNamespace(
-            auth=SimpleNamespace(api_key=lambda: None)), plan=SimpleNamespace(api_url=fake.url))
-        first = sentinel.check_release(cx, 3, tokens=20, runs=2)
-        second = sentinel.check_release(cx, 4, tokens=20, runs=2)
-        again = sentinel.check_release(cx, 4, against=4, tokens=20, runs=2)  # a rollback to 4: its own record
+            auth=SimpleNamespace(api_key=lambda: None), sentinel=how), plan=SimpleNamespace(api_url=fake.url))
+        first = sentinel.check_release(cx, 3)
+        second = sentinel.check_release(cx, 4)
+        again = sentinel.check_release(cx, 4, against=4)  # a rollback to 4: its own record
     assert first["against"] is None and "first record" in first["text"]
     assert releases.read_sentinel(head, layout.PLAIN, 3)["release"] == {"number": 3, "list_sha": None, "image": "img:3",
                                                           "flags": []}  # no node-plan.json: the meta's image
@@ -270,3 +272,6 @@ def test_check_release_keeps_the_record_with_its_verdict_against_the_last_health
     assert kept["verdict"] == again and kept["release"] == {"number": 4, "list_sha": "ab" * 32, "image": "img:4",
                                                             "flags": argv}  # as the head's release files say
     sentinel.validate(kept, "release 4")
+    assert list(kept["categories"]) == ["code", "reasoning"] and all(  # measured as the inventory said
+        len(c["acceptance_length"]) == 2 for c in kept["categories"].values()), kept["categories"]
+    assert {k: kept["settings"][k] for k in ("tokens", "runs", "warmup")} == {"tokens": 20, "runs": 2, "warmup": 0}
