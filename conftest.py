@@ -5,13 +5,16 @@ is pure code and runs with the unit tests.
 
 `make test` runs two xdist workers (one per core) with `--dist loadscope`. Cluster tests that share a
 simulated cluster run in file order in one scope, and each xdist worker has its own session cluster
-(`sim_cluster`, named per worker). The cluster modules are split into four scopes, handed out first and in this
-order (CLUSTER_SCOPES), each to the next worker that runs low:
-  "cluster"       deploy, doctor, image layers, model fetch, the sim's own tests (the longest)
-  "cluster-quad"  the 3-node ring, then the 4-node services module (each a cluster of its own, downed after)
-  "cluster-b"     the MTP modules (shortlist at TP=2, vocab rollout) on that worker's pair
-  "cluster-c"     the failure matrix, on the pair of whichever worker runs low first
-then every other module, each a scope of its own (a module-scoped vLLM server starts once). Measured: one worker
+(`sim_cluster`, named per worker). The cluster modules are split into five scopes, handed out first and in this
+order (CLUSTER_SCOPES, longest first as CI measured them: scripts/ci_summary.py), each to the next worker that
+runs low:
+  "cluster"            deploy, doctor, image layers, model fetch, the sim's own tests
+  "cluster-vocab"      vocab rollout (the MTP profile) on that worker's pair
+  "cluster-quad"       the 3-node ring, then the 4-node services module (each a cluster of its own, downed after)
+  "cluster-c"          the failure matrix
+  "cluster-shortlist"  the shortlisted MTP head at TP=2
+then every other module, each a scope of its own (a module-scoped vLLM server starts once). Every module deploys
+what it needs onto the pair it finds, so any scope runs on either worker's pair. Measured: one worker
 running every cluster module took 71 min of CI, two halves 57 min. A third worker made it slower: the run is
 CPU-bound (an `up` that restarts the pair costs ~58 CPU-seconds), and three lanes took the first deploy from
 356 s to 891 s.
@@ -33,9 +36,10 @@ TINY_MODEL_SCRIPT = REPO / "images" / "sim-engine" / "make_tiny_models.py"
 CLUSTER_DIR = REPO / "tests" / "cluster"
 # cluster modules that do not run on the first worker's pair: their scope (see the docstring)
 OWN_CLUSTER = {CLUSTER_DIR / "test_ring.py": "cluster-quad", CLUSTER_DIR / "test_services.py": "cluster-quad",
-               CLUSTER_DIR / "test_shortlist_tp2.py": "cluster-b",
-               CLUSTER_DIR / "test_vocab_rollout.py": "cluster-b", CLUSTER_DIR / "test_failures.py": "cluster-c"}
-CLUSTER_SCOPES = ("cluster", "cluster-quad", "cluster-b", "cluster-c")  # handed out first, in this order
+               CLUSTER_DIR / "test_shortlist_tp2.py": "cluster-shortlist",
+               CLUSTER_DIR / "test_vocab_rollout.py": "cluster-vocab", CLUSTER_DIR / "test_failures.py": "cluster-c"}
+# handed out first, in this order
+CLUSTER_SCOPES = ("cluster", "cluster-vocab", "cluster-quad", "cluster-c", "cluster-shortlist")
 
 
 @pytest.fixture(scope="session")
