@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from sparkdeploy import fanout, paths, timing
+from sparkdeploy import fanout, paths, poll, timing
 from sparkdeploy.errors import SimError
 from sparkdeploy.sim import containers, host_docker, images, ring
 from sparkdeploy.sim.inventory_file import api_key_path
@@ -305,19 +305,25 @@ class SimCluster:
             argv.append(script if self.user == "root" else shlex.join(["sudo", "-n", "--", "sh", "-c", script]))
         return argv
 
-    def _check_ssh(self, node: SimNode, attempts: int = 20) -> None:
-        err = ""
-        for _ in range(attempts):
+    def _check_ssh(self, node: SimNode, timeout: float = 60.0) -> None:
+        def fail(err: str) -> SimError:
+            return SimError(f"{node.name}: ssh {self.user}@{node.ip} by key failed: {err[-300:]}; check `docker logs "
+                            f"{node.container}`, or `sparkdeploy sim down && sparkdeploy sim up`")
+
+        def attempt() -> None:
             done = run(self.ssh_argv(node, "systemctl is-system-running"), what=f"{node.name}: ssh", check=False,
                        timeout=30)
             if done.rc == 0 or done.out.strip() in ("running", "degraded"):
                 return
             err = (done.err or done.out).strip()
             if "REMOTE HOST IDENTIFICATION HAS CHANGED" in err or "Host key verification failed" in err:
-                break
-            time.sleep(0.5)
-        raise SimError(f"{node.name}: ssh {self.user}@{node.ip} by key failed: {err[-300:]}; check `docker logs "
-                       f"{node.container}`, or `sparkdeploy sim down && sparkdeploy sim up`")
+                raise fail(err)  # another node's key on this address: waiting does not help
+            raise poll.NotYet(err)
+
+        try:
+            poll.until(attempt, timeout=timeout, interval=0.5)
+        except poll.TimedOut as out:
+            raise fail(out.last) from None
 
     # --------------------------------------------------------------------------------------------- use
     def ssh(self, node_name: str, command: Sequence[str] | str | None = None, *, interactive: bool = False) -> int:
