@@ -2,6 +2,7 @@
 """Where a CI run's time went, from the files .ci/run leaves behind.
 
     scripts/ci_summary.py --phases PHASES.tsv --timing TIMING.jsonl [--slowest 50]
+                          [--before OLD-TIMING.jsonl [--before-phases OLD-PHASES.tsv]]
 
 PHASES.tsv: `<phase>\t<seconds>` lines (.ci/run and scripts/setup.sh append them). TIMING.jsonl: the spans of
 `sparkdeploy.timing` ($SPARKDEPLOY_TIMING_LOG): deploy verbs, readiness waits, cluster bring-ups, engine starts,
@@ -9,7 +10,9 @@ module/session fixtures and every test's setup/call/teardown with the xdist work
 
 Prints: the phase table; the busy time per xdist worker and per test group (the slowest worker is the run's
 critical path); counts and seconds of cluster bring-ups, image builds, engine starts, deploys and waits; the
-slowest fixtures; the slowest tests with their setup / call / teardown split.
+slowest fixtures; the slowest tests with their setup / call / teardown split. With `--before` (an earlier run's
+files), the same figures side by side: phases, busy time per worker, per module, and the 20 slowest tests of
+either run, each with its change: the table a change to CI time is judged by.
 """
 
 from __future__ import annotations
@@ -58,6 +61,53 @@ def group_of(nodeid: str) -> str:
 
 def minutes(seconds: float) -> str:
     return f"{seconds:8.0f} s {seconds / 60:6.1f} min"
+
+
+def test_seconds(spans: list[dict]) -> dict[str, float]:
+    """Each test's setup + call + teardown."""
+    out: dict[str, float] = defaultdict(float)
+    for s in spans:
+        if s["kind"].startswith("test "):
+            out[s["what"].partition(" ")[2]] += s["seconds"]
+    return out
+
+
+def worker_seconds(spans: list[dict]) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for s in spans:
+        if s["kind"].startswith("test "):
+            out[s["what"].partition(" ")[0]] += s["seconds"]
+    return out
+
+
+def compare(before: tuple[list[tuple[str, float]], list[dict]], after: tuple[list[tuple[str, float]], list[dict]],
+            top: int = 20) -> list[str]:
+    """Before/after: phases, workers, modules and the `top` slowest tests of either run, with the change."""
+    def rows(title: str, old: dict[str, float], new: dict[str, float], keys: list[str]) -> list[str]:
+        lines = [f"## {title}", f"{'before s':>9} {'after s':>9} {'change':>8}  what"]
+        for k in keys:
+            a, b = old.get(k), new.get(k)
+            delta = f"{b - a:+8.0f}" if a is not None and b is not None else f"{'':>8}"
+            lines.append(f"{'-' if a is None else f'{a:.0f}':>9} {'-' if b is None else f'{b:.0f}':>9} {delta}  {k}")
+        return lines + [""]
+
+    out: list[str] = []
+    old_ph, new_ph = dict(before[0]), dict(after[0])
+    if old_ph or new_ph:
+        out += rows("Phases", old_ph, new_ph, list(dict.fromkeys([*new_ph, *old_ph])))
+    old_w, new_w = worker_seconds(before[1]), worker_seconds(after[1])
+    out += rows("Busy time per xdist worker", old_w, new_w, sorted(set(old_w) | set(new_w)))
+    old_t, new_t = test_seconds(before[1]), test_seconds(after[1])
+    old_m: dict[str, float] = defaultdict(float)
+    new_m: dict[str, float] = defaultdict(float)
+    for src, dst in ((old_t, old_m), (new_t, new_m)):
+        for nodeid, sec in src.items():
+            dst[nodeid.split("::")[0]] += sec
+    mods = sorted(set(old_m) | set(new_m), key=lambda m: -max(old_m.get(m, 0), new_m.get(m, 0)))[:top]
+    out += rows(f"Busy time per module (the {len(mods)} largest)", old_m, new_m, mods)
+    slow = sorted(set(old_t) | set(new_t), key=lambda t: -max(old_t.get(t, 0), new_t.get(t, 0)))[:top]
+    out += rows(f"The {len(slow)} slowest tests of either run", old_t, new_t, slow)
+    return out
 
 
 def report(phases: list[tuple[str, float]], spans: list[dict], slowest: int) -> list[str]:
@@ -128,8 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", type=Path)
     ap.add_argument("--timing", type=Path)
     ap.add_argument("--slowest", type=int, default=50)
+    ap.add_argument("--before", type=Path, help="an earlier run's timing log: print both side by side")
+    ap.add_argument("--before-phases", type=Path, help="that run's phase table")
     args = ap.parse_args(argv)
-    print("\n".join(report(read_phases(args.phases), read_spans(args.timing), args.slowest)))
+    phases, spans = read_phases(args.phases), read_spans(args.timing)
+    if args.before:
+        print("\n".join(compare((read_phases(args.before_phases), read_spans(args.before)), (phases, spans))))
+        return 0
+    print("\n".join(report(phases, spans, args.slowest)))
     return 0
 
 
