@@ -432,7 +432,7 @@ def build(work: Path, out_dir: Path, plans: list[str]) -> dict:
             return GroupCounts(z["counts"], int(z["counts"].sum()), stats)
         t0 = time.time()
         gc = make()
-        np.savez(f, counts=gc.counts, stats=json.dumps(gc.stats.as_dict()))
+        np.savez(f, counts=gc.counts, stats=json.dumps(gc.stats.to_dict()))
         log(f"counted {key}: {gc.tokens:,} tokens in {time.time() - t0:.1f}s")
         return gc
 

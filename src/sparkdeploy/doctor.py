@@ -167,7 +167,7 @@ class Examination:
 
     def to_dict(self) -> dict:
         return {"status": self.status.value, "seconds": round(self.seconds, 2),
-                "results": [r.as_dict() for r in self.results]}
+                "results": [r.to_dict() for r in self.results]}
 
 
 def read_facts(inv, given, errors, outs) -> dict[str, HostFacts]:

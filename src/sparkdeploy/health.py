@@ -37,7 +37,7 @@ class Check:
     def ok(self) -> bool:
         return self.status is not Status.FAILED
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         """The keys `health --json` has always printed, plus the status."""
         return {"name": self.name, "ok": self.ok, "reason": self.reason, "node": self.node,
                 "status": self.status.value}
@@ -89,7 +89,7 @@ class Report:
     def to_dict(self) -> dict:
         nodes: dict[str, list] = {}
         for c in self.checks:
-            nodes.setdefault(c.node or "service", []).append(c.as_dict())
+            nodes.setdefault(c.node or "service", []).append(c.to_dict())
         return {"healthy": self.healthy, "failed": [f"{c.node or 'service'}: {c.name}: {c.reason}" for c in self.failed()],
                 "checks": nodes}
 

@@ -43,6 +43,6 @@ class Result:
     def ok(self) -> bool:
         return self.status is not Status.FAILED
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {"check": self.check, "node": self.node, "status": self.status.value, "reason": self.reason,
                 "fix": self.fix}

@@ -288,7 +288,7 @@ def test_probe_script_runs_locally_and_parses():
     assert probes.parse_meminfo(secs["meminfo"].text)["MemTotal"] > 0
     assert "ckpt_path=/" in secs["disk"].text  # nearest existing parent
     assert "127.0.0.1" in secs["reach"].text
-    json.dumps([r.as_dict() for r in pf.run_checks([SIM_SPEC], {"node1": HostFacts.from_output("node1", out)})])
+    json.dumps([r.to_dict() for r in pf.run_checks([SIM_SPEC], {"node1": HostFacts.from_output("node1", out)})])
 
 
 def test_examine_end_to_end_on_local_connections():

@@ -252,7 +252,7 @@ def coverage_cmd(list_arg, texts, spec, top, include, as_json) -> None:
         label = p if label == "corpus" else label
         counted = count_corpus(tok, [p], include=include)
         res = coverage_from_counts(ids, counted.counts, tok, top)
-        row = {"text": label, **res.as_dict(), "invalid_utf8_bytes": counted.stats.invalid_utf8_bytes}
+        row = {"text": label, **res.to_dict(), "invalid_utf8_bytes": counted.stats.invalid_utf8_bytes}
         rows.append(row)
         missed = " ".join(repr(t) for _, _, t in res.top_missed[:top])
         lines.append(f"{label[-40:]:40} {res.tokens:>12,} {res.off_list:>10,} {res.miss_rate:>7.2%}  {missed}")
@@ -328,7 +328,7 @@ def split(list_arg, tp, pad_to, out_dir, as_json) -> None:
     if out_dir:
         for r, shard in enumerate(res.shards):
             write_list(Path(out_dir) / f"rank{r}.txt", shard)
-    obj = {"list": str(path), **res.as_dict()}
+    obj = {"list": str(path), **res.to_dict()}
     _emit(obj, as_json, [f"{path}: {len(ids)} ids, tp {tp}, {res.rows_per_rank} rows per rank"]
           + [f"rank {r['rank']}: {r['ids']} ids ({r['first']}..{r['last']}), {r['padding']} padding"
              for r in obj["ranks"]])

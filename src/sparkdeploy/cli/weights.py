@@ -176,7 +176,7 @@ def evict(inventory_file, directory, as_json, trust_new_hosts):
         style = {"ok": "green", "warn": "yellow", "failed": "red bold"}.get(g.status.value, "")
         err.print(f"  [{style}]{g.status.value:<6}[/{style}] {g.node:<9} memory guard: {g.reason}")
     if as_json:
-        click.echo(json.dumps({"dir": d, "nodes": out, "guard": [g.as_dict() for g in guards]}, indent=2))
+        click.echo(json.dumps({"dir": d, "nodes": out, "guard": [g.to_dict() for g in guards]}, indent=2))
     w.enforce(guards)
 
 

@@ -70,7 +70,7 @@ def make_manifest(name: str, out: Path, ids: np.ndarray, tokenizer: Tokenizer, s
                                 or f"{gc.stats.files} files"} for g, gc in groups.items()],
         "build": {
             "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "groups": {g: {"tokens": gc.tokens, **gc.stats.as_dict()} for g, gc in groups.items()},
+            "groups": {g: {"tokens": gc.tokens, **gc.stats.to_dict()} for g, gc in groups.items()},
             "coverage": {k: round(v, 6) for k, v in sel.build_coverage.items()},
         },
     }

@@ -36,7 +36,7 @@ class CorpusStats:
     invalid_by_file: dict[str, int] = field(default_factory=dict)
     bad_json_lines: int = 0
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {"files": self.files, "bytes": self.bytes, "chunks": self.chunks,
                 "invalid_utf8_bytes": self.invalid_utf8_bytes,
                 "invalid_by_file": dict(sorted(self.invalid_by_file.items())),

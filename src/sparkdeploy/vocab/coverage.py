@@ -27,7 +27,7 @@ class CoverageResult:
     def miss_rate(self) -> float:
         return self.off_list / self.tokens if self.tokens else 0.0
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {"tokens": self.tokens, "off_list": self.off_list, "miss_rate": round(self.miss_rate, 6),
                 "missed_by_class": self.missed_by_class,
                 "top_missed": [{"id": i, "count": c, "text": t} for i, c, t in self.top_missed]}

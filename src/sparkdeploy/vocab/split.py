@@ -28,7 +28,7 @@ class TPSplit:
     shards: list[np.ndarray]
     padding: list[int]
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {"tp": self.tp, "rows_per_rank": self.rows_per_rank,
                 "ranks": [{"rank": r, "ids": int(len(s)), "padding": p,
                            "first": int(s[0]) if len(s) else None, "last": int(s[-1]) if len(s) else None}
