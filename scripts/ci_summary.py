@@ -63,20 +63,12 @@ def minutes(seconds: float) -> str:
     return f"{seconds:8.0f} s {seconds / 60:6.1f} min"
 
 
-def test_seconds(spans: list[dict]) -> dict[str, float]:
-    """Each test's setup + call + teardown."""
+def busy_by(spans: list[dict], part: int) -> dict[str, float]:
+    """Setup + call + teardown seconds per worker (`part` 0) or per test (`part` 2) of the tests' spans."""
     out: dict[str, float] = defaultdict(float)
     for s in spans:
         if s["kind"].startswith("test "):
-            out[s["what"].partition(" ")[2]] += s["seconds"]
-    return out
-
-
-def worker_seconds(spans: list[dict]) -> dict[str, float]:
-    out: dict[str, float] = defaultdict(float)
-    for s in spans:
-        if s["kind"].startswith("test "):
-            out[s["what"].partition(" ")[0]] += s["seconds"]
+            out[s["what"].partition(" ")[part]] += s["seconds"]
     return out
 
 
@@ -95,9 +87,9 @@ def compare(before: tuple[list[tuple[str, float]], list[dict]], after: tuple[lis
     old_ph, new_ph = dict(before[0]), dict(after[0])
     if old_ph or new_ph:
         out += rows("Phases", old_ph, new_ph, list(dict.fromkeys([*new_ph, *old_ph])))
-    old_w, new_w = worker_seconds(before[1]), worker_seconds(after[1])
+    old_w, new_w = busy_by(before[1], 0), busy_by(after[1], 0)
     out += rows("Busy time per xdist worker", old_w, new_w, sorted(set(old_w) | set(new_w)))
-    old_t, new_t = test_seconds(before[1]), test_seconds(after[1])
+    old_t, new_t = busy_by(before[1], 2), busy_by(after[1], 2)
     old_m: dict[str, float] = defaultdict(float)
     new_m: dict[str, float] = defaultdict(float)
     for src, dst in ((old_t, old_m), (new_t, new_m)):
