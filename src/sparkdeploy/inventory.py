@@ -33,8 +33,9 @@ Inventory shape (see the top-level `inventory.yaml` and `tests/unit/fixtures/inv
 
 Several services (`examples/inventory.4node.yaml`): the nodes once, without `role`, then `services:`, each entry
 with `name`, `nodes` (names, its head first) and the per-service keys above (profile, image, patches, vocab, ports,
-memory, watchdog, sentinel, speculative_tokens, served_name; `image` merges over the top-level one). Each service loads as its own
-`Inventory`; services may share a node (own names there, an equal part of its memory, their own ports).
+memory, watchdog, sentinel, speculative_tokens, served_name; `image` merges over the top-level one). Each service
+loads as its own `Inventory`; services may share a node (own names there, an equal part of its memory, their own
+ports).
 `router: {node: spark1, port: 8080}` puts vLLM's router on that node:
 one OpenAI endpoint that sends each request to the service serving its `model` (steps/router.py).
 

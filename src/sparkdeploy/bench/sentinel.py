@@ -257,10 +257,11 @@ def _flag_diff(change: dict) -> str:
 # ------------------------------------------------------------------------------- a release on a cluster
 def check_release(cx, number: int, *, against: int | None = None, progress: Progress | None = None) -> dict:
     """After release `number` passed its gate on the cluster context `cx` (steps.context.Context) through `up`,
-    `rollback` or `vocab rollout`: measure it as the inventory's `sentinel:` says, compare with the record of release `against` (default: the newest
-    older release that passed its gate and has one; a rollback passes the release itself, whose earlier record
-    says how fast it was), and keep the record, with that verdict, in the release's directory on the head
-    (`layout.SENTINEL_RECORD`): `health` shows it, `bench sentinel --inventory` repeats it. Returns the verdict."""
+    `rollback` or `vocab rollout`: measure it as the inventory's `sentinel:` says, compare with the record of
+    release `against` (default: the newest older release that passed its gate and has one; a rollback passes the
+    release itself, whose earlier record says how fast it was), and keep the record, with that verdict, in the
+    release's directory on the head (`layout.SENTINEL_RECORD`): `health` shows it, `bench sentinel --inventory`
+    repeats it. Returns the verdict."""
     from sparkdeploy import layout, releases
     from sparkdeploy.steps.context import served
 
