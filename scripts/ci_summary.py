@@ -115,15 +115,13 @@ def report(phases: list[tuple[str, float]], spans: list[dict], slowest: int) -> 
         out += [f"{'total (top-level phases)':<40} {minutes(sum(top))}", ""]
 
     tests: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    worker_busy: dict[str, float] = defaultdict(float)
-    group_busy: dict[str, float] = defaultdict(float)
     for s in spans:
-        if not s["kind"].startswith("test "):
-            continue
-        worker, _, nodeid = s["what"].partition(" ")
-        tests[nodeid][s["kind"].removeprefix("test ")] += s["seconds"]
-        worker_busy[worker] += s["seconds"]
-        group_busy[group_of(nodeid)] += s["seconds"]
+        if s["kind"].startswith("test "):
+            tests[s["what"].partition(" ")[2]][s["kind"].removeprefix("test ")] += s["seconds"]
+    worker_busy = busy_by(spans, 0)
+    group_busy: dict[str, float] = defaultdict(float)
+    for nodeid, sec in busy_by(spans, 2).items():
+        group_busy[group_of(nodeid)] += sec
     if worker_busy:
         out += ["## Busy time per xdist worker (tests' setup + call + teardown; the largest is the critical path)"]
         out += [f"{w:<40} {minutes(sec)}" for w, sec in sorted(worker_busy.items())]
