@@ -64,3 +64,9 @@ class Interrupted(SparkdeployError):
     release serves again); exit code 130, as a shell reports an interrupted command."""
 
     exit_code = 130
+
+
+def describe(err: BaseException) -> str:
+    """One line for a failure that ends a switch: ours say what they are about; anything else is a bug in the
+    kit or a library and keeps its type, so the rollback's message still points at it."""
+    return str(err) if isinstance(err, SparkdeployError) else f"{type(err).__name__}: {err}"

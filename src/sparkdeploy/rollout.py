@@ -39,7 +39,7 @@ import requests
 
 from sparkdeploy import faults, health, releases, rollout_live, vocab_live
 from sparkdeploy.connection import dry_session, narrate, recording
-from sparkdeploy.errors import SparkdeployError, VocabError
+from sparkdeploy.errors import SparkdeployError, VocabError, describe
 from sparkdeploy.rollout_checks import (Candidate, Failed, Golden, RolloutError, capture,
                                         check_candidate, coverage_change, derive_release,
                                         golden_prompts, list_diff, mismatches, pick_version,
@@ -206,7 +206,7 @@ class Rollout:
                 self._verify(res)
             self._finish(res)
         except Exception as err:  # noqa: BLE001 - whatever broke after the switch, the previous list goes back
-            reason = str(err) if isinstance(err, SparkdeployError) else f"{type(err).__name__}: {err}"
+            reason = describe(err)
             res.reason = reason
             if self.committed:
                 res.status = "unfinished"
@@ -492,9 +492,9 @@ class Rollout:
         try:
             faults.hit("after-gate")
             engine.watchdog(self.c, self.watchdog_was)
-        except SparkdeployError as err:  # the list passed its gate and its golden check: it stays live
+        except Exception as err:  # noqa: BLE001 - the list passed its gate and its golden check: it stays live
             res.status = "unfinished"
-            res.message = (f"{live}, but the rollout stopped before it finished ({err}); "
+            res.message = (f"{live}, but the rollout stopped before it finished ({describe(err)}); "
                            f"{engine.watchdog_again(self.c, self.watchdog_was)}")
             return
         for n in self.names:

@@ -528,6 +528,8 @@ def test_fault_node_rebooted_during_up(deployed, sim_cluster):
     sim_cluster.cluster.reboot(["node2"])
     out = proc.stdout.read()
     proc.wait(1200)
+    t.join(10)
+    assert out.strip(), f"`up` printed no result (exit {proc.returncode}):\n" + "".join(lines[-60:])
     res = json.loads(out)
     # either the gate passed after all, or it rolled back to the last good release: never half-applied
     assert res["healthy"] or res["rolled_back_to"] is not None, res["message"]

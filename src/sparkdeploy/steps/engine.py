@@ -224,8 +224,11 @@ def rank_watch(cx: Context, boots: dict[str, str] | None = None, release: int | 
                 continue
             first.setdefault(n, st.get("InvocationID", ""))
             if st["ActiveState"] != "active" or st.get("SubState") == "auto-restart":
-                tail = cx.conn(n).query(["journalctl", "-u", cx.lay.unit, "-n", "4", "--no-pager", "-o", "cat"],
-                                        check=False, timeout=20).stdout.strip().replace("\n", " | ")
+                try:  # the journal only adds detail: a node going down as it is read must not hide the loss
+                    tail = cx.conn(n).query(["journalctl", "-u", cx.lay.unit, "-n", "4", "--no-pager", "-o", "cat"],
+                                            check=False, timeout=20).stdout.strip().replace("\n", " | ")
+                except SparkdeployError as err:
+                    tail = f"(its journal could not be read: {err})"
                 raise RankLost(f"{who(n)} failed to start or stopped{on}: its engine unit is {st['ActiveState']} "
                                f"({st.get('SubState')}; its process exited with status {st.get('ExecMainStatus')}); "
                                f"the other ranks cannot finish without it: {tail[-300:]}")
