@@ -26,14 +26,17 @@ from sparkdeploy.steps.units import retire_others, step_stale, step_supervision,
 from sparkdeploy.steps.vocab import step_vocab
 
 
+# The line above the traceback of an unforeseen failure that a rollback then handled (tests tell it from a crash).
+UNFORESEEN = "unexpected error (one the kit did not foresee; its traceback, for a bug report)"
+
+
 def past_first_stop(cx: Context, err: Exception) -> str:
     """The reason a switch failed, for its rollback. Past the first stop every failure rolls back, not only the
     expected ones (a lost node, the memory guard, a probe): an `up` that died on an unforeseen one left the
     watchdog off and a release that never passed its gate current (CI, 2026-12-06). An error that is not ours
     is a bug: its traceback goes to the log too."""
     if not isinstance(err, SparkdeployError):
-        cx.log("unexpected error (one the kit did not foresee; its traceback, for a bug report):\n"
-               + "".join(traceback.format_exception(err)).rstrip())
+        cx.log(f"{UNFORESEEN}:\n" + "".join(traceback.format_exception(err)).rstrip())
     return describe(err)
 
 
