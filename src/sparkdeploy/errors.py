@@ -5,6 +5,9 @@ Modules below the CLI raise these and never call sys.exit; the CLI maps them to 
 
 from __future__ import annotations
 
+import traceback
+from typing import Callable
+
 
 class SparkdeployError(Exception):
     """Base of every error the CLI reports as one clear line."""
@@ -66,7 +69,17 @@ class Interrupted(SparkdeployError):
     exit_code = 130
 
 
-def describe(err: BaseException) -> str:
-    """One line for a failure that ends a switch: ours say what they are about; anything else is a bug in the
-    kit or a library and keeps its type, so the rollback's message still points at it."""
-    return str(err) if isinstance(err, SparkdeployError) else f"{type(err).__name__}: {err}"
+# The line above the traceback of an unforeseen failure that a rollback then handled (tests tell it from a crash).
+UNFORESEEN = "unexpected error (one the kit did not foresee; its traceback, for a bug report)"
+
+
+def describe(err: BaseException, log: Callable[[str], None] | None = None) -> str:
+    """One line for a failure that ends a switch. Past the first stop every failure rolls back, the unforeseen
+    ones too: an `up` that died on one left the watchdog off and an ungated release current (CI, 2026-12-06).
+    Ours say what they are about; anything else is a bug in the kit or a library: it keeps its type, and with
+    `log` its traceback goes there under UNFORESEEN."""
+    if isinstance(err, SparkdeployError):
+        return str(err)
+    if log is not None:
+        log(f"{UNFORESEEN}:\n" + "".join(traceback.format_exception(err)).rstrip())
+    return f"{type(err).__name__}: {err}"

@@ -206,7 +206,7 @@ class Rollout:
                 self._verify(res)
             self._finish(res)
         except Exception as err:  # noqa: BLE001 - whatever broke after the switch, the previous list goes back
-            reason = describe(err)
+            reason = describe(err, self.log)
             res.reason = reason
             if self.committed:
                 res.status = "unfinished"
@@ -494,7 +494,7 @@ class Rollout:
             engine.watchdog(self.c, self.watchdog_was)
         except Exception as err:  # noqa: BLE001 - the list passed its gate and its golden check: it stays live
             res.status = "unfinished"
-            res.message = (f"{live}, but the rollout stopped before it finished ({describe(err)}); "
+            res.message = (f"{live}, but the rollout stopped before it finished ({describe(err, self.log)}); "
                            f"{engine.watchdog_again(self.c, self.watchdog_was)}")
             return
         for n in self.names:

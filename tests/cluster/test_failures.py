@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from sparkdeploy.steps.up import UNFORESEEN
+from sparkdeploy.errors import UNFORESEEN
 from tests.cluster.test_deploy import UP_FLAGS, current, variant
 from tests.support.interrupt import signal_mid_switch
 

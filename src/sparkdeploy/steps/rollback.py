@@ -7,11 +7,11 @@ import time
 
 from sparkdeploy import faults, releases
 from sparkdeploy.connection import dry_session, recording
-from sparkdeploy.errors import HealthError, SparkdeployError
+from sparkdeploy.errors import HealthError, SparkdeployError, describe
 from sparkdeploy.steps import engine
 from sparkdeploy.steps.context import Context
 from sparkdeploy.steps.secrets import step_secrets
-from sparkdeploy.steps.up import UpResult, back_to_last_good, past_first_stop
+from sparkdeploy.steps.up import UpResult, back_to_last_good
 
 
 def rollback(cx: Context, to: int | None) -> UpResult:
@@ -61,9 +61,9 @@ def _rollback(cx: Context, to: int | None) -> UpResult:
             res.probe = engine.wait_ready(cx, cx.opts.ready_timeout)
             if not rec:
                 engine.gate(cx, to, res.outcomes)
-        except Exception as err:  # noqa: BLE001 - see past_first_stop
+        except Exception as err:  # noqa: BLE001 - see errors.describe
             # The release that was serving goes back, if it had passed its gate everywhere.
-            why = past_first_stop(cx, err)
+            why = describe(err, cx.log)
             back = cur if cur is not None and all(cur in cx.rel[n].healthy for n in cx.names) else None
             res.release = res.rolled_back_to = None
             back_to_last_good(cx, f"rollback to release {to} failed ({why})", back, res, watchdog_was)
@@ -73,7 +73,7 @@ def _rollback(cx: Context, to: int | None) -> UpResult:
             engine.watchdog(cx, True)
         except Exception as err:  # noqa: BLE001 - release `to` passed its gate and serves: only supervision is left
             res.message = (f"release {to} passed its gate and serves, but `rollback` stopped before it finished "
-                           f"({past_first_stop(cx, err)}); {engine.watchdog_again(cx)}")
+                           f"({describe(err, cx.log)}); {engine.watchdog_again(cx)}")
             return res
         res.healthy = True
         res.message = f"rolled back from release {cur} to {to} ({meta.get('image')}); healthy"

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import time
-import traceback
 from dataclasses import dataclass, field
 
 from sparkdeploy import faults, releases
@@ -24,20 +23,6 @@ from sparkdeploy.steps.release import prune, step_release
 from sparkdeploy.steps.secrets import step_secrets
 from sparkdeploy.steps.units import retire_others, step_stale, step_supervision, step_units
 from sparkdeploy.steps.vocab import step_vocab
-
-
-# The line above the traceback of an unforeseen failure that a rollback then handled (tests tell it from a crash).
-UNFORESEEN = "unexpected error (one the kit did not foresee; its traceback, for a bug report)"
-
-
-def past_first_stop(cx: Context, err: Exception) -> str:
-    """The reason a switch failed, for its rollback. Past the first stop every failure rolls back, not only the
-    expected ones (a lost node, the memory guard, a probe): an `up` that died on an unforeseen one left the
-    watchdog off and a release that never passed its gate current (CI, 2026-12-06). An error that is not ours
-    is a bug: its traceback goes to the log too."""
-    if not isinstance(err, SparkdeployError):
-        cx.log(f"{UNFORESEEN}:\n" + "".join(traceback.format_exception(err)).rstrip())
-    return describe(err)
 
 
 @dataclass
@@ -129,8 +114,8 @@ def _up(cx: Context) -> UpResult:
             else:
                 res.probe = healthy_rec.get("probe")
                 out.append(Outcome("health gate", cx.head, OK, f"release {num} already passed its gate"))
-        except Exception as err:  # noqa: BLE001 - see past_first_stop
-            why = past_first_stop(cx, err)
+        except Exception as err:  # noqa: BLE001 - see errors.describe
+            why = describe(err, cx.log)
             out.append(Outcome(stage, cx.head, FAILED, why))
             auto_rollback(cx, num, f"{stage}: {why}", res, watchdog_was)
             return res
@@ -138,7 +123,7 @@ def _up(cx: Context) -> UpResult:
             faults.hit("after-gate")
             engine.watchdog(cx, True)
         except Exception as err:  # noqa: BLE001 - the release passed its gate: it stays, only supervision is left
-            why = past_first_stop(cx, err)
+            why = describe(err, cx.log)
             out.append(Outcome("watchdog", cx.head, FAILED, why))
             res.message = (f"release {num} passed its gate and serves, but `up` stopped before it finished ({why}); "
                            f"{engine.watchdog_again(cx)}; re-run up to finish")
@@ -226,8 +211,8 @@ def back_to_last_good(cx: Context, what: str, good: int | None, res: UpResult,
         res.message = (f"{what}; ROLLED BACK to release {good}"
                        + (" which is healthy again" if ok else f" but its probe now differs: {text!r}"))
         return None
-    except Exception as err:  # noqa: BLE001 - see past_first_stop
-        why = past_first_stop(cx, err)
+    except Exception as err:  # noqa: BLE001 - see errors.describe
+        why = describe(err, cx.log)
         res.message = (f"{what}; rolling back to release {good} did not complete either: {why}"
                        if good is not None else f"{what}; and stopping the service failed: {why}")
         return err
