@@ -38,9 +38,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from sparkdeploy import health  # noqa: E402
-from sparkdeploy import inventory as I  # noqa: E402
-from sparkdeploy import registry  # noqa: E402
+from sparkdeploy.model import inventory as I
+from sparkdeploy.ops import health, registry
 from sparkdeploy.steps.deploy import Cluster, Options, dry_run_services  # noqa: E402
 
 

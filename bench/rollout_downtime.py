@@ -29,8 +29,10 @@ import time
 import numpy as np
 import requests
 
-from sparkdeploy import inventory as I
-from sparkdeploy import health, rollout, served_tokenizer, vocab_live
+from sparkdeploy import rollout
+from sparkdeploy.model import inventory as I
+from sparkdeploy.model import served_tokenizer
+from sparkdeploy.ops import health, vocab_live
 
 
 def client(url: str, model: str, stop: threading.Event, interval: float, log: list, api_key: str | None) -> None:

@@ -31,11 +31,12 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from sparkdeploy import inventory, layout  # noqa: E402
 from sparkdeploy.bench.stats import median_ci95  # noqa: E402
-from sparkdeploy.health import bearer  # noqa: E402
-from sparkdeploy.remote import connect, target_of  # noqa: E402
-from sparkdeploy.router import plan_router  # noqa: E402
+from sparkdeploy.model import inventory
+from sparkdeploy.node import layout
+from sparkdeploy.ops.health import bearer  # noqa: E402
+from sparkdeploy.plan.router import plan_router  # noqa: E402
+from sparkdeploy.remote.ssh import connect, target_of  # noqa: E402
 
 
 def one(session: requests.Session, base: str, model: str, headers: dict, max_tokens: int) -> float:

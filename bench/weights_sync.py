@@ -30,10 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from sparkdeploy import inventory as inventory_mod
-from sparkdeploy import weights as w
-from sparkdeploy.remote import Pool
-from sparkdeploy.remote import target_of
+from sparkdeploy.model import inventory as inventory_mod
+from sparkdeploy.ops import weights as w
+from sparkdeploy.remote.ssh import Pool, target_of
 
 DIR = "/srv/sparkdeploy-bench/ckpt"
 RAW = "/srv/sparkdeploy-bench/raw.blob"

@@ -184,7 +184,7 @@ def test_a_live_swap_changes_acceptance_in_one_running_engine_and_never_the_outp
     assert log.count("shortlist head built") == 1 and f"{rows['listed']} rows of 4096, capacity {capacity}" in log
     assert "exceeds the head's capacity 4032" in log
     assert re.search(rf"shortlist swapped; serves sha256={poor[:-4]} rows={rows['missing']} capacity={capacity}", log)
-    from sparkdeploy import vocab_live  # the kit reads these reports back (vocab_live.live_swap)
+    from sparkdeploy.ops import vocab_live
 
     assert [(r.rank, r.event, r.sha256) for r in vocab_live.reports(log)] == [
         (0, "serves", good[:-4]), (0, "swapped", poor[:-4]), (0, "keeps", poor[:-4]), (0, "swapped", good[:-4])]

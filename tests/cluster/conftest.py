@@ -135,7 +135,7 @@ def build_serving_image(inventory_path: Path, service: str | None = None) -> str
     """Build on the host the serving image `up` wants for this inventory (or one of its services): the rendered
     Dockerfile + overlays/ + the draft list, exactly as a deployment builds it; docker's cache makes a rebuild
     of the same context cost seconds. Returns its tag."""
-    from sparkdeploy import inventory as inventory_mod
+    from sparkdeploy.model import inventory as inventory_mod
     from sparkdeploy.steps import image as image_step
 
     tag, context = image_step.serving_context(inventory_mod.load(inventory_path, service))

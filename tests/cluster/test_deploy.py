@@ -21,8 +21,9 @@ import pytest
 import requests
 import yaml
 
-from sparkdeploy import inventory as I
-from sparkdeploy import layout, releases
+from sparkdeploy.model import inventory as I
+from sparkdeploy.node import layout
+from sparkdeploy.ops import releases
 from sparkdeploy.steps import deploy as D
 
 pytestmark = pytest.mark.cluster
@@ -55,7 +56,7 @@ def health_json(inv: Path) -> tuple[int, dict]:
 
 def api_answers(inv: Path) -> bool:
     """The head's API lists its models (one HTTP request: cheap enough to poll, unlike a `health` run)."""
-    from sparkdeploy.health import bearer
+    from sparkdeploy.ops.health import bearer
 
     loaded = I.load(inv)
     try:

@@ -242,7 +242,7 @@ def test_a_gpu_busy_at_low_power_restarts_the_pair_though_the_api_answers_and_th
     import requests
     from prometheus_client.parser import text_string_to_metric_families
 
-    from sparkdeploy import layout
+    from sparkdeploy.node import layout
     from tests.cluster.test_deploy import variant_of, wait_healthy
     from tests.support import fake_nvidia_smi
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkdeploy import layout
-from sparkdeploy import inventory as I
-from sparkdeploy import registry
+from sparkdeploy.model import inventory as I
+from sparkdeploy.node import layout
+from sparkdeploy.ops import registry
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps.deploy import Cluster, Options
 

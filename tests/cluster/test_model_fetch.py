@@ -14,12 +14,12 @@ from pathlib import Path
 
 import yaml
 
-from sparkdeploy import inventory as inventory_mod
-from sparkdeploy import model_fetch as mf
 from sparkdeploy import paths
 from sparkdeploy.cli import main
-from sparkdeploy.connection import Target
-from sparkdeploy.remote import LocalConn
+from sparkdeploy.model import inventory as inventory_mod
+from sparkdeploy.ops import model_fetch as mf
+from sparkdeploy.remote.connection import Target
+from sparkdeploy.remote.ssh import LocalConn
 from tests.support import hf_cache
 from tests.support.fake_hub import FakeHub
 

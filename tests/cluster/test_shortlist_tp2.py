@@ -29,11 +29,12 @@ import pytest
 import requests
 import yaml
 
-from sparkdeploy import inventory as I
-from sparkdeploy import rollout, served_tokenizer
+from sparkdeploy import rollout
 from sparkdeploy.bench import metrics
-from sparkdeploy.health import bearer
-from sparkdeploy.layout import PLAIN
+from sparkdeploy.model import inventory as I
+from sparkdeploy.model import served_tokenizer
+from sparkdeploy.node.layout import PLAIN
+from sparkdeploy.ops.health import bearer
 from sparkdeploy.steps.deploy import Cluster, Options
 from tests.cluster.test_deploy import cli, health_json, up_json, wait_healthy
 from tests.support.vllm_server import require_venv

@@ -41,7 +41,8 @@ def test_ssh_by_key_with_strict_host_key_checking(sim_cluster, tmp_path):
 
 
 def test_inventory_is_valid_and_names_the_nodes(sim_cluster):
-    from sparkdeploy import inventory, remote
+    from sparkdeploy.model import inventory
+    from sparkdeploy.remote import ssh as remote
 
     inv = inventory.load(sim_cluster.inventory)
     assert [n.name for n in inv.nodes] == ["node1", "node2"]
@@ -59,8 +60,9 @@ def test_login_is_a_sudoer_not_root_and_the_inventory_uses_tilde_paths(sim_clust
     the inventory names as `~/.ssh/...`; every command it runs is root through sudo."""
     import yaml
 
-    from sparkdeploy import inventory, remote
-    from sparkdeploy.remote import target_of
+    from sparkdeploy.model import inventory
+    from sparkdeploy.remote import ssh as remote
+    from sparkdeploy.remote.ssh import target_of
 
     written = yaml.safe_load(sim_cluster.inventory.read_text())["nodes"][0]["ssh"]
     assert written["user"] == sim_cluster.user == "nvidia"
@@ -87,8 +89,9 @@ def test_ssh_config_alias_logs_in_as_the_sudoer(sim_cluster, tmp_path, monkeypat
 
     import yaml
 
-    from sparkdeploy import inventory, remote
-    from sparkdeploy.remote import target_of
+    from sparkdeploy.model import inventory
+    from sparkdeploy.remote import ssh as remote
+    from sparkdeploy.remote.ssh import target_of
 
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)

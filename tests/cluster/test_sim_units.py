@@ -79,7 +79,7 @@ def test_serve_argv_worker_is_headless_and_head_serves():
 
 
 def test_written_inventory_loads_with_the_real_loader(tmp_path):
-    from sparkdeploy import inventory
+    from sparkdeploy.model import inventory
     from sparkdeploy.sim.inventory_file import write_inventory
 
     state = SimState(name="t", subnet="172.30.150.0/24", network="n", image="i", key=str(tmp_path / "id_ed25519"),
@@ -98,7 +98,7 @@ def test_written_inventory_loads_with_the_real_loader(tmp_path):
 
 
 def test_four_nodes_of_a_tp2_profile_get_two_services(tmp_path):
-    from sparkdeploy import inventory
+    from sparkdeploy.model import inventory
     from sparkdeploy.sim.inventory_file import write_inventory
 
     state = SimState(name="q", subnet="172.30.153.0/24", network="n", image="i", key=str(tmp_path / "id_ed25519"),
@@ -124,7 +124,8 @@ def test_default_inventory_path(monkeypatch, tmp_path):
 
 def test_inventory_pins_the_engine_base_by_image_id(tmp_path):
     """A rebuilt engine base must change the serving-image tag, so the base is pinned by content, not tag."""
-    from sparkdeploy import inventory, plan
+    from sparkdeploy import plan
+    from sparkdeploy.model import inventory
     from sparkdeploy.sim.inventory_file import write_inventory
 
     state = SimState(name="t", subnet="172.30.151.0/24", network="n", image="i", key=str(tmp_path / "id_ed25519"),
@@ -220,7 +221,8 @@ def test_ring_state_round_trips_and_an_older_state_has_no_links(tmp_path):
 
 
 def test_ring_inventory_lists_links_and_plans_tp2_on_node1_node2_over_their_cable(tmp_path):
-    from sparkdeploy import inventory, plan
+    from sparkdeploy import plan
+    from sparkdeploy.model import inventory
     from sparkdeploy.sim.inventory_file import write_inventory
 
     state = _ring_state(tmp_path)

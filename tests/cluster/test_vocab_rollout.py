@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparkdeploy import cli, rollout, served_tokenizer
-from sparkdeploy import inventory as I
-from sparkdeploy.remote import connect as _connect
+from sparkdeploy import cli, rollout
+from sparkdeploy.model import inventory as I
+from sparkdeploy.model import served_tokenizer
+from sparkdeploy.remote.ssh import connect as _connect
 from sparkdeploy.vocab import read_list
 
 MTP_PROFILE = "sim-tiny-next-mtp"
@@ -138,7 +139,7 @@ BAD = {
 
 
 def test_refused_before_any_node_changes(deployed, monkeypatch, capsys):
-    import sparkdeploy.remote as remote
+    import sparkdeploy.remote.ssh as remote
 
     tok, d = deployed["tok"], deployed["dir"]
     before = _state(deployed)
@@ -181,7 +182,8 @@ def test_refused_before_any_node_changes(deployed, monkeypatch, capsys):
 def test_dry_run_changes_nothing(deployed):
     before = _state(deployed)
     res = _run(deployed, "b", dry_run=True)
-    assert res.status == "dry-run" and res.diff["new_size"] == 2000 and res.diff["removed"] is not None, res.message
+    assert res.status == "would change" and res.diff["new_size"] == 2000, res.message
+    assert res.diff["removed"] is not None, res.message
     assert _state(deployed) == before
 
 
@@ -203,7 +205,7 @@ def test_second_rollout_of_the_same_list_changes_nothing(deployed, capsys):
     before = _state(deployed)
     rc = cli.main(["vocab", "rollout", str(deployed["lists"]["b"]), "-i", str(deployed["inv_path"]), "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert rc == 0 and out["status"] == "unchanged", out["message"]
+    assert rc == 0 and out["status"] == "ok", out["message"]
     assert _state(deployed) == before  # same release, same list, engines not restarted
 
 
@@ -217,7 +219,7 @@ def _serve_flag(flag: bytes, nodes: tuple[str, ...]):
 
 
 def _assert_rolled_back(deployed, res, words: str):
-    assert res.status == "rolled-back", (res.status, res.message)
+    assert res.status == "failed" and res.rolled_back_to == res.previous_release, (res.status, res.message)
     assert words in res.reason, res.reason
     assert "ROLLED BACK" in res.message and "byte-identical" in res.message, res.message
     st = _assert_on(deployed, deployed["b_sha"])
@@ -311,7 +313,7 @@ def _traffic(deployed, prompts: list[str]) -> np.ndarray:
     """Greedy completions; the ids the API returned, concatenated."""
     import requests
 
-    from sparkdeploy import health
+    from sparkdeploy.ops import health
     from sparkdeploy.steps.deploy import Cluster, Options
 
     with Cluster(deployed["inv"], Options()) as c:
@@ -406,14 +408,14 @@ def test_failure_after_the_gate_keeps_the_proven_list_and_puts_the_watchdog_back
     timer = sim.ssh("node1", "systemctl is-active sparkdeploy-watchdog.timer").out.strip()
     _fault(monkeypatch, "after-gate")
     res = _run(deployed, "c")
-    assert res.status == "unfinished" and not res.ok, res.message
+    assert res.status == "warn" and not res.ok, res.message
     assert "injected fault at after-gate" in res.message and "golden outputs byte-identical" in res.message
     assert f"the watchdog is {'on' if timer == 'active' else 'off'} again" in res.message, res.message
     sha = rollout.check_candidate(str(deployed["lists"]["c"]), deployed["tok"]).sha256
     _assert_on(deployed, sha)
     assert sim.ssh("node1", "systemctl is-active sparkdeploy-watchdog.timer").out.strip() == timer
     again = _run(deployed, "c")
-    assert again.status == "unchanged", again.message
+    assert again.status == "ok", again.message
 
 
 def test_sigterm_mid_switch_puts_the_previous_list_back(deployed):
@@ -431,7 +433,7 @@ def test_sigterm_mid_switch_puts_the_previous_list_back(deployed):
                  if rollout.check_candidate(str(p), deployed["tok"]).sha256 not in live)
     rc, res = signal_mid_switch(["vocab", "rollout", str(deployed["lists"][which]), "-i", str(deployed["inv_path"]),
                                  "--no-sentinel"], signal.SIGTERM, timeout=1200)
-    assert rc == 1 and res["status"] == "rolled-back", res["message"]
+    assert rc == 1 and res["status"] == "failed" and res["rolled_back_to"] == res["previous_release"], res["message"]
     assert "interrupted by SIGTERM" in res["reason"], res["reason"]
     after = _state(deployed)
     assert {n: v[:2] for n, v in after.items()} == {n: v[:2] for n, v in before.items()}

@@ -176,7 +176,7 @@ def test_watchdog_probes_an_idle_engine_but_adds_nothing_to_real_traffic(server)
 
     from sparkdeploy import paths
 
-    spec = importlib.util.spec_from_file_location("wd", paths.repo_root() / "src/sparkdeploy/steps/node_files/watchdog.py")
+    spec = importlib.util.spec_from_file_location("wd", paths.repo_root() / "src/sparkdeploy/node/scripts/watchdog.py")
     wd = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(wd)
     url = server.base_url

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from spark_overlays.compat import FP8_GDN_QUANT_CONFIG
 
-from sparkdeploy import gather
-from sparkdeploy import inventory as inventory_mod
+from spark_overlays.compat import FP8_GDN_QUANT_CONFIG
 from sparkdeploy import plan as plan_mod
 from sparkdeploy.bench import metrics
-from sparkdeploy.connection import Target
-from sparkdeploy.remote import LocalConn
+from sparkdeploy.model import inventory as inventory_mod
+from sparkdeploy.ops import gather
+from sparkdeploy.remote.connection import Target
+from sparkdeploy.remote.ssh import LocalConn
 from tests.support import tiny_checkpoints
 from tests.support.vllm_server import BASE_ENV, VllmServer, free_port, require_venv
 

@@ -12,7 +12,7 @@ WATCHDOG_QUERY = "--query-gpu=power.draw,clocks.sm,utilization.gpu"
 def install(bin_dir: Path, line: str, rc: int = 0, *, clocks: str | None = None) -> Path:
     """Write `bin_dir/nvidia-smi` answering the watchdog's query with `line` and exit status `rc` (and doctor's
     clock query with `clocks`, if given); returns bin_dir (put it on PATH)."""
-    from sparkdeploy.probes import GPU_CLOCK_FIELDS
+    from sparkdeploy.node.probes import GPU_CLOCK_FIELDS
 
     bin_dir.mkdir(exist_ok=True)
     script = bin_dir / "nvidia-smi"

@@ -1,4 +1,4 @@
-"""A throwaway OpenSSH server on loopback for testing remote.py against the real protocol (no docker).
+"""A throwaway OpenSSH server on loopback for testing remote/ssh.py against the real protocol (no docker).
 
 Runs as the current user with its own host key, authorized key and port; stopped by PID. Test modules take the
 `sshd` fixture with `from tests.support.sshd import sshd  # noqa: F401`.

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkdeploy import inventory, paths
+from sparkdeploy import paths
 from sparkdeploy.cli import main
 from sparkdeploy.errors import PlanError
-from sparkdeploy.facts import load_facts_file
+from sparkdeploy.model import inventory
+from sparkdeploy.node.facts import load_facts_file
 from sparkdeploy.plan import plan
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkdeploy import connection, remote
-from sparkdeploy.layout import ServiceLayout
+from sparkdeploy.node.layout import ServiceLayout
+from sparkdeploy.remote import connection
+from sparkdeploy.remote import ssh as remote
 from sparkdeploy.steps import capture
 
 

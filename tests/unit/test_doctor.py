@@ -7,12 +7,13 @@ import subprocess
 
 import pytest
 
-from sparkdeploy import doctor as d
-from sparkdeploy import preflight as pf
-from sparkdeploy import hostsetup, memguard, probes
-from sparkdeploy.preflight import NodeSpec
-from sparkdeploy.probes import HostFacts
-from sparkdeploy.topology import Link, LinkPair
+from sparkdeploy.checks import doctor as d
+from sparkdeploy.checks import preflight as pf
+from sparkdeploy.checks.preflight import NodeSpec
+from sparkdeploy.model.topology import Link, LinkPair
+from sparkdeploy.node import memguard, probes
+from sparkdeploy.node.probes import HostFacts
+from sparkdeploy.ops import hostsetup
 from sparkdeploy.verdict import Result, Status
 
 GIB = 1 << 30
@@ -199,9 +200,9 @@ def test_reach_and_clock():
 def test_bandwidth_is_measured_per_link_on_its_addresses():
     """The real scripts, run through local connections: parallel TCP streams per link (no ib_write_bw here), from
     the sender's address on the link to a receiver bound on the other's (127.0.0.x are all this machine's)."""
-    from sparkdeploy.connection import Target
-    from sparkdeploy.remote import Pool
-    from sparkdeploy.topology import Link, LinkPair
+    from sparkdeploy.model.topology import Link, LinkPair
+    from sparkdeploy.remote.connection import Target
+    from sparkdeploy.remote.ssh import Pool
 
     pairs = [LinkPair(f"n{a}", Link("lo", f"127.0.0.{a}"), f"n{b}", Link("lo", f"127.0.0.{b}"))
              for a, b in ((1, 2), (1, 3), (2, 3))]
@@ -295,9 +296,9 @@ def test_examine_end_to_end_on_local_connections():
     """examine() with both inventory nodes reached through local connections (the real probe runs here)."""
     from pathlib import Path
 
-    from sparkdeploy import inventory
-    from sparkdeploy.connection import Target
-    from sparkdeploy.remote import Pool
+    from sparkdeploy.model import inventory
+    from sparkdeploy.remote.connection import Target
+    from sparkdeploy.remote.ssh import Pool
 
     inv = inventory.load(Path(__file__).parent / "fixtures" / "inventory.sim.yaml")
     pool = Pool([Target(n.name, "localhost", local=True) for n in inv.nodes])
@@ -479,7 +480,8 @@ def test_gid_index_against_the_running_release_and_across_nodes():
 def test_every_pair_that_must_talk_is_tried_across_services(tmp_path, monkeypatch):
     """The router's node tries each service head's API port, each worker its head's master port; a refused
     port proves the path (nothing listens before `up`), a timeout does not."""
-    from sparkdeploy import inventory, paths
+    from sparkdeploy import paths
+    from sparkdeploy.model import inventory
 
     monkeypatch.setenv("HOME", str(tmp_path))  # the example's API key file, ~/.config/sparkdeploy/api_key
     (tmp_path / ".config" / "sparkdeploy").mkdir(parents=True)
@@ -559,7 +561,7 @@ def _ring_inventory(tmp_path):
 
 
 def test_a_rings_service_checks_all_three_cables_naming_both_ports(tmp_path):
-    from sparkdeploy import inventory
+    from sparkdeploy.model import inventory
 
     inv = inventory.load(_ring_inventory(tmp_path), "s1")
     links = d.service_links(inv)
@@ -582,9 +584,9 @@ def test_a_rings_service_checks_all_three_cables_naming_both_ports(tmp_path):
 def test_examine_on_a_ring_tries_and_measures_every_link_through_local_connections(tmp_path):
     """examine() reaches the third node of the ring (outside the service) for its paths and measures all three
     cables; here no address of the ring exists, so every link fails, each named by its two ports."""
-    from sparkdeploy import inventory
-    from sparkdeploy.connection import Target
-    from sparkdeploy.remote import Pool
+    from sparkdeploy.model import inventory
+    from sparkdeploy.remote.connection import Target
+    from sparkdeploy.remote.ssh import Pool
 
     inv = inventory.load(_ring_inventory(tmp_path), "s1")
     pool = Pool([Target(n, "localhost", local=True) for n in ("node1", "node2", "node3")])

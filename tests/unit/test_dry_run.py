@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from sparkdeploy import connection, paths, releases
-from sparkdeploy import facts as F
-from sparkdeploy import inventory as I
+from sparkdeploy import paths
 from sparkdeploy.cli import main
 from sparkdeploy.cli.deploy import _print_outcomes
-from sparkdeploy.connection import Target, dry_session, recording
-from sparkdeploy.layout import ServiceLayout
-from sparkdeploy.remote import LocalConn
+from sparkdeploy.model import inventory as I
+from sparkdeploy.node import facts as F
+from sparkdeploy.node.layout import ServiceLayout
+from sparkdeploy.ops import releases
+from sparkdeploy.remote.connection import Target, dry_session, recording
+from sparkdeploy.remote.ssh import LocalConn
 from sparkdeploy.steps.base import Outcome
 from sparkdeploy.steps.deploy import Cluster, Options
 
@@ -138,7 +139,7 @@ def test_vocab_rollout_dry_run_lists_the_store_release_and_switch_and_changes_no
     r.prev, r.old_sha, r.new_num = 2, old_sha, 3  # what reading the nodes found (Rollout._prepare), with the plan
     before = _tree(nodes / "node")
     res = r._dry(rollout.RolloutResult(path=path))
-    assert res.status == "dry-run" and res.ok and res.new_release is None, res.message
+    assert res.status == "would change" and res.ok and res.new_release is None, res.message
     vocab_dir, new_dir = cx.lay.vocab_host_dir, releases.rdir(cx.lay, 3)
     assert f"node1: link {vocab_dir}/current.txt -> {cand.sha256}.txt" in res.effects
     assert f"node1: link {cx.lay.current_link} -> releases/0003" in res.effects
@@ -152,7 +153,7 @@ def test_vocab_rollout_dry_run_lists_the_store_release_and_switch_and_changes_no
 
 @pytest.mark.skipif(not os.path.exists("/etc/ssh/ssh_host_ed25519_key.pub"), reason="no sshd host key to pin")
 def test_weights_sync_dry_run_lists_the_copy_and_changes_nothing(tmp_path, monkeypatch):
-    from sparkdeploy import weights as w
+    from sparkdeploy.ops import weights as w
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # where the one-time key would be authorized
     head_dir, node_dir = tmp_path / "head-ckpt", tmp_path / "ckpt"
@@ -177,7 +178,7 @@ def test_weights_sync_dry_run_lists_the_copy_and_changes_nothing(tmp_path, monke
 
 
 def test_host_setup_dry_run_prints_the_commands_and_writes_and_changes_nothing(nodes, capsys, monkeypatch):
-    from sparkdeploy import hostsetup as hs
+    from sparkdeploy.ops import hostsetup as hs
 
     etc = nodes / "etc"  # the host files moved under tmp_path; earlyoom's default file is there, stale
     monkeypatch.setattr(hs, "EARLYOOM_DEFAULT", str(etc / "default/earlyoom"))
@@ -200,7 +201,7 @@ def test_host_setup_dry_run_prints_the_commands_and_writes_and_changes_nothing(n
 def test_host_setup_reports_each_item_in_the_one_result_vocabulary(nodes, capsys, monkeypatch):
     """A dry run says `would change` where the real run then says `changed` (the JSON `--json` prints), and a
     failing item leaves the items after it on that node `skipped`, with why."""
-    from sparkdeploy import hostsetup as hs
+    from sparkdeploy.ops import hostsetup as hs
 
     etc = nodes / "etc"
     monkeypatch.setattr(hs, "EARLYOOM_DEFAULT", str(etc / "default/earlyoom"))
@@ -287,9 +288,10 @@ def test_the_recorder_answers_what_steers_later_effects_with_named_placeholders(
 
 
 def test_no_effect_code_asks_whether_it_runs_dry():
-    """Effects go through the recorder, which answers a dry run's outputs; only connection.py holds the switch."""
+    """Effects go through the recorder, which answers a dry run's outputs; only `remote/connection.py`
+    holds the switch."""
     src = paths.repo_root() / "src/sparkdeploy"
-    asking = [f"{p.relative_to(src)}:{i}" for p in sorted(src.rglob("*.py")) if p.name != "connection.py"
+    asking = [f"{p.relative_to(src)}:{i}" for p in sorted(src.rglob("*.py")) if p != src / "remote" / "connection.py"
               for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\bdry\(\)", line)]
     assert asking == []
-    assert "def dry()" in (src / "connection.py").read_text()
+    assert "def dry()" in (src / "remote" / "connection.py").read_text()

@@ -3,9 +3,9 @@ step does on its nodes at once (fanout.parallel), and reads are never listed and
 
 from __future__ import annotations
 
-from sparkdeploy.connection import Target, dry_session, recording
 from sparkdeploy.fanout import parallel
-from sparkdeploy.remote import LocalConn
+from sparkdeploy.remote.connection import Target, dry_session, recording
+from sparkdeploy.remote.ssh import LocalConn
 
 
 def _conns(n: int = 3) -> list[LocalConn]:

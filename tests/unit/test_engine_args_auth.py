@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkdeploy import checkpoint, cli, inventory, paths, plan, render
+from sparkdeploy import cli, paths, plan
 from sparkdeploy.errors import InventoryError, PlanError
+from sparkdeploy.model import checkpoint, inventory
+from sparkdeploy.plan import render
 
 ROOT = paths.repo_root()
 PROFILES = sorted((ROOT / "deploy" / "profiles").glob("*.yaml"))
@@ -139,7 +141,7 @@ def test_values_the_pin_takes_still_plan(tmp_path, args):
 
 def test_registered_parser_names_follow_the_pins_catalogue(tmp_path):
     """0.32 and 0.33 register different parsers: each plan is judged by its own pin's list."""
-    from sparkdeploy import engine_args
+    from sparkdeploy.model import engine_args
 
     for series in ("0.32", "0.33"):
         names = engine_args.catalogue(series)["--tool-call-parser"]["registered"]
@@ -371,7 +373,7 @@ def test_missing_secret_file_and_tilde_paths(tmp_path, run_cli, monkeypatch):
 
 
 def test_doctor_warns_without_a_key_and_is_quiet_with_one(tmp_path):
-    from sparkdeploy import preflight
+    from sparkdeploy.checks import preflight
     from sparkdeploy.verdict import Status
 
     bare = preflight.check_api_key(inventory.load(_inventory(tmp_path)))
@@ -382,7 +384,7 @@ def test_doctor_warns_without_a_key_and_is_quiet_with_one(tmp_path):
 
 def test_a_catalogue_without_value_types_still_plans_by_name(tmp_path, monkeypatch):
     """A series whose catalogue predates types (regenerate it with scripts/vllm_flags.py) keeps today's checks."""
-    from sparkdeploy import engine_args
+    from sparkdeploy.model import engine_args
 
     bare = {flag: {k: spec[k] for k in ("dest", "takes_value", "many", "choices")}
             for flag, spec in engine_args.catalogue("0.33").items()}

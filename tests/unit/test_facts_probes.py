@@ -2,7 +2,9 @@
 
 from types import SimpleNamespace
 
-from sparkdeploy import gather, preflight, probes
+from sparkdeploy.checks import preflight
+from sparkdeploy.node import probes
+from sparkdeploy.ops import gather
 
 TWINS = """@@meminfo
 MemTotal:       125000000 kB
@@ -22,7 +24,7 @@ MemAvailable:   121000000 kB
 
 def test_one_parser_and_one_rule():
     assert gather.probes is probes and preflight.parse_meminfo is probes.parse_meminfo
-    assert preflight.port_gid_index.__module__ == "sparkdeploy.probes"
+    assert preflight.port_gid_index.__module__ == "sparkdeploy.node.probes"
 
 
 def test_second_twin_gid_maps_its_own_address():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sparkdeploy import health
+from sparkdeploy.ops import health
 
 EXP = health.NodeExpect("node1", "head", "sparkdeploy-engine.service", "sparkdeploy-engine", "sha256:aa", 2 << 30, 3,
                         (8000, 29501), ("sparkdeploy-watchdog.timer",))
@@ -111,7 +111,7 @@ def test_probe_differs_or_fails_while_health_says_200(monkeypatch):
 def test_snapshot_reads_a_missing_unit_and_a_stopped_docker_from_the_probe():
     """The probe's sections -> the snapshot check_node reads: a unit systemd does not know is "missing and
     inactive" (what `is-enabled || echo missing` / `is-active` said), MemAvailable comes in bytes."""
-    from sparkdeploy import probes
+    from sparkdeploy.node import probes
 
     out = ("@@@ docker\nDOWN\n@@@ rc=0\n@@@ units\nId=docker.service\nUnitFileState=disabled\nActiveState=inactive\n\n"
            "Id=sparkdeploy-engine.service\nUnitFileState=\nActiveState=inactive\n\n@@@ rc=0\n"
@@ -129,10 +129,10 @@ def test_the_watchdogs_state_is_read_though_its_file_ends_without_a_newline(tmp_
     """The watchdog writes its JSON state without a final newline, so `cat` leaves it on the line of the
     probe's end marker; the parser splits the marker off (before, the section was lost and health never said
     the supervisor had stopped the service)."""
-    from sparkdeploy import probes
-    from sparkdeploy.connection import Target
-    from sparkdeploy.layout import ServiceLayout
-    from sparkdeploy.remote import LocalConn
+    from sparkdeploy.node import probes
+    from sparkdeploy.node.layout import ServiceLayout
+    from sparkdeploy.remote.connection import Target
+    from sparkdeploy.remote.ssh import LocalConn
 
     lay = ServiceLayout(etc_root=str(tmp_path / "etc"), state_root=str(tmp_path))
     state = {"gave_up": True, "reason": "retry cap 1 reached"}

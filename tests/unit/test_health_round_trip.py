@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from sparkdeploy import health, releases
-from sparkdeploy import inventory as I
-from sparkdeploy.remote import LocalConn
+from sparkdeploy.model import inventory as I
+from sparkdeploy.ops import health, releases
+from sparkdeploy.ops.vocab_live import version_of
+from sparkdeploy.remote.ssh import LocalConn
 from sparkdeploy.steps.deploy import Cluster, Options
-from sparkdeploy.vocab_live import version_of
 from tests.unit.test_dry_run import _two_releases, nodes  # noqa: F401 - the loopback nodes fixture
 from tests.unit.test_rollout import _rendered_node_plan
 

@@ -6,7 +6,7 @@ from sparkdeploy import paths
 from tests.support import fake_nvidia_smi
 
 _spec = importlib.util.spec_from_file_location(
-    "wd", paths.repo_root() / "src/sparkdeploy/steps/node_files/watchdog.py")
+    "wd", paths.repo_root() / "src/sparkdeploy/node/scripts/watchdog.py")
 wd = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(wd)
 

@@ -6,7 +6,9 @@ import dataclasses
 
 import yaml
 
-from sparkdeploy import hostsetup as hs, preflight, probes
+from sparkdeploy.checks import preflight
+from sparkdeploy.node import probes
+from sparkdeploy.ops import hostsetup as hs
 
 
 def fresh() -> hs.HostState:
@@ -124,7 +126,7 @@ class FakeConn:
         self.runs, self.puts = [], []
 
     def run(self, argv, **kw):
-        from sparkdeploy.connection import Result
+        from sparkdeploy.remote.connection import Result
 
         self.runs.append(list(argv))
         out = "/tmp/.sparkdeploy-host.Qx7Zr2Lm9a\n" if argv[:2] == ["mktemp", "-d"] else ""
@@ -159,7 +161,8 @@ def test_a_ring_nodes_netplan_lists_each_link_with_its_own_subnet():
     address; no twin is put on a derived next /24 (192.168.11.0/24 is the spark2-spark3 cable's)."""
     import yaml
 
-    from sparkdeploy import inventory, paths
+    from sparkdeploy import paths
+    from sparkdeploy.model import inventory
 
     spark2 = inventory.load(paths.repo_root() / "examples" / "inventory.3ring.yaml").node("spark2")
     links = spark2.data_links()

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import yaml
 
-from sparkdeploy import inventory, plan, render
+from sparkdeploy import plan
+from sparkdeploy.model import inventory
+from sparkdeploy.plan import render
 from sparkdeploy.steps import image as img
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -36,7 +38,7 @@ def test_an_overlays_change_makes_a_new_image(tmp_path):
 
 
 def test_registry_certificate_is_for_the_data_plane_address_only():
-    from sparkdeploy import registry
+    from sparkdeploy.ops import registry
 
     tls = registry.make_tls("10.0.0.1")
     assert registry.cert_serves(tls[registry.CERT_FILE], tls[registry.CA_FILE], "10.0.0.1")
@@ -60,9 +62,9 @@ def test_plan_says_which_path_each_image_and_checkpoint_transfer_takes():
 
 def test_registry_collect_untags_what_no_kept_release_names_then_frees_the_blobs(tmp_path, monkeypatch):
     """Real listing of a registry store laid out as Distribution lays it; the changes recorded by a dry run."""
-    from sparkdeploy import registry
-    from sparkdeploy.connection import Target, recording
-    from sparkdeploy.remote import LocalConn
+    from sparkdeploy.ops import registry
+    from sparkdeploy.remote.connection import Target, recording
+    from sparkdeploy.remote.ssh import LocalConn
 
     monkeypatch.setattr(registry, "STORAGE_DIR", str(tmp_path))
     tags = tmp_path / "docker/registry/v2/repositories/sparkdeploy/serving/_manifests/tags"
@@ -96,7 +98,7 @@ time="2026-12-03T22:43:08.786845422Z" level=error msg="response completed with e
 
 
 def test_registry_log_gives_the_bytes_sent_to_each_client():
-    from sparkdeploy import registry
+    from sparkdeploy.ops import registry
 
     assert registry.sent_by_client(REGISTRY_LOG) == {"172.30.174.11": 157, "172.30.174.12": 2 + 2201 + 123164 + 29707}
     assert registry.sent_by_client("-- No entries --\n") == {}

@@ -9,9 +9,10 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
-from sparkdeploy import init as I
-from sparkdeploy import inventory, plan
+from sparkdeploy import plan
+from sparkdeploy.checks import init as I
 from sparkdeploy.errors import InputError
+from sparkdeploy.model import inventory
 from tests.unit.init_boxes import output, sections
 
 NOW = datetime(2026, 12, 5, 18, 0, tzinfo=timezone.utc)
@@ -244,10 +245,9 @@ def test_init_reads_two_boxes_over_real_ssh(tmp_path, monkeypatch, capsys):
     the real probe script. The GB10/CX-7 hardware is the part we cannot run: each sshd's sessions get
     $SPARKDEPLOY_PROBE_ROOT pointing at a recorded Spark's /proc, /sys and /etc/netplan, and stand-ins for `ip`
     and `nvidia-smi` on PATH (tests/unit/init_boxes.write_root)."""
+    from sparkdeploy.cli import main
     from tests.support import sshd as sshd_mod
     from tests.unit.init_boxes import write_root
-
-    from sparkdeploy.cli import main
 
     if not sshd_mod.available():
         pytest.skip("needs /usr/sbin/sshd (openssh-server) and root")

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkdeploy import inventory, paths
+from sparkdeploy import paths
 from sparkdeploy.cli import main
 from sparkdeploy.errors import InventoryError
+from sparkdeploy.model import inventory
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SIM = FIXTURES / "inventory.sim.yaml"
@@ -230,8 +231,8 @@ def test_speculative_override_and_image_id_base(tmp_path):
 def test_watchdog_thresholds_default_from_the_field_report_and_reach_the_watchdogs_settings(tmp_path):
     """Busy at low power (issue 36): the inventory's `watchdog:` thresholds become the watchdog's knobs, under the
     names its decide() reads."""
+    from sparkdeploy.node.scripts import watchdog
     from sparkdeploy.steps import supervise
-    from sparkdeploy.steps.node_files import watchdog
 
     assert inventory.load(_write(tmp_path, yaml.safe_dump(_sim()))).watchdog == inventory.WatchdogConfig(90, 30, 120)
     data = dict(_sim(), watchdog={"wedge_power_w": 25, "wedge_for_s": 300})

@@ -16,21 +16,18 @@ PACKAGE = Path(sparkdeploy.__file__).parent
 
 # lowest first; an entry names a module or a package (every module under it)
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base: pure helpers, types, on-node names, parsers", (
-        "sparkdeploy", "errors", "extras", "fanout", "paths", "poll", "timing", "yamlfile", "layout", "verdict",
-        "sshconfig", "faults", "checkpoint",
-        "credentials", "facts", "probes", "memory", "memguard", "engine_args", "served_tokenizer", "vocab",
-        "bench.stats", "bench.metrics", "bench.prompts", "bench.compare", "bench.results", "bench.report",
-        "model_fetch_node", "weights_node", "steps.node_files")),
-    ("model: the inventory and the profile it names", ("fields", "profile", "topology", "inventory", "recipe")),
-    ("planning core: inventory + facts -> plan -> files (no I/O on nodes)", ("plan", "render", "router")),
-    ("remote: connections", ("connection", "remote", "streams")),
-    ("node effects and reads", (
-        "gather", "releases", "registry", "vocab_live", "weights", "health", "hostsetup", "model_fetch")),
+    ("base: pure helpers, types, on-node names and probes, the code that runs on nodes", (
+        "sparkdeploy", "errors", "extras", "fanout", "faults", "paths", "poll", "timing", "verdict", "yamlfile",
+        "node", "vocab", "bench.stats", "bench.metrics", "bench.prompts", "bench.compare", "bench.results",
+        "bench.report")),
+    ("model: the inventory, the profile it names, the checkpoint and the engine arguments", ("model",)),
+    ("planning core: inventory + facts -> plan -> files (no I/O on nodes)", ("plan",)),
+    ("remote: connections", ("remote",)),
+    ("node effects and reads", ("ops",)),
     ("steps: the idempotent remote steps and the verbs built on them", ("steps",)),
     ("procedures on a deployed cluster", (
-        "rollout", "rollout_checks", "rollout_live", "doctor", "preflight", "init", "bench.client", "bench.run", "bench.probe", "bench.harness",
-        "bench.turn2", "bench.context", "bench.sentinel", "bench", "exporter")),
+        "rollout", "checks", "bench.client", "bench.run", "bench.probe", "bench.harness", "bench.turn2",
+        "bench.context", "bench.sentinel", "bench")),
     ("front: the command line and the simulated cluster", ("cli", "__main__", "sim")),
 ]
 
@@ -131,8 +128,8 @@ def test_the_checker_sees_a_function_level_upward_import(tmp_path):
     """The walk must see imports inside functions, or a hidden cycle would pass."""
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from sparkdeploy.steps import deploy\n    import sparkdeploy.plan\n")
-    known = {"sparkdeploy.steps.deploy", "sparkdeploy.steps", "sparkdeploy.plan", "sparkdeploy.memory"}
-    assert imports_of("sparkdeploy.memory", f, known) == {"sparkdeploy.steps.deploy", "sparkdeploy.plan"}
+    known = {"sparkdeploy.steps.deploy", "sparkdeploy.steps", "sparkdeploy.plan", "sparkdeploy.plan.memory"}
+    assert imports_of("sparkdeploy.plan.memory", f, known) == {"sparkdeploy.steps.deploy", "sparkdeploy.plan"}
 
 
 # ------------------------------------------------------------------- docs/ARCHITECTURE.md against the code
@@ -177,23 +174,25 @@ def _resolve(token: str) -> bool | None:
     if "/" in token:
         if token.startswith("/") or not any((b / token.split("/")[0]).is_dir() for b in bases[:2]):
             return None  # an on-node path (`/etc/...`, `releases/NNNN/`)
-        if any((b / token).exists() for b in bases):
+        if any((b / token).exists() or (b / f"{token}.py").is_file() for b in bases):
             return True
         mod, _, attr = token.rpartition("/")[2].partition(".")
         where = token.rpartition("/")[0]
         return bool(attr) and any((b / where / f"{mod}.py").is_file() and _defines(b / where / f"{mod}.py", attr)
                                   for b in bases)
-    if re.fullmatch(r"\w+\.py", token):
-        return any((b / token).is_file() for b in bases)
+    if re.fullmatch(r"\w+\.py", token):  # a module in any folder of the package, or of the overlays
+        return any((b / token).is_file() for b in bases) or any(PACKAGE.rglob(token))
     m = re.fullmatch(r"(\w+)\.(\w+)(\(.*\))?", token)
     if not m or m.group(2) in ("json", "sh", "env", "txt", "yml", "yaml", "md", "service", "timer"):
         return None
     mod, attr = m.group(1), m.group(2)
     if mod == "sparkdeploy":
         return (PACKAGE / f"{attr}.py").is_file() or (PACKAGE / attr).is_dir()
-    files = [b / f"{mod}.py" for b in (PACKAGE, bases[3])] + [bases[2] / mod / "__init__.py"]
-    found = next((f for f in files if f.is_file()), None)
-    return None if found is None else _defines(found, attr)
+    if any((d / f"{attr}.py").is_file() for d in [PACKAGE / mod, *PACKAGE.rglob(mod)]):
+        return True  # a module in a folder: `bench.stats`
+    files = [f for f in [*PACKAGE.rglob(f"{mod}.py"), PACKAGE / mod / "__init__.py", bases[3] / f"{mod}.py",
+                         bases[2] / mod / "__init__.py"] if f.is_file()]
+    return None if not files else any(_defines(f, attr) for f in files)
 
 
 def test_architecture_names_only_what_exists():
@@ -224,3 +223,9 @@ def test_architecture_up_order_is_the_code_order():
         f"the order {sorted(named, key=first.get)}"
     steps = [n for n in first if n.startswith("step_")]
     assert set(steps) <= set(named), f"{DOC} section 1 lacks {sorted(set(steps) - set(named))}, which _up runs"
+
+
+def test_the_package_top_holds_at_most_ten_modules():
+    """Modules belong in the folder of their layer; the top keeps only the small helpers every layer uses."""
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(top) <= 10, f"{len(top)} modules at {PACKAGE}: move some into their layer's folder: {top}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sparkdeploy.errors import PlanError
-from sparkdeploy.facts import GIB, NodeFacts
-from sparkdeploy.memory import budget
+from sparkdeploy.node.facts import GIB, NodeFacts
+from sparkdeploy.plan.memory import budget
 
 
 def _facts(total_gib=119.7, available_gib=116.0, gpu=True):
@@ -69,7 +69,7 @@ def test_rows_show_the_split():
 
 
 def test_the_shortlist_draft_head_comes_out_of_the_kv_pool():
-    from sparkdeploy.memory import shortlist_head_gib
+    from sparkdeploy.plan.memory import shortlist_head_gib
 
     per_rank = shortlist_head_gib(65536, tp=2)
     assert per_rank * GIB == 65536 // 2 * 2560 * 2  # 167.8 MB per rank at TP=2

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkdeploy import inventory as I
-from sparkdeploy import model_fetch as mf
 from sparkdeploy import paths
 from sparkdeploy.errors import InputError, InventoryError, RemoteError
-from sparkdeploy.connection import Target
-from sparkdeploy.remote import LocalConn
+from sparkdeploy.model import inventory as I
+from sparkdeploy.ops import model_fetch as mf
+from sparkdeploy.remote.connection import Target
+from sparkdeploy.remote.ssh import LocalConn
 from sparkdeploy.steps.deploy import Cluster, Options
 from tests.support import hf_cache
 

@@ -24,8 +24,9 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from sparkdeploy import exporter, paths
+from sparkdeploy import paths
 from sparkdeploy.bench import client, metrics, sentinel
+from sparkdeploy.checks import exporter
 from sparkdeploy.cli import main
 from sparkdeploy.steps import monitoring
 from tests.support.vllm_server import free_port, venv_python
@@ -153,7 +154,7 @@ def _inputs(tmp) -> list[str]:
 def _serving(python: list[str], engine_url: str, inputs: list[str], **popen):
     """The exporter started with `python` on a free loopback port; yields its /metrics URL once it answers."""
     port = free_port()
-    proc = subprocess.Popen([*python, "-m", "sparkdeploy.exporter", "--listen", f"127.0.0.1:{port}",
+    proc = subprocess.Popen([*python, "-m", "sparkdeploy.checks.exporter", "--listen", f"127.0.0.1:{port}",
                              "--engine", engine_url, *inputs], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             **popen)
     try:
@@ -176,7 +177,7 @@ def _serving(python: list[str], engine_url: str, inputs: list[str], **popen):
 
 @pytest.fixture(scope="module")
 def scrape(tmp_path_factory):
-    """`python -m sparkdeploy.exporter` on a free loopback port against the fake engine: real traffic, then a
+    """`python -m sparkdeploy.checks.exporter` on a free loopback port against the fake engine: real traffic, then a
     scrape; returns its text."""
     inputs = _inputs(tmp_path_factory.mktemp("exporter"))
     with FakeVllm() as engine, _serving([sys.executable], engine.url, inputs) as url:
@@ -200,11 +201,11 @@ def test_the_code_shipped_to_the_head_runs_on_the_engine_images_python(tmp_path)
     code.mkdir()
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(code, filter="data")
-    assert (code / "sparkdeploy" / "exporter.py").is_file() and count > 20
+    assert (code / "sparkdeploy" / "checks" / "exporter.py").is_file() and count > 20
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(code), "PYTHONDONTWRITEBYTECODE": "1"}
-    where = subprocess.run([str(python), "-c", "import sparkdeploy.exporter as e; print(e.__file__)"],
+    where = subprocess.run([str(python), "-c", "import sparkdeploy.checks.exporter as e; print(e.__file__)"],
                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
-    assert where.stdout.strip() == str(code / "sparkdeploy" / "exporter.py"), where.stderr[-2000:]
+    assert where.stdout.strip() == str(code / "sparkdeploy" / "checks" / "exporter.py"), where.stderr[-2000:]
     with FakeVllm() as engine, _serving([str(python)], engine.url, _inputs(tmp_path), env=env, cwd=tmp_path) as url:
         text = requests.get(url, timeout=5).text
     values = samples(text_string_to_metric_families(text))
@@ -359,8 +360,9 @@ def test_a_node_that_is_no_longer_the_head_loses_its_exporter_and_the_head_gets_
     machine's shell (LocalConn) without running it: systemctl is the sim's to exercise."""
     from types import SimpleNamespace
 
-    from sparkdeploy import connection, remote
-    from sparkdeploy.layout import ServiceLayout
+    from sparkdeploy.node.layout import ServiceLayout
+    from sparkdeploy.remote import connection
+    from sparkdeploy.remote import ssh as remote
     unit = tmp_path / "sparkdeploy-exporter.service"
     unit.write_text("[Service]\n")
     lay = ServiceLayout(systemd_dir=str(tmp_path))

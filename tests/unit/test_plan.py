@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sparkdeploy import inventory, layout, paths, plan
+from sparkdeploy import paths, plan
+from sparkdeploy.model import inventory
+from sparkdeploy.node import layout
 
 
 def _shipped():
@@ -49,9 +51,9 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
-from sparkdeploy import facts, probes  # noqa: E402
 from sparkdeploy.cli import main  # noqa: E402
 from sparkdeploy.errors import PlanError  # noqa: E402
+from sparkdeploy.node import facts, probes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -19,10 +19,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkdeploy import engine_args, paths
-from sparkdeploy.cli import main
-from sparkdeploy.profile import SECRET_ENV_RE
 from spark_overlays import vocab_list
+from sparkdeploy import paths
+from sparkdeploy.cli import main
+from sparkdeploy.model import engine_args
+from sparkdeploy.model.profile import SECRET_ENV_RE
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_VOCAB = 4032  # deploy/tokenizers.yaml: sparkdeploy/tiny-qwen3

@@ -11,9 +11,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkdeploy import inventory, paths, recipe
+from sparkdeploy import paths
 from sparkdeploy.cli import main
 from sparkdeploy.errors import InventoryError
+from sparkdeploy.model import inventory, recipe
 from sparkdeploy.plan import plan
 
 RECIPES = Path(__file__).parent / "fixtures" / "recipes"
@@ -152,7 +153,7 @@ def test_the_shipped_imported_profile_is_what_the_import_writes(tmp_path):
 
 def test_a_profile_cannot_set_speculation_behind_the_kits_back():
     """--spec-method/--spec-tokens would fight the kit's --speculative-config: a profile's engine_args refuse them."""
-    from sparkdeploy import engine_args
+    from sparkdeploy.model import engine_args
 
     with pytest.raises(InventoryError, match="--spec-tokens is set by sparkdeploy; use speculative"):
         engine_args.to_argv({"spec-tokens": 3}, SERIES, file="p.yaml")
@@ -167,7 +168,7 @@ _WORDS = ["--port", "8000", "-tp", "2", "--tensor-parallel-size", "x", "--specul
 
 def imports_or_is_refused_naming_the_file(path) -> None:
     """A recipe either imports to a profile the profile loader takes, or is refused naming its file."""
-    from sparkdeploy.profile import load_profile
+    from sparkdeploy.model.profile import load_profile
 
     try:
         imp = recipe.import_recipe(path, series=SERIES)

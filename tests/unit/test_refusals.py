@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkdeploy import health, inventory, paths, plan, render
+from sparkdeploy import paths, plan
 from sparkdeploy.cli import main
 from sparkdeploy.errors import InputError, InventoryError
+from sparkdeploy.model import inventory
+from sparkdeploy.ops import health
+from sparkdeploy.plan import render
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DIGEST = "sha256:" + "ab" * 32

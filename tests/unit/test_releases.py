@@ -6,9 +6,12 @@ import os
 
 import pytest
 
-from sparkdeploy import connection, probes, releases, remote
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.layout import ServiceLayout
+from sparkdeploy.node import probes
+from sparkdeploy.node.layout import ServiceLayout
+from sparkdeploy.ops import releases
+from sparkdeploy.remote import connection
+from sparkdeploy.remote import ssh as remote
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""remote.py against a real OpenSSH server on loopback, and the local connection."""
+"""remote/ssh.py against a real OpenSSH server on loopback, and the local connection."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from sparkdeploy import connection, remote
 from sparkdeploy.errors import RemoteError
+from sparkdeploy.remote import connection
+from sparkdeploy.remote import ssh as remote
 from tests.support.sshd import sshd  # noqa: F401 - the loopback sshd fixture
 
 NASTY = ["a b", "$(touch /tmp/pwned-sparkdeploy)", "; rm -rf /", "'quote'", '"dq"', "back`tick`", "*", "\\n"]
@@ -159,7 +160,7 @@ def test_registry_tunnel_survives_many_connections_the_server_closes_first(ssh):
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from sparkdeploy import registry
+    from sparkdeploy.ops import registry
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from sparkdeploy import gather
+from sparkdeploy.ops import gather
 
 OUT = """@@meminfo
 MemTotal:       125000000 kB
@@ -43,7 +43,7 @@ def test_parse_gather_sim_node():
 
 def test_parse_gather_reads_every_links_hcas_each_by_its_own_address():
     """A ring node has two links: each HCA's RoCE v2 GID is the one mapping its own link's IPv4 address."""
-    from sparkdeploy.topology import Link
+    from sparkdeploy.model.topology import Link
 
     links = (Link("enp1s0f1np1", "192.168.177.11", 24, ("rocep1s0f1",)),
              Link("enp1s0f0np0", "192.168.10.1", 24, ("rocep1s0f0",)))

@@ -16,9 +16,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkdeploy import facts, inventory, paths, plan, render
+from sparkdeploy import paths, plan
 from sparkdeploy.cli import main
 from sparkdeploy.errors import InventoryError
+from sparkdeploy.model import inventory
+from sparkdeploy.node import facts
+from sparkdeploy.plan import render
 
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures"

@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparkdeploy import cli, health, rollout, served_tokenizer, vocab_live
+from sparkdeploy import cli, rollout
 from sparkdeploy.errors import VocabError
-from sparkdeploy.layout import ServiceLayout
+from sparkdeploy.model import served_tokenizer
+from sparkdeploy.node.layout import ServiceLayout
+from sparkdeploy.ops import health, vocab_live
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -63,7 +65,7 @@ def no_connections(monkeypatch):
         calls.append(a)
         raise AssertionError("a node was contacted")
 
-    import sparkdeploy.remote as remote
+    import sparkdeploy.remote.ssh as remote
 
     monkeypatch.setattr(remote, "connect", refuse)
     monkeypatch.setattr(remote.SSHConn, "__init__", refuse)
@@ -166,7 +168,7 @@ def test_cli_refuses_wrong_tokenizer_before_connecting(tmp_path, inventory, no_c
 
 
 def test_served_tokenizer_must_match_the_recorded_hash(inventory, monkeypatch, model_dir):
-    from sparkdeploy import inventory as I
+    from sparkdeploy.model import inventory as I
 
     inv = I.load(inventory)
     monkeypatch.setattr(served_tokenizer, "table", lambda root=None: {
@@ -219,9 +221,9 @@ def test_golden_prompts_are_fixed_and_cover_categories():
 # ----------------------------------------------------------------------------------- on-node state + health
 def _rendered_node_plan(sha: str, tmp_path: Path) -> bytes:
     """node1's node-plan.json as `up` renders it for the MTP profile, naming list `sha`."""
-    from sparkdeploy import inventory as I
     from sparkdeploy import plan as P
-    from sparkdeploy import render
+    from sparkdeploy.model import inventory as I
+    from sparkdeploy.plan import render
 
     shutil.copy(FIXTURES / "vocab-1k.txt", tmp_path / "vocab-1k.txt")
     text = (FIXTURES / "inventory.sim.yaml").read_text().replace("profile: sim-tiny ", "profile: sim-tiny-next-mtp ")
@@ -234,8 +236,8 @@ def _rendered_node_plan(sha: str, tmp_path: Path) -> bytes:
 
 
 def test_state_script_reads_pointer_content_and_the_release_hash(tmp_path):
-    from sparkdeploy.connection import Target
-    from sparkdeploy.remote import LocalConn
+    from sparkdeploy.remote.connection import Target
+    from sparkdeploy.remote.ssh import LocalConn
 
     data = b"0\n1\n2\n"
     sha = __import__("hashlib").sha256(data).hexdigest()
@@ -282,8 +284,8 @@ def test_health_is_quiet_without_a_shortlist():
 
 
 def test_prune_keeps_live_and_protected(tmp_path):
-    from sparkdeploy.connection import Target
-    from sparkdeploy.remote import LocalConn
+    from sparkdeploy.remote.connection import Target
+    from sparkdeploy.remote.ssh import LocalConn
 
     conn = LocalConn(Target("n1", "127.0.0.1", local=True))
     lay = ServiceLayout(state_root=str(tmp_path))
@@ -311,7 +313,7 @@ class _FakeConn:
 
 class _FakeCluster:
     def __init__(self, conns, meta):
-        from sparkdeploy.releases import NodeReleases
+        from sparkdeploy.ops.releases import NodeReleases
 
         self.conns = conns
         self.names = list(conns)
@@ -324,7 +326,7 @@ class _FakeCluster:
 
 
 def _derive(monkeypatch, files, edit=None):
-    from sparkdeploy import releases
+    from sparkdeploy.ops import releases
 
     old, new = "a" * 64, "b" * 64
     monkeypatch.setattr(releases, "file_digests", lambda c, lay, num: {k: "x" for k in c.files})
@@ -377,8 +379,8 @@ def test_downtime_is_the_longest_gap_between_successes():
 
 
 def test_follow_release_points_at_the_list_the_release_expects(tmp_path):
-    from sparkdeploy.connection import Target
-    from sparkdeploy.remote import LocalConn
+    from sparkdeploy.remote.connection import Target
+    from sparkdeploy.remote.ssh import LocalConn
 
     conn = LocalConn(Target("n1", "127.0.0.1", local=True))
     a, b = b"0\n1\n", b"0\n1\n2\n"

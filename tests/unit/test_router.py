@@ -23,11 +23,11 @@ import pytest
 import requests
 import yaml
 
-from sparkdeploy import inventory, layout
 from sparkdeploy.cli import main
-from sparkdeploy.router import plan_router, router_files
+from sparkdeploy.model import inventory
+from sparkdeploy.node import layout
+from sparkdeploy.plan.router import plan_router, router_files
 from sparkdeploy.steps import router as router_step
-
 from tests.support.http_json import send_json
 from tests.support.vllm_server import venv_python
 from tests.unit.test_services import FIXTURES, _sim_services, _write

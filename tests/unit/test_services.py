@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkdeploy import inventory, paths
+from sparkdeploy import paths
 from sparkdeploy import plan as plan_mod
 from sparkdeploy.cli import main
 from sparkdeploy.errors import InventoryError
-from sparkdeploy.router import plan_router
+from sparkdeploy.model import inventory
+from sparkdeploy.plan.router import plan_router
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLE = paths.repo_root() / "examples" / "inventory.4node.yaml"

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkdeploy import connection, inventory, remote
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.remote import target_of
+from sparkdeploy.model import inventory
+from sparkdeploy.remote import connection
+from sparkdeploy.remote import ssh as remote
+from sparkdeploy.remote.ssh import target_of
 from tests.support.sshd import sshd  # noqa: F401 - the loopback sshd fixture
 
 SIM_INVENTORY = Path(__file__).parent / "fixtures" / "inventory.sim.yaml"

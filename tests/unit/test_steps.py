@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import tarfile
 import io
+import tarfile
 
 import pytest
 
-from sparkdeploy import facts as F
-from sparkdeploy import layout
-from sparkdeploy import inventory as I
-from sparkdeploy import paths, releases, render
+from sparkdeploy import paths
 from sparkdeploy import plan as P
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.connection import Target
-from sparkdeploy.remote import LocalConn
+from sparkdeploy.model import inventory as I
+from sparkdeploy.node import facts as F
+from sparkdeploy.node import layout
+from sparkdeploy.ops import releases
+from sparkdeploy.plan import render
+from sparkdeploy.remote.connection import Target
+from sparkdeploy.remote.ssh import LocalConn
 from sparkdeploy.steps import base, image, supervise
 from sparkdeploy.steps.deploy import Cluster, Options
 

@@ -12,9 +12,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkdeploy import inventory, paths
+from sparkdeploy import paths
 from sparkdeploy.cli import main
 from sparkdeploy.errors import InventoryError, PlanError
+from sparkdeploy.model import inventory
 from sparkdeploy.plan import plan
 
 VOCAB = str(paths.repo_root() / "vocabs" / "qwen3.5-multi-64k.txt")
@@ -154,7 +155,7 @@ def test_malformed_links_exit_2_naming_the_field(tmp_path, capsys, mutate, field
 
 
 def test_facts_must_show_every_link_of_a_node(tmp_path):
-    from sparkdeploy.facts import load_facts_file
+    from sparkdeploy.node.facts import load_facts_file
 
     path = _write(tmp_path, _services(_ring(), {"left": ["spark1", "spark2"]}))
     facts = {"nodes": {"spark1": {"mem_total_gib": 119.7, "gpu_name": "NVIDIA GB10",
@@ -173,7 +174,7 @@ def test_the_shipped_ring_example_plans_its_pair_over_their_cable():
 
 def test_the_router_reaches_each_head_over_a_cable_it_shares_with_it(tmp_path):
     """On a ring the router's node may not be on a service's subnet: it takes the head's port on their own cable."""
-    from sparkdeploy.router import plan_router
+    from sparkdeploy.plan.router import plan_router
 
     data = _services(_ring(), {"left": ["spark1", "spark2"], "right": ["spark2", "spark3"]})
     data["router"] = {"node": "spark3", "port": 8080}

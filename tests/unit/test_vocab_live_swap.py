@@ -12,11 +12,11 @@ import os
 
 import pytest
 
-from sparkdeploy import vocab_live
-from sparkdeploy.connection import Target
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.layout import ServiceLayout
-from sparkdeploy.remote import LocalConn
+from sparkdeploy.node.layout import ServiceLayout
+from sparkdeploy.ops import vocab_live
+from sparkdeploy.remote.connection import Target
+from sparkdeploy.remote.ssh import LocalConn
 
 LINE = ("(Worker pid=15658) WARNING 12-05 17:24:12 [_util.py:26] spark_overlays: shortlist {event} sha256={sha} "
         "rows=2099 capacity=4032 tp_rank={rank}{why} pid=15658 title='VLLM::Worker'\n")

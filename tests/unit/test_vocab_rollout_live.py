@@ -13,11 +13,15 @@ import os
 
 import pytest
 
-from sparkdeploy import health, plan, probes, releases, render, rollout_live, vocab_live
-from sparkdeploy.connection import Target
-from sparkdeploy.layout import NODE_PLAN_FILE, ServiceLayout
-from sparkdeploy.remote import LocalConn
-from sparkdeploy.rollout_checks import RolloutError
+from sparkdeploy import plan
+from sparkdeploy.node import probes
+from sparkdeploy.node.layout import NODE_PLAN_FILE, ServiceLayout
+from sparkdeploy.ops import health, releases, vocab_live
+from sparkdeploy.plan import render
+from sparkdeploy.remote.connection import Target
+from sparkdeploy.remote.ssh import LocalConn
+from sparkdeploy.rollout import live as rollout_live
+from sparkdeploy.rollout.checks import RolloutError
 from tests.unit.test_dry_run import nodes as loopback  # noqa: F401 - a fixture: two loopback nodes, PATH stand-ins
 from tests.unit.test_plan import _mtp_with_shortlist
 from tests.unit.test_vocab_live_swap import LINE, Engine
@@ -198,8 +202,8 @@ def live_rollout(loopback):
     does what a rank does at a drafter call: take the list the pointer names and log the report line."""
     import numpy as np
 
-    from sparkdeploy import inventory as I
     from sparkdeploy import rollout
+    from sparkdeploy.model import inventory as I
     from sparkdeploy.steps.deploy import Cluster, Options
     from tests.unit.bench.fake_vllm import FakeVllm
     from tests.unit.test_dry_run import _two_releases
@@ -247,7 +251,8 @@ def test_a_live_rollout_whose_acceptance_falls_swaps_the_old_list_back_and_fails
     r, res, fake, conn = live_rollout
     fake.accept_per_pos = (0.0, 0.0)  # the new list drafts nothing the model accepts
     assert not r._live(res)
-    assert res.status == "rolled-back" and not res.ok and "mean acceptance length fell" in res.reason
+    assert res.status == "failed" and res.rolled_back_to == r.prev == 2 and not res.ok
+    assert "mean acceptance length fell" in res.reason
     assert res.message.startswith(f"live swap to {NEW_SHA[:12]} FAILED") and "SWAPPED BACK" in res.message
     assert vocab_live.read_state(conn, r.c.lay).content == OLD_SHA
     assert vocab_live.served(conn, r.c.lay)[0].sha256 == OLD_SHA

@@ -9,11 +9,12 @@ import subprocess
 
 import pytest
 
-from sparkdeploy import memory, weights as w
-from sparkdeploy.facts import NodeFacts
+from sparkdeploy.node.facts import NodeFacts
+from sparkdeploy.ops import weights as w
+from sparkdeploy.plan import memory
+from sparkdeploy.remote.connection import Target
+from sparkdeploy.remote.ssh import LocalConn
 from sparkdeploy.verdict import Status
-from sparkdeploy.connection import Target
-from sparkdeploy.remote import LocalConn
 
 GIB = 1 << 30
 
@@ -84,8 +85,9 @@ def test_helper_manifest_cache_seed_and_evict(tmp_path, local, monkeypatch):
 def test_evict_and_guard_over_local_connections(tmp_path, monkeypatch):
     from pathlib import Path
 
-    from sparkdeploy import inventory, plan as plan_mod
-    from sparkdeploy.remote import Pool
+    from sparkdeploy import plan as plan_mod
+    from sparkdeploy.model import inventory
+    from sparkdeploy.remote.ssh import Pool
 
     monkeypatch.setenv("HOME", str(tmp_path))
     inv = inventory.load(Path(__file__).parent / "fixtures" / "inventory.sim.yaml")

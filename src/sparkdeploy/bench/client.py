@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import requests
 
 from sparkdeploy.errors import BenchError
-from sparkdeploy.health import bearer
+from sparkdeploy.ops.health import bearer
 
 
 @dataclass(frozen=True)

@@ -51,9 +51,10 @@ def _plain(value: Any) -> Any:
 
 def load_inventory(path: str | Path, service: str | None = None) -> Any:
     try:
-        from sparkdeploy import inventory as inv_mod
+        from sparkdeploy.model import inventory as inv_mod
     except ImportError as err:
-        raise BenchError(f"{path}: --inventory needs sparkdeploy.inventory, which is not available: {err}") from err
+        raise BenchError(f"{path}: --inventory needs sparkdeploy.model.inventory, which is not available: {err}") \
+            from err
     return inv_mod.load(path, service)
 
 

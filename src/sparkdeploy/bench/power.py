@@ -15,7 +15,7 @@ import statistics
 import threading
 from urllib.parse import urlsplit
 
-from sparkdeploy.steps.node_files.watchdog import gpu_sample
+from sparkdeploy.node.scripts.watchdog import gpu_sample
 
 SAMPLE_S = 0.25
 

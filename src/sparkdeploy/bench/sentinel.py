@@ -29,8 +29,8 @@ from sparkdeploy.bench import client, prompts, results, stats
 from sparkdeploy.bench import compare as bench_compare
 from sparkdeploy.bench.client import Service
 from sparkdeploy.bench.probe import Progress, probe
-from sparkdeploy import vocab_live
 from sparkdeploy.errors import InputError
+from sparkdeploy.ops import vocab_live
 
 SCHEMA = "sparkdeploy.sentinel/1"
 # what a release record may say about itself; a difference in one of these is a candidate cause
@@ -262,7 +262,8 @@ def check_release(cx, number: int, *, against: int | None = None, progress: Prog
     release itself, whose earlier record says how fast it was), and keep the record, with that verdict, in the
     release's directory on the head (`layout.SENTINEL_RECORD`): `health` shows it, `bench sentinel --inventory`
     repeats it. Returns the verdict."""
-    from sparkdeploy import layout, releases
+    from sparkdeploy.node import layout
+    from sparkdeploy.ops import releases
     from sparkdeploy.steps.context import served
 
     head = cx.conn(cx.head)

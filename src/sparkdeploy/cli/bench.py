@@ -12,11 +12,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from sparkdeploy import credentials, layout
 from sparkdeploy.bench import client, context, prompts, results, sentinel
 from sparkdeploy.bench.prompts import SENTINEL_CATEGORIES
 from sparkdeploy.cli.options import chosen_service, inventory_option
 from sparkdeploy.errors import BenchError, InputError
+from sparkdeploy.model import credentials
+from sparkdeploy.node import layout
 
 _err = Console(stderr=True, highlight=False)
 
@@ -276,7 +277,7 @@ def sentinel_cmd(baseline, candidate, sessions, inventory, as_json):
 
 def _cluster_records(inventory: str) -> tuple[dict, dict, str]:
     """The current release's record and the newest older healthy release's, read from the head."""
-    from sparkdeploy import releases
+    from sparkdeploy.ops import releases
     from sparkdeploy.steps.deploy import Options, load_cluster
 
     with load_cluster(inventory, Options(), chosen_service()) as cl:

@@ -10,14 +10,22 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from sparkdeploy import paths, releases
-from sparkdeploy.errors import SparkdeployError
-from sparkdeploy.verdict import Status
+from sparkdeploy import paths
 from sparkdeploy.cli.interrupts import interrupt_as_failure
-from sparkdeploy.cli.options import (chosen_service, deploy_exit_code, inventory_option, print_speed, selected_services,
-                                     sentinel_option, speed_after_gate)
+from sparkdeploy.cli.options import (
+    chosen_service,
+    deploy_exit_code,
+    inventory_option,
+    print_speed,
+    selected_services,
+    sentinel_option,
+    speed_after_gate,
+)
+from sparkdeploy.errors import SparkdeployError
+from sparkdeploy.ops import releases
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD
 from sparkdeploy.steps.deploy import Options, dry_run_services, load_cluster
+from sparkdeploy.verdict import Status
 
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
@@ -114,7 +122,7 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
 
 def _router_up(inventory: str, dry_run: bool, trust_new_hosts: bool) -> tuple[dict, bool]:
     """After every service: the router where the inventory names one, gone from the nodes where it does not."""
-    from sparkdeploy import inventory as inventory_mod
+    from sparkdeploy.model import inventory as inventory_mod
     from sparkdeploy.steps.base import StepFailed
     from sparkdeploy.steps.router import step_router
 
@@ -155,8 +163,8 @@ def down(inventory, keep_enabled, dry_run, trust_new_hosts):
 def _health(inventory, trust_new_hosts, probe_timeout=60.0) -> dict[str | None, object]:
     """The health report of --service's service, else of every service of the inventory (key None: the only
     one of an inventory without `services:`)."""
-    from sparkdeploy import health as H
-    from sparkdeploy.router import plan_router
+    from sparkdeploy.ops import health as H
+    from sparkdeploy.plan.router import plan_router
 
     reports = {}
     views = selected_services(inventory)
@@ -258,7 +266,7 @@ def rollback(inventory, number, ready_timeout, dry_run, trust_new_hosts, sentine
 @_trust_option
 def logs(inventory, node, follow, lines, journal, trust_new_hosts):
     """The engine's log on NODE (default: the head): docker logs, or the unit's journal with --journal."""
-    from sparkdeploy.remote import LocalConn
+    from sparkdeploy.remote.ssh import LocalConn
 
     with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts), chosen_service()) as cluster:
         name = node or cluster.inv.head.name

@@ -7,11 +7,11 @@ import json
 import click
 from rich.console import Console
 
-from sparkdeploy import doctor as doctor_mod
-from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import paths
-from sparkdeploy.verdict import Status
+from sparkdeploy.checks import doctor as doctor_mod
 from sparkdeploy.cli.options import chosen_service, inventory_option
+from sparkdeploy.model import inventory as inventory_mod
+from sparkdeploy.verdict import Status
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAILED: "red bold", Status.SKIPPED: "dim"}

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from sparkdeploy.cli.options import chosen_service, inventory_option, selected_services
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.remote import Pool, target_of
+from sparkdeploy.remote.ssh import Pool, target_of
 from sparkdeploy.steps.host import host_setup
 from sparkdeploy.verdict import Status
 

@@ -1,4 +1,4 @@
-"""`sparkdeploy init HOST...`: write inventory.yaml from what the boxes report (sparkdeploy.init)."""
+"""`sparkdeploy init HOST...`: write inventory.yaml from what the boxes report (sparkdeploy.checks.init)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from sparkdeploy import init as init_mod
+from sparkdeploy.checks import init as init_mod
 from sparkdeploy.errors import InputError
 
 

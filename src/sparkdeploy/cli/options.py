@@ -40,8 +40,8 @@ def chosen_service() -> str | None:
 def selected_services(inventory: str | None) -> tuple:
     """The services a command that covers several acts on: --service's, else every service of the inventory
     (one `Inventory` each; `.service` None for an inventory without `services:`)."""
-    from sparkdeploy import inventory as inventory_mod
     from sparkdeploy import paths
+    from sparkdeploy.model import inventory as inventory_mod
 
     path = inventory or paths.default_inventory()
     return (inventory_mod.load(path, chosen_service()),) if chosen_service() else inventory_mod.load_services(path)

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import click
 
-from sparkdeploy import layout
-from sparkdeploy import facts as facts_mod
-from sparkdeploy import inventory as inventory_mod
 from sparkdeploy import paths
 from sparkdeploy import plan as plan_mod
-from sparkdeploy import render as render_mod
 from sparkdeploy.cli.options import chosen_service, inventory_option, selected_services
-from sparkdeploy.router import ROUTER_VERSION, plan_router, router_files
+from sparkdeploy.model import inventory as inventory_mod
+from sparkdeploy.node import facts as facts_mod
+from sparkdeploy.node import layout
+from sparkdeploy.plan import render as render_mod
+from sparkdeploy.plan.router import ROUTER_VERSION, plan_router, router_files
 
 _inventory_option = inventory_option()
 _facts_option = click.option("--facts", "facts_file", type=click.Path(dir_okay=False, path_type=Path), default=None,

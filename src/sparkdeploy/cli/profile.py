@@ -6,9 +6,10 @@ from pathlib import Path
 
 import click
 
-from sparkdeploy import checkpoint, paths
-from sparkdeploy import recipe as recipe_mod
+from sparkdeploy import paths
 from sparkdeploy.errors import InventoryError
+from sparkdeploy.model import checkpoint
+from sparkdeploy.model import recipe as recipe_mod
 
 
 def _newest_series() -> str:

@@ -188,8 +188,8 @@ def learn_cmd(counts, list_arg, out, spec, size, target, min_count, save_counts,
         path, ids, manifest = _read(list_arg)
         tok = _tokenizer_for(manifest, spec, path)
     else:
-        from sparkdeploy import served_tokenizer
         from sparkdeploy.cli.options import connected
+        from sparkdeploy.model import served_tokenizer
         from sparkdeploy.steps import capture
 
         with connected(inventory, trust_new_hosts) as cx:

@@ -14,12 +14,19 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from sparkdeploy import inventory as I
 from sparkdeploy import paths
 from sparkdeploy.cli.interrupts import interrupt_as_failure
-from sparkdeploy.cli.options import (chosen_service, deploy_exit_code, inventory_option, print_speed, sentinel_option,
-                                     speed_after_gate)
+from sparkdeploy.cli.options import (
+    chosen_service,
+    deploy_exit_code,
+    inventory_option,
+    print_speed,
+    sentinel_option,
+    speed_after_gate,
+)
 from sparkdeploy.cli.vocab import vocab
+from sparkdeploy.model import inventory as I
+from sparkdeploy.verdict import Status
 
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
@@ -74,7 +81,7 @@ def _report(res, as_json: bool) -> None:
     for row in res.coverage:
         old = "?" if row["miss_old"] is None else f"{row['miss_old']:.2%}"
         err.print(f"  coverage  {row['text']}: off-list {old} -> {row['miss_new']:.2%} of {row['tokens']:,} tokens")
-    for a in res.actions if res.status == "dry-run" else []:
+    for a in res.actions if res.status == Status.WOULD_CHANGE else []:
         err.print(f"  [yellow]would[/yellow]     {a}")
     for e in res.effects:  # a dry run: the exact writes and commands, as the rollout will make them
         err.print(f"{'':>12}[dim]{escape(e)}[/dim]")
@@ -137,7 +144,7 @@ def _roll(cluster, candidate, opts, tok, what: str, sentinel: bool, allow_slower
     try:
         with interrupt_as_failure(what, _log) as signalled:
             res = R.Rollout(cluster, candidate(cluster), opts, tok).run()
-            if sentinel and res.status == "changed":
+            if sentinel and res.status == Status.CHANGED:
                 speed = speed_after_gate(cluster, res.release, _log)
     finally:
         cluster.close()
@@ -157,7 +164,7 @@ def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, live, inv
                  sentinel, allow_slower):
     """Put a stored list back (VERSION = a sha256 prefix from `vocab history`; default: the one live before)."""
     from sparkdeploy import rollout as R
-    from sparkdeploy import served_tokenizer
+    from sparkdeploy.model import served_tokenizer
 
     inv = _load(inventory)
     opts = R.RolloutOptions(ready_timeout=ready_timeout, max_tokens=max_tokens, categories=list(categories) or None,

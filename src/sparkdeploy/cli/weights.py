@@ -10,14 +10,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-from sparkdeploy import inventory as inventory_mod
-from sparkdeploy import model_fetch as mf
 from sparkdeploy import paths
 from sparkdeploy.cli.options import inventory_option
-from sparkdeploy import weights as w
 from sparkdeploy.errors import InputError, RemoteError
-from sparkdeploy.remote import Pool
-from sparkdeploy.remote import target_of
+from sparkdeploy.model import inventory as inventory_mod
+from sparkdeploy.ops import model_fetch as mf
+from sparkdeploy.ops import weights as w
+from sparkdeploy.remote.ssh import Pool, target_of
 from sparkdeploy.verdict import Status
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -155,8 +154,8 @@ def sync(inventory_file, directory, dry_run, streams, as_json, trust_new_hosts):
 def evict(inventory_file, directory, as_json, trust_new_hosts):
     """Drop the checkpoint's page cache on every node (posix_fadvise DONTNEED, no root), then run the start-time
     memory guard: MemAvailable must cover the plan's weights + KV + reserve. Exit 1 when it would refuse."""
-    from sparkdeploy import gather
     from sparkdeploy import plan as plan_mod
+    from sparkdeploy.ops import gather
 
     inv, d = _load(inventory_file, directory)
     with _open(inv, trust_new_hosts) as pool:

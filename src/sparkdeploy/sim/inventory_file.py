@@ -1,4 +1,4 @@
-"""Write `inventory.sim.yaml`: the sim cluster in the same shape as any inventory (see sparkdeploy.inventory)."""
+"""Write `inventory.sim.yaml`: the sim cluster in the same shape as any inventory (see sparkdeploy.model.inventory)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import yaml
-
 
 ROUTER_PORT = 8080
 
@@ -47,7 +46,7 @@ def write_api_key(path: Path) -> Path:
 def _world_size(profile: str) -> int:
     """The profile's nodes per replica (0 when it cannot be read: the loader then says why, in _validate)."""
     from sparkdeploy.errors import InventoryError
-    from sparkdeploy.profile import find_profile, load_profile
+    from sparkdeploy.model.profile import find_profile, load_profile
 
     path = find_profile(profile, Path.cwd() / "inventory.sim.yaml")
     try:
@@ -151,7 +150,7 @@ def write_inventory(state, path: Path, base_image_id: str | None = None, *, voca
 def _validate(path: Path, nodes: int) -> str | None:
     """Load it back with the real inventory loader, so a sim inventory that other commands reject fails here."""
     try:
-        from sparkdeploy import inventory
+        from sparkdeploy.model import inventory
     except ImportError:  # pragma: no cover - the spine is part of the package
         return None
     from sparkdeploy.errors import InventoryError

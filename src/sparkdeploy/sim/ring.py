@@ -9,8 +9,8 @@ import ipaddress
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from sparkdeploy import probes
 from sparkdeploy.errors import SimError
+from sparkdeploy.node import probes
 
 LINK_PREFIX = 24
 

@@ -2,7 +2,7 @@
 (the sim's image preload).
 
 Plain OS pipes into the sinks, so end-of-file reaches every `docker load` when the stream ends (fabric's
-`in_stream` never sends it). The general node-to-node transport belongs to `sparkdeploy.remote`; this one only
+`in_stream` never sends it). The general node-to-node transport belongs to `sparkdeploy.remote.ssh`; this one only
 serves the sim: host image -> every sim node, in one read of the image.
 """
 

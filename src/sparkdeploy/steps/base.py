@@ -12,14 +12,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from sparkdeploy.connection import recording
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.fanout import parallel
+from sparkdeploy.remote.connection import recording
 from sparkdeploy.verdict import Status
 
 # the per-node outcome of a step, in the kit's one result vocabulary
-OK, CHANGED, WARN, FAILED, SKIPPED, WOULD = (s.value for s in (Status.OK, Status.CHANGED, Status.WARN, Status.FAILED,
-                                                                Status.SKIPPED, Status.WOULD_CHANGE))
+OK, CHANGED, WARN, FAILED, SKIPPED, WOULD = (Status.OK, Status.CHANGED, Status.WARN, Status.FAILED, Status.SKIPPED,
+                                             Status.WOULD_CHANGE)
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Action:
 class Outcome:
     step: str
     node: str
-    status: str
+    status: Status
     detail: str = ""
     actions: list[str] = field(default_factory=list)
     seconds: float = 0.0

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-import time
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sparkdeploy.connection import Conn
 from sparkdeploy.errors import SparkdeployError
-from sparkdeploy.layout import CAPTURE_SCHEDULER, PLAIN, ServiceLayout
+from sparkdeploy.node.layout import CAPTURE_SCHEDULER, PLAIN, ServiceLayout
+from sparkdeploy.remote.connection import Conn
 from sparkdeploy.steps.base import Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
 
@@ -120,7 +120,7 @@ def pull(cx: Context, dest: str | Path | None = None) -> list[Path]:
 
 def live_list(cx: Context) -> tuple[str, bytes]:
     """(a name, the bytes) of the draft list live on the head: what `vocab learn` adds to by default."""
-    from sparkdeploy import vocab_live
+    from sparkdeploy.ops import vocab_live
 
     head = cx.conn(cx.head)
     state = vocab_live.read_state(head, cx.lay)

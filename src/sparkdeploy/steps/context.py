@@ -9,13 +9,15 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from sparkdeploy import facts as F
-from sparkdeploy import probes
-from sparkdeploy import gather, paths, poll, releases, render
+from sparkdeploy import paths, poll
 from sparkdeploy import plan as P
 from sparkdeploy.errors import InventoryError, RemoteError
-from sparkdeploy.connection import Conn
-from sparkdeploy.remote import Pool, target_of
+from sparkdeploy.node import facts as F
+from sparkdeploy.node import probes
+from sparkdeploy.ops import gather, releases
+from sparkdeploy.plan import render
+from sparkdeploy.remote.connection import Conn
+from sparkdeploy.remote.ssh import Pool, target_of
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps import supervise
 from sparkdeploy.steps.base import FAILED, OK, Outcome, StepFailed

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 
 from sparkdeploy import fanout
-from sparkdeploy import health as H
+from sparkdeploy.ops import health as H
 from sparkdeploy.steps import down as _down
 from sparkdeploy.steps import healthcheck, release
 from sparkdeploy.steps import rollback as _rollback
@@ -77,7 +77,7 @@ class Cluster(Context):
 
 def load_cluster(inventory_path: str, opts: Options, service: str | None = None) -> Cluster:
     """The cluster of one service of the inventory (`service`, or its only one)."""
-    from sparkdeploy import inventory as I
+    from sparkdeploy.model import inventory as I
 
     return Cluster(I.load(inventory_path, service), opts)
 

@@ -3,7 +3,7 @@ the exporter disabled (the exporter also stopped) unless --keep-enabled."""
 
 from __future__ import annotations
 
-from sparkdeploy.connection import recording
+from sparkdeploy.remote.connection import recording
 from sparkdeploy.steps import engine
 from sparkdeploy.steps.base import CHANGED, WOULD, Outcome
 from sparkdeploy.steps.context import Context

@@ -16,9 +16,12 @@ import shlex
 import time
 from typing import Callable
 
-from sparkdeploy import connection, faults, health, probes, releases
+from sparkdeploy import faults
 from sparkdeploy.errors import HealthError, SparkdeployError
-from sparkdeploy.layout import LAUNCH_FILE
+from sparkdeploy.node import probes
+from sparkdeploy.node.layout import LAUNCH_FILE
+from sparkdeploy.ops import health, releases
+from sparkdeploy.remote import connection
 from sparkdeploy.steps.base import CHANGED, OK, WOULD, Outcome
 from sparkdeploy.steps.context import Context, served
 
@@ -71,7 +74,7 @@ def stop_and_disable(cx: Context) -> None:
 def start_all(cx: Context) -> None:
     """Evict the checkpoint's page cache and refuse a start the plan's memory budget cannot hold (the
     field's OOM cascades); then workers first (they wait for the head's rendezvous), the head last."""
-    from sparkdeploy import weights
+    from sparkdeploy.ops import weights
 
     _, guards = weights.evict_and_guard(cx.pool, cx.plan, cx.plan.model_host_dir)
     for g in guards:
@@ -89,7 +92,7 @@ def switch(cx: Context, num: int, list_sha: str | None = None, what: str | None 
     """`current` -> release `num` on every node. The draft list follows: to `list_sha` when given (a rollout
     points current.txt itself, before the release switch), else to the list the release names (a release
     made by `vocab rollout` names another list than up's)."""
-    from sparkdeploy import vocab_live
+    from sparkdeploy.ops import vocab_live
 
     if list_sha is not None:
         cx.each(lambda c: (vocab_live.point(c, cx.lay, list_sha), releases.switch(c, cx.lay, num)),

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from sparkdeploy import facts as F
-from sparkdeploy import health, probes, releases
 from sparkdeploy import plan as P
 from sparkdeploy.errors import RemoteError, SparkdeployError
+from sparkdeploy.node import facts as F
+from sparkdeploy.node import probes
+from sparkdeploy.ops import health, releases
 from sparkdeploy.steps import stale
 from sparkdeploy.steps.base import FAILED, Outcome
 from sparkdeploy.steps.context import Context, facts_from_dict, served

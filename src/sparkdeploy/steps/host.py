@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from sparkdeploy import hostsetup as hs
-from sparkdeploy.connection import recording
-from sparkdeploy.inventory import Node
-from sparkdeploy.remote import Pool
+from sparkdeploy.model.inventory import Node
+from sparkdeploy.ops import hostsetup as hs
+from sparkdeploy.remote.connection import recording
+from sparkdeploy.remote.ssh import Pool
 from sparkdeploy.verdict import Status
 
 

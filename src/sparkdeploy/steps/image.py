@@ -4,7 +4,7 @@ Build happens on the head when the head's engine has the base image (a real Spar
 pulled); otherwise on whichever machine has it (this machine, when the base is a local-only image such as the
 simulated cluster's). The build context (rendered Dockerfile, overlays/) streams in as a tar on stdin.
 
-Delivery (sparkdeploy.registry): the head runs a Distribution registry on its data-plane address; the image is
+Delivery (sparkdeploy.ops.registry): the head runs a Distribution registry on its data-plane address; the image is
 pushed into it once (from the head's own engine: no wire; from this machine: through an SSH tunnel to the
 head, the only path this machine has), and every node that lacks the tag pulls it from there over the data
 plane. Push and pull move only the layers the other side lacks (compared by digest), so an overlays change
@@ -22,11 +22,11 @@ import tarfile
 import time
 from typing import Callable
 
-from sparkdeploy import registry
 from sparkdeploy.errors import RemoteError
-from sparkdeploy.connection import Conn, Target, effect, held, narrate, recording
-from sparkdeploy.remote import LocalConn
-from sparkdeploy.streams import stream_bytes
+from sparkdeploy.ops import registry
+from sparkdeploy.remote.connection import Conn, Target, effect, held, narrate, recording
+from sparkdeploy.remote.ssh import LocalConn
+from sparkdeploy.remote.streams import stream_bytes
 
 
 def image_id(conn: Conn, ref: str, *, made_as: str | None = None) -> str | None:
@@ -280,7 +280,7 @@ def serving_context(inv) -> tuple[str, dict[str, bytes]]:
     """(tag, build context) of the serving image for an inventory, exactly as `up` builds it (the image does
     not depend on measured facts, so nominal ones are used)."""
     from sparkdeploy import plan as P
-    from sparkdeploy import render
+    from sparkdeploy.plan import render
 
     chosen, _, _ = P._layout(inv, None)
     plan = P.plan(inv, {n.name: _roomy(n) for n in chosen}, overlays_digest=render.overlays_digest())
@@ -291,7 +291,7 @@ def _roomy(node):
     """Nominal facts with plenty of memory: the image does not depend on memory, the plan must not refuse."""
     import dataclasses
 
-    from sparkdeploy import facts as F
+    from sparkdeploy.node import facts as F
 
     f = F.nominal(node)
     return dataclasses.replace(f, mem_total_bytes=1 << 40, mem_available_bytes=1 << 40)

@@ -15,10 +15,10 @@ import posixpath
 import shlex
 
 from spark_overlays.compat import series as vllm_series
-
-from sparkdeploy import engine_args, releases
 from sparkdeploy.errors import RemoteError, SparkdeployError
-from sparkdeploy.layout import ENV_FILE
+from sparkdeploy.model import engine_args
+from sparkdeploy.node.layout import ENV_FILE
+from sparkdeploy.ops import releases
 from sparkdeploy.steps.base import Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
 

@@ -16,8 +16,8 @@ import tarfile
 from pathlib import Path
 
 import sparkdeploy
-from sparkdeploy.connection import Conn
-from sparkdeploy.layout import EXPORTER_CODE_DIR, ServiceLayout
+from sparkdeploy.node.layout import EXPORTER_CODE_DIR, ServiceLayout
+from sparkdeploy.remote.connection import Conn
 from sparkdeploy.steps.base import Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
 

@@ -4,9 +4,10 @@ the images no kept release names."""
 
 from __future__ import annotations
 
-from sparkdeploy import paths, registry, releases
-from sparkdeploy.connection import Conn
-from sparkdeploy.layout import ServiceLayout
+from sparkdeploy import paths
+from sparkdeploy.node.layout import ServiceLayout
+from sparkdeploy.ops import registry, releases
+from sparkdeploy.remote.connection import Conn
 from sparkdeploy.steps.base import OK, Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
 

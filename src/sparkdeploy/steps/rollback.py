@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 
-from sparkdeploy import faults, releases
-from sparkdeploy.connection import dry_session, recording
+from sparkdeploy import faults
 from sparkdeploy.errors import HealthError, SparkdeployError, describe
+from sparkdeploy.ops import releases
+from sparkdeploy.remote.connection import dry_session, recording
 from sparkdeploy.steps import engine
 from sparkdeploy.steps.context import Context
 from sparkdeploy.steps.secrets import step_secrets

@@ -3,7 +3,7 @@
 
 The node needs no Python package: the router's Rust core (`vllm_router_rs.abi3.so` and the libraries auditwheel
 bundled with it) is taken from the vllm-router wheel for the node's machine (`pip download` on this machine,
-kept in the cache) and run by the node's own python3 through steps/node_files/router.py. The API key goes to a
+kept in the cache) and run by the node's own python3 through node/scripts/router_launcher.py. The API key goes to a
 root-only file that systemd reads. Any change of code, config, key or unit restarts the router (it starts in
 about half a second and registers the workers again); then `up` waits until it lists every service's model.
 """
@@ -20,17 +20,21 @@ from pathlib import Path
 
 import requests
 
-from sparkdeploy import credentials, health, layout, paths, poll
-from sparkdeploy.connection import Conn
+from sparkdeploy import paths, poll
 from sparkdeploy.errors import SparkdeployError
-from sparkdeploy.inventory import Inventory
-from sparkdeploy.remote import Pool, target_of
-from sparkdeploy.router import ROUTER_VERSION, RouterPlan, plan_router, unit
+from sparkdeploy.model import credentials
+from sparkdeploy.model.inventory import Inventory
+from sparkdeploy.node import layout
+from sparkdeploy.node.scripts import SCRIPTS
+from sparkdeploy.ops import health
+from sparkdeploy.plan.router import ROUTER_VERSION, RouterPlan, plan_router, unit
+from sparkdeploy.remote.connection import Conn
+from sparkdeploy.remote.ssh import Pool, target_of
 from sparkdeploy.steps.base import Action, Outcome, run_step
 
 UNIT_PATH = f"/etc/systemd/system/{layout.ROUTER_UNIT}"
 DIGEST_FILE = f"{layout.ROUTER_DIR}/DIGEST"
-LAUNCHER = Path(__file__).parent / "node_files" / "router.py"
+LAUNCHER = SCRIPTS / "router_launcher.py"
 READY_TIMEOUT_S = 60
 
 

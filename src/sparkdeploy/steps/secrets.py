@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import posixpath
 
-from sparkdeploy import credentials, releases
+from sparkdeploy.model import credentials
+from sparkdeploy.ops import releases
 from sparkdeploy.steps.base import Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
 

@@ -6,8 +6,8 @@ brought back the wrong engine. `up` finds such units, stops and disables them, a
 
 from __future__ import annotations
 
-from sparkdeploy import probes
-from sparkdeploy.connection import Conn
+from sparkdeploy.node import probes
+from sparkdeploy.remote.connection import Conn
 from sparkdeploy.steps.base import Action
 
 #: One section of a probe (`probes.named_probe_argv`; variables from `values`): $ours the units that are ours,

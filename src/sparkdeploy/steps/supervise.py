@@ -15,15 +15,16 @@ import json
 import posixpath
 from pathlib import Path
 
-from sparkdeploy import render
-from sparkdeploy.connection import Conn
-from sparkdeploy.layout import LIB_DIR, PLAIN, RANK_CTL, WATCHDOG_CONFIG, WATCHDOG_PY, ServiceLayout
+from sparkdeploy.node.layout import LIB_DIR, PLAIN, RANK_CTL, WATCHDOG_CONFIG, WATCHDOG_PY, ServiceLayout
+from sparkdeploy.node.scripts import SCRIPTS
+from sparkdeploy.plan import render
+from sparkdeploy.remote.connection import Conn
 from sparkdeploy.steps.base import Action
 
 CONFIG = WATCHDOG_CONFIG
 AUTHORIZED_KEYS = "/root/.ssh/authorized_keys"  # a worker's: the watchdog acts as root there
 
-_FILES = Path(__file__).parent / "node_files"
+_FILES = SCRIPTS
 
 
 def key(lay: ServiceLayout) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import posixpath
 
-from sparkdeploy.connection import Conn, recording
-from sparkdeploy.layout import PLAIN
-from sparkdeploy.remote import host_key_line
+from sparkdeploy.node.layout import PLAIN
+from sparkdeploy.remote.connection import Conn, recording
+from sparkdeploy.remote.ssh import host_key_line
 from sparkdeploy.steps import stale, supervise
 from sparkdeploy.steps.base import CHANGED, WOULD, Action, Outcome, run_step
 from sparkdeploy.steps.context import Context

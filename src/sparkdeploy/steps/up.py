@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from sparkdeploy import faults, releases
-from sparkdeploy.connection import dry_session, recording
+from sparkdeploy import faults
 from sparkdeploy.errors import InputError, RemoteError, SparkdeployError, describe
+from sparkdeploy.ops import releases
+from sparkdeploy.remote.connection import dry_session, recording
 from sparkdeploy.steps import engine
 from sparkdeploy.steps import image as img
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD, Outcome, StepFailed

@@ -9,7 +9,7 @@ pointer this step sets is a repair: the current release expects this very list a
 
 from __future__ import annotations
 
-from sparkdeploy import releases, vocab_live
+from sparkdeploy.ops import releases, vocab_live
 from sparkdeploy.steps.base import OK, Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
 

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from sparkdeploy import layout
 from sparkdeploy.bench import client, prompts, sentinel
 from sparkdeploy.cli import main
 from sparkdeploy.errors import InputError
+from sparkdeploy.node import layout
 
 from .fake_vllm import FakeVllm
 
@@ -233,9 +233,9 @@ def test_check_release_keeps_the_record_with_its_verdict_against_the_last_health
     """`up`'s probe after the gate, against the fake vLLM; the head's release files in memory."""
     from types import SimpleNamespace
 
-    from sparkdeploy import releases
-    from sparkdeploy.connection import Conn, Target
-    from sparkdeploy.inventory import SentinelConfig
+    from sparkdeploy.model.inventory import SentinelConfig
+    from sparkdeploy.ops import releases
+    from sparkdeploy.remote.connection import Conn, Target
     from sparkdeploy.steps import context
 
     class Head(Conn):
