@@ -40,14 +40,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from sparkdeploy.model import inventory as I
 from sparkdeploy.ops import health, registry
-from sparkdeploy.steps.deploy import Cluster, Options, dry_run_services  # noqa: E402
+from sparkdeploy.steps import deploy as D  # noqa: E402
+from sparkdeploy.steps.deploy import Context, Options, dry_run_services  # noqa: E402
 
 
 def timed_up(inv, **kw) -> tuple[float, object]:
-    c = Cluster(inv, Options(**kw))
+    c = Context(inv, Options(**kw))
     try:
         t0 = time.monotonic()
-        res = c.up()
+        res = D.up(c)
         return time.monotonic() - t0, res
     finally:
         c.close()
@@ -62,9 +63,9 @@ def rerun(inv, repeats: int) -> dict:
 
 def parallel(inv, repeats: int) -> dict:
     def steps_time(nodes: int) -> float:
-        c = Cluster(inv, Options(nodes=nodes, dry_run=True))
+        c = Context(inv, Options(nodes=nodes, dry_run=True))
         try:
-            res = c.up()
+            res = D.up(c)
         finally:
             c.close()
         return res.seconds
@@ -109,7 +110,7 @@ def frozen_root(tmp: Path) -> Path:
 def wipe_images(inv) -> None:
     """Every node as before its first deploy: no engine container, no serving image, an empty registry. The
     watchdog goes first: it would start the ranks again mid-deploy (`up` turns it back on after its gate)."""
-    c = Cluster(inv, Options())
+    c = Context(inv, Options())
     try:
         c.connect([], [n.name for n in inv.nodes])
         lay = inv.layout
@@ -132,7 +133,7 @@ def rx_bytes(conn) -> int:
 
 def measured_up(inv) -> dict:
     """One `up`: wall, bytes each node received (whole up / image step), and the layers new to the registry."""
-    c = Cluster(inv, Options(ready_timeout=900))
+    c = Context(inv, Options(ready_timeout=900))
     try:
         c.connect([], [n.name for n in inv.nodes])
         head = c.conn(inv.head.name)
@@ -142,7 +143,7 @@ def measured_up(inv) -> dict:
             old_layers |= set(registry.layer_sizes(head, tag))
         rx0 = {n.name: rx_bytes(c.conn(n.name)) for n in inv.nodes}
         t0 = time.monotonic()
-        res = c.up()
+        res = D.up(c)
         wall = time.monotonic() - t0
         rx1 = {n.name: rx_bytes(c.conn(n.name)) for n in inv.nodes}
         new = registry.layer_sizes(head, c.plan.image.tag)
@@ -224,9 +225,9 @@ def double_reboot(inv_path: str, inv, sim_name: str, timeout: float) -> dict:
     from sparkdeploy.sim.cluster import SimCluster
 
     sim = SimCluster(sim_name)
-    cluster = Cluster(inv, Options())
+    cluster = Context(inv, Options())
     cluster.connect([])
-    exp = cluster.expect()
+    exp = D.expect(cluster)
     cluster.close()
     t0 = time.monotonic()
     wall0 = time.time()
@@ -242,7 +243,7 @@ def double_reboot(inv_path: str, inv, sim_name: str, timeout: float) -> dict:
             time.sleep(1)
     t_healthy = time.monotonic() - t0
     wall_healthy = time.time()
-    c2 = Cluster(inv, Options())
+    c2 = Context(inv, Options())
     c2.connect([])
     starts = [_started(c2.conn(n.name), n.container) for n in exp.nodes]
     c2.close()

@@ -33,6 +33,7 @@ from sparkdeploy import rollout
 from sparkdeploy.model import inventory as I
 from sparkdeploy.model import served_tokenizer
 from sparkdeploy.ops import health, vocab_live
+from sparkdeploy.steps import healthcheck
 
 
 def client(url: str, model: str, stop: threading.Event, interval: float, log: list, api_key: str | None) -> None:
@@ -81,7 +82,7 @@ def under_load(inv, tok, path: str, opts, streams: int, interval: float) -> dict
     threads: list[threading.Thread] = []
     try:
         cluster.connect([])
-        cluster.expect()
+        healthcheck.expect(cluster)
         url, model = cluster.plan.api_url, inv.profile.served_name
         threads += [threading.Thread(target=client, args=(url, model, stop, interval, log, inv.auth.api_key()),
                                      daemon=True) for _ in range(streams)]

@@ -305,7 +305,7 @@ def test_fault_ssh_cut_mid_step_leaves_current_release(deployed, sim_cluster, mo
     real_put = None
     cut = {"done": False}
 
-    cluster = D.Cluster(I.load(inv2), D.Options(ready_timeout=float(READY), log=print))
+    cluster = D.Context(I.load(inv2), D.Options(ready_timeout=float(READY), log=print))
     orig_write = releases.write
 
     def write_then_cut(conn, lay, number, files, meta):
@@ -323,7 +323,7 @@ def test_fault_ssh_cut_mid_step_leaves_current_release(deployed, sim_cluster, mo
 
     monkeypatch.setattr(releases, "write", write_then_cut)
     try:
-        res = cluster.up()
+        res = D.up(cluster)
     finally:
         cluster.close()
     assert cut["done"] and not res.healthy
@@ -407,14 +407,14 @@ def test_rollback_command(deployed, sim_cluster):
     """`rollback --dry-run` names the switch and restart the real rollback then makes, and changes nothing."""
     serving = current(sim_cluster, "node1")
     opts = D.Options(ready_timeout=float(READY), watchdog_grace=180, watchdog_backoff_s=10, watchdog_cap=2)
-    with D.load_cluster(str(deployed["inv"]), dataclasses.replace(opts, dry_run=True)) as c:
-        dry = c.rollback(1)
+    with D.load_context(str(deployed["inv"]), dataclasses.replace(opts, dry_run=True)) as c:
+        dry = D.rollback(c, 1)
     assert dry.release == 1 and dry.message.startswith("dry run: would roll back from release"), dry.message
     assert current(sim_cluster, "node1") == current(sim_cluster, "node2") == serving
     rc, out, err = cli("rollback", "-i", str(deployed["inv"]), "1", "--dry-run")  # the CLI prints them (unit tests)
     assert rc == 0 and current(sim_cluster, "node1") == current(sim_cluster, "node2") == serving, err[-2000:]
-    with D.load_cluster(str(deployed["inv"]), opts) as c:  # names the node lacking the release and what it holds
-        real = c.rollback(1)
+    with D.load_context(str(deployed["inv"]), opts) as c:  # names the node lacking the release and what it holds
+        real = D.rollback(c, 1)
     assert real.healthy, real.message
     assert effects(dry.outcomes, "start") and effects(dry.outcomes, "start") == effects(real.outcomes, "start")
     assert set(effects(dry.outcomes)) <= set(effects(real.outcomes)), \
@@ -591,14 +591,14 @@ def test_up_one_node(deployed, sim_cluster):
 
 def test_down_dry_run_names_what_down_then_does(deployed, sim_cluster):
     """`down --dry-run` stops nothing and names exactly the commands the real `down` then runs."""
-    with D.load_cluster(str(deployed["inv"]), D.Options(dry_run=True)) as c:
-        dry = c.down()
+    with D.load_context(str(deployed["inv"]), D.Options(dry_run=True)) as c:
+        dry = D.down(c)
     assert sim_cluster.ssh("node1", ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() == "active"
     rc, out, err = cli("down", "-i", str(deployed["inv"]), "--dry-run")
     assert rc == 0, err[-2000:]
     assert sim_cluster.ssh("node1", ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() == "active"
-    with D.load_cluster(str(deployed["inv"]), D.Options()) as c:
-        real = c.down()
+    with D.load_context(str(deployed["inv"]), D.Options()) as c:
+        real = D.down(c)
     assert effects(dry) and effects(dry) == effects(real)
     assert sim_cluster.ssh("node1", ["systemctl", "is-active", "sparkdeploy-engine.service"]).out.strip() != "active"
 

@@ -20,7 +20,8 @@ from sparkdeploy.model import inventory as I
 from sparkdeploy.node import layout
 from sparkdeploy.ops import registry
 from sparkdeploy.steps import image as img
-from sparkdeploy.steps.deploy import Cluster, Options
+from sparkdeploy.steps import deploy as D
+from sparkdeploy.steps.deploy import Context, Options
 
 pytestmark = pytest.mark.cluster
 
@@ -44,9 +45,9 @@ LAST_UP: dict = {}  # the last up's log lines and tunnel tries, for the byte ass
 def up(inv: Path, dry_run: bool = False) -> tuple[object, dict[str, int], str]:
     """An in-process `up`: (result, image bytes each node was sent in the image step, image tag)."""
     lines: list[str] = []
-    c = Cluster(I.load(inv), Options(dry_run=dry_run, ready_timeout=READY, log=lines.append))
+    c = Context(I.load(inv), Options(dry_run=dry_run, ready_timeout=READY, log=lines.append))
     try:
-        res = c.up()
+        res = D.up(c)
         LAST_UP.update(log=lines, tries=list(c.image_push_tries))
         return res, dict(c.image_received), c.plan.image.tag if c.plan else ""
     finally:
@@ -108,7 +109,7 @@ def test_overlays_only_change_moves_less_than_twice_the_changed_layers(layered, 
     assert res.healthy, res.message
     assert tag != old_tag
     head = sim_cluster.head.name
-    c = Cluster(I.load(inv), Options())
+    c = Context(I.load(inv), Options())
     try:
         c.connect([])
         old, new = registry.layer_sizes(c.conn(head), old_tag), registry.layer_sizes(c.conn(head), tag)
@@ -140,7 +141,7 @@ def _lose_images(sim, node) -> None:
 def test_corrupted_layer_is_refused(layered, sim_cluster):
     sim, head, worker = sim_cluster, sim_cluster.head, sim_cluster.worker
     _lose_images(sim, worker)
-    c = Cluster(I.load(layered["inv"]), Options())
+    c = Context(I.load(layered["inv"]), Options())
     try:
         c.connect([])
         sizes = registry.layer_sizes(c.conn(head.name), layered["tag"])
@@ -167,7 +168,7 @@ def test_node_that_lost_its_images_gets_the_full_image_and_comes_up_healthy(laye
         _lose_images(sim_cluster, worker)
     res, received, tag = up(layered["inv"])
     assert res.healthy, res.message
-    c = Cluster(I.load(layered["inv"]), Options())
+    c = Context(I.load(layered["inv"]), Options())
     try:
         c.connect([])
         total = sum(registry.layer_sizes(c.conn(sim_cluster.head.name), tag).values())

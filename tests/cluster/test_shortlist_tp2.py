@@ -35,7 +35,8 @@ from sparkdeploy.model import inventory as I
 from sparkdeploy.model import served_tokenizer
 from sparkdeploy.node.layout import PLAIN
 from sparkdeploy.ops.health import bearer
-from sparkdeploy.steps.deploy import Cluster, Options
+from sparkdeploy.steps import deploy as D
+from sparkdeploy.steps.deploy import Context, Options
 from tests.cluster.test_deploy import cli, health_json, up_json, wait_healthy
 from tests.support.vllm_server import require_venv
 
@@ -89,8 +90,8 @@ def _deploy(sim, d: Path, name: str, ids: np.ndarray) -> dict:
     path = d / f"inventory-{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     inv = I.load(path)
-    with Cluster(inv, Options(ready_timeout=900, log=print)) as cluster:
-        res = cluster.up()
+    with Context(inv, Options(ready_timeout=900, log=print)) as cluster:
+        res = D.up(cluster)
     assert res.healthy, res.message
     url, headers = f"http://{inv.head.ssh.host}:{inv.ports.api}", bearer(inv.auth.api_key())
     before = metrics.scrape(url)

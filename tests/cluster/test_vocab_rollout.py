@@ -46,7 +46,7 @@ def deployed(request, tmp_path_factory):
     """The sim pair running the MTP profile (release healthy), its inventory, served tokenizer and lists."""
     import os
 
-    from sparkdeploy.steps.deploy import Cluster, Options
+    from sparkdeploy.steps import deploy as D
 
     existing = os.environ.get("SPARKDEPLOY_ROLLOUT_SIM")
     if existing:
@@ -66,8 +66,8 @@ def deployed(request, tmp_path_factory):
     tok = served_tokenizer.resolve(inv)  # from the engine image on this machine
     t0 = time.monotonic()
     if not existing:  # an existing sim is used as deployed (`up` would undo an earlier rollout's list)
-        with Cluster(inv, Options(ready_timeout=900, log=print)) as cluster:
-            res = cluster.up()
+        with D.Context(inv, D.Options(ready_timeout=900, log=print)) as cluster:
+            res = D.up(cluster)
         assert res.healthy, res.message
     base = np.union1d(np.arange(1024), tok.required_ids)
     lists = {
@@ -81,10 +81,8 @@ def deployed(request, tmp_path_factory):
            "up_seconds": round(time.monotonic() - t0, 1)}
     if existing:
         return  # left running (e.g. for bench/rollout_downtime.py)
-    from sparkdeploy.steps.deploy import Cluster as C2
-
-    with C2(inv, Options()) as c2:
-        c2.down()
+    with D.Context(inv, D.Options()) as c2:
+        D.down(c2)
 
 
 def _state(deployed) -> dict:
@@ -112,10 +110,10 @@ def _run(deployed, which: str, **kw) -> rollout.RolloutResult:
 
 
 def _health(deployed):
-    from sparkdeploy.steps.deploy import Cluster, Options
+    from sparkdeploy.steps import deploy as D
 
-    with Cluster(deployed["inv"], Options()) as c:
-        return c.health()
+    with D.Context(deployed["inv"], D.Options()) as c:
+        return D.health(c)
 
 
 def _assert_on(deployed, sha: str, res=None):
@@ -314,10 +312,10 @@ def _traffic(deployed, prompts: list[str]) -> np.ndarray:
     import requests
 
     from sparkdeploy.ops import health
-    from sparkdeploy.steps.deploy import Cluster, Options
+    from sparkdeploy.steps import deploy as D
 
-    with Cluster(deployed["inv"], Options()) as c:
-        exp = c.expect()
+    with D.Context(deployed["inv"], D.Options()) as c:
+        exp = D.expect(c)
     ids = []
     for p in prompts:
         r = requests.post(f"{exp.api_url}/v1/completions", headers=health.bearer(exp.api_key), timeout=120,

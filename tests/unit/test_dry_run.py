@@ -22,7 +22,8 @@ from sparkdeploy.ops import releases
 from sparkdeploy.remote.connection import Target, dry_session, recording
 from sparkdeploy.remote.ssh import LocalConn
 from sparkdeploy.steps.base import Outcome
-from sparkdeploy.steps.deploy import Cluster, Options
+from sparkdeploy.steps import deploy as D
+from sparkdeploy.steps.deploy import Context, Options
 
 FIXTURES = paths.repo_root() / "tests/unit/fixtures"
 
@@ -64,19 +65,19 @@ def test_down_dry_run_prints_the_commands_of_the_real_down_and_runs_none(nodes, 
     assert main(["down", "--dry-run", "--inventory", inventory]) == 0
     printed = capsys.readouterr().err
     assert _changes(nodes) == []  # nothing was stopped or disabled
-    dry = Cluster(I.load(inventory), Options(dry_run=True)).down()
+    dry = D.down(Context(I.load(inventory), Options(dry_run=True)))
     effects = [e for o in dry for e in o.effects]
     assert "node1: run systemctl stop sparkdeploy-engine.service" in effects
     assert "node2: run systemctl disable sparkdeploy-engine.service" in effects
     assert all(e in printed for e in effects)
-    real = Cluster(I.load(inventory), Options()).down()
+    real = D.down(Context(I.load(inventory), Options()))
     assert [(o.node, o.status) for o in real if o.step == "down"] == [("node1", "changed"), ("node2", "changed")]
     assert sorted(e for o in real for e in o.effects) == sorted(effects)
     assert sorted("node: run " + c for c in _changes(nodes)) == sorted(
         re.sub(r"^node\d", "node", e) for e in effects)  # what the dry run listed is what ran
 
 
-def _two_releases(cx: Cluster, root: Path) -> None:
+def _two_releases(cx: Context, root: Path) -> None:
     """Releases 1 (passed its gate) and 2 (current), under root, of a one-node deployment on node1 (the loopback
     nodes share this machine's files: each node's release.json records its own facts)."""
     cx.lay = ServiceLayout(etc_root=str(root / "etc"), state_root=str(root / "state"))
@@ -90,10 +91,10 @@ def _two_releases(cx: Cluster, root: Path) -> None:
 
 
 def test_rollback_dry_run_lists_the_switch_and_restart_and_changes_nothing(nodes):
-    cx = Cluster(I.load(str(nodes / "inventory.yaml")), Options(nodes=1, dry_run=True))
+    cx = Context(I.load(str(nodes / "inventory.yaml")), Options(nodes=1, dry_run=True))
     _two_releases(cx, nodes / "node")
     before = _tree(nodes / "node")
-    res = cx.rollback(None)
+    res = D.rollback(cx, None)
     assert res.release == 1 and res.message.startswith("dry run: would roll back from release 2 to 1"), res.message
     start, = [o for o in res.outcomes if o.step == "start"]
     assert start.status == "would change" and start.actions == ["restart on release 1"]
@@ -104,13 +105,13 @@ def test_rollback_dry_run_lists_the_switch_and_restart_and_changes_nothing(nodes
 
 
 def test_rollback_dry_run_from_the_cli_prints_the_commands_and_exits_0(nodes, capsys, monkeypatch):
-    def moved(self: Cluster, to):  # the one-node deployment of the test above, its paths under tmp_path
-        self.opts.nodes, self.names = 1, self.names[:1]
-        _two_releases(self, nodes / "node")
-        return rollback(self, to)
+    def moved(cx: Context, to):  # the one-node deployment of the test above, its paths under tmp_path
+        cx.opts.nodes, cx.names = 1, cx.names[:1]
+        _two_releases(cx, nodes / "node")
+        return rollback(cx, to)
 
-    rollback = Cluster.rollback
-    monkeypatch.setattr(Cluster, "rollback", moved)
+    rollback = D.rollback
+    monkeypatch.setattr(D, "rollback", moved)
     assert main(["rollback", "--dry-run", "--inventory", str(nodes / "inventory.yaml")]) == 0
     err = capsys.readouterr().err
     assert "node1: run systemctl start sparkdeploy-engine.service" in err and "releases/0001" in err
@@ -126,7 +127,7 @@ def test_vocab_rollout_dry_run_lists_the_store_release_and_switch_and_changes_no
 
     from sparkdeploy import rollout
 
-    cx = Cluster(I.load(str(nodes / "inventory.yaml")), Options(nodes=1))
+    cx = Context(I.load(str(nodes / "inventory.yaml")), Options(nodes=1))
     _two_releases(cx, nodes / "node")
     old_sha = "a" * 64
     conn = cx.conn("node1")

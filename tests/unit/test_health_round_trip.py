@@ -11,7 +11,8 @@ from sparkdeploy.model import inventory as I
 from sparkdeploy.ops import health, releases
 from sparkdeploy.ops.vocab_live import version_of
 from sparkdeploy.remote.ssh import LocalConn
-from sparkdeploy.steps.deploy import Cluster, Options
+from sparkdeploy.steps import deploy as D
+from sparkdeploy.steps.deploy import Context, Options
 from tests.unit.test_dry_run import _two_releases, nodes  # noqa: F401 - the loopback nodes fixture
 from tests.unit.test_rollout import _rendered_node_plan
 
@@ -28,7 +29,7 @@ def test_health_reads_each_node_in_one_round_trip(nodes, monkeypatch):  # noqa: 
     for tool, body in STAND_INS.items():
         (nodes / "bin" / tool).write_text(f"#!/bin/sh\n{body}\n")
         (nodes / "bin" / tool).chmod(0o755)
-    cx = Cluster(I.load(str(nodes / "inventory.yaml")), Options(nodes=1))
+    cx = Context(I.load(str(nodes / "inventory.yaml")), Options(nodes=1))
     _two_releases(cx, nodes / "node")
     head = LocalConn(cx.pool.targets[0])
     releases.mark_healthy(head, cx.lay, 2, {"probe": " Paris."})
@@ -45,7 +46,7 @@ def test_health_reads_each_node_in_one_round_trip(nodes, monkeypatch):  # noqa: 
     seen: list[health.ServiceExpect] = []
     monkeypatch.setattr(health, "check_api", lambda rep, exp, **kw: seen.append(exp))  # no engine: the API side
 
-    rep = cx.health()
+    rep = D.health(cx)
     assert trips == {"node1": 1}  # node2 is outside this one-node deployment: not read at all
     v = {c.name: (c.ok, c.reason) for c in rep.checks if c.node == "node1"}
     assert v["unit"] == (True, "sparkdeploy-engine.service is enabled and active")

@@ -20,7 +20,8 @@ from sparkdeploy.model import inventory as I
 from sparkdeploy.ops import model_fetch as mf
 from sparkdeploy.remote.connection import Target
 from sparkdeploy.remote.ssh import LocalConn
-from sparkdeploy.steps.deploy import Cluster, Options
+from sparkdeploy.steps import deploy as D
+from sparkdeploy.steps.deploy import Context, Options
 from tests.support import hf_cache
 
 FIXTURE = paths.repo_root() / "tests/unit/fixtures/inventory.sim.yaml"
@@ -125,14 +126,14 @@ def test_place_links_the_snapshot_then_has_nothing_to_do(tmp_path):
     assert sorted(p.name for p in dest.rglob("*") if p.is_file()) == sorted(Path(r).name for r in files)
 
 
-def _head_as_this_machine(c: Cluster) -> None:
+def _head_as_this_machine(c: Context) -> None:
     c.pool.conns[c.head] = LocalConn(Target(c.head, "localhost", user=getpass.getuser(), local=True))
 
 
 def test_up_refuses_a_host_dir_without_a_checkpoint_on_the_head(tmp_path):
     host_dir = tmp_path / "ckpt"
     host_dir.mkdir()
-    c = Cluster(_inventory(tmp_path, id=REPO, host_dir=str(host_dir)), Options(nodes=2))
+    c = Context(_inventory(tmp_path, id=REPO, host_dir=str(host_dir)), Options(nodes=2))
     _head_as_this_machine(c)
     with pytest.raises(InventoryError) as exc:
         c.head_checkpoint()
@@ -144,7 +145,7 @@ def test_up_refuses_a_host_dir_without_a_checkpoint_on_the_head(tmp_path):
 
 def test_up_lets_bad_input_through_to_the_cli(tmp_path, monkeypatch):
     """An InputError before anything changed leaves `up` as itself (exit 2 naming the field), not as a failed step."""
-    c = Cluster(_inventory(tmp_path, id=REPO, host_dir=str(tmp_path / "none")), Options(nodes=2))
+    c = Context(_inventory(tmp_path, id=REPO, host_dir=str(tmp_path / "none")), Options(nodes=2))
     for step in ("connect", "scan"):
         monkeypatch.setattr(c, step, lambda *a, **k: None)
 
@@ -154,7 +155,7 @@ def test_up_lets_bad_input_through_to_the_cli(tmp_path, monkeypatch):
     _head_as_this_machine(c)
     monkeypatch.setattr(c, "make_plan", refuse)
     with pytest.raises(InventoryError, match="model.host_dir"):
-        c.up()
+        D.up(c)
 
 
 def test_an_endpoint_is_passed_to_the_container_and_checked(tmp_path):

@@ -12,7 +12,8 @@ import pytest
 from sparkdeploy.cli import main
 from sparkdeploy.cli import deploy as deploy_cli
 from sparkdeploy.cli.options import SLOWER, deploy_exit_code
-from sparkdeploy.steps.deploy import Cluster
+from sparkdeploy.steps import deploy as D
+from sparkdeploy.steps.context import Context
 from sparkdeploy.steps.up import UpResult
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -46,12 +47,12 @@ def inventory(tmp_path):
 def served_release_7(monkeypatch):
     """`up` and `rollback` put release 7 live and it passed its gate; the sentinel's verdict is set per test."""
     live = UpResult(release=7, restarted=True, healthy=True, message="release 7 is live")
-    monkeypatch.setattr(Cluster, "up", lambda self: live)
-    monkeypatch.setattr(Cluster, "rollback", lambda self, to: live)
+    monkeypatch.setattr(D, "up", lambda cx: live)
+    monkeypatch.setattr(D, "rollback", lambda cx, to: live)
     verdict = {}
     monkeypatch.setattr(deploy_cli, "speed_after_gate", lambda cluster, number, log, against=None: verdict["v"])
     monkeypatch.setattr(deploy_cli.releases, "read_sentinel", lambda conn, lay, number: None)
-    monkeypatch.setattr(Cluster, "conn", lambda self, name: None)
+    monkeypatch.setattr(Context, "conn", lambda self, name: None)
     return verdict
 
 

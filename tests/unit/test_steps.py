@@ -18,7 +18,8 @@ from sparkdeploy.plan import render
 from sparkdeploy.remote.connection import Target
 from sparkdeploy.remote.ssh import LocalConn
 from sparkdeploy.steps import base, image, supervise
-from sparkdeploy.steps.deploy import Cluster, Options
+from sparkdeploy.steps import release
+from sparkdeploy.steps.deploy import Context, Options
 
 FIXTURE = paths.repo_root() / "tests/unit/fixtures/inventory.sim.yaml"
 
@@ -73,7 +74,7 @@ def test_context_tar_is_deterministic():
 
 @pytest.fixture
 def cluster():
-    c = Cluster(I.load(FIXTURE), Options(nodes=2))
+    c = Context(I.load(FIXTURE), Options(nodes=2))
     c.plan = P.plan(c.inv, None, 2)
     c.files = render.render(c.plan)
     c.image_id = "sha256:" + "1" * 64
@@ -91,19 +92,19 @@ def _rel_from(c, num=3, image_id=None, healthy=True):
 
 def test_nothing_differs_means_no_new_release(cluster):
     cluster.rel = _rel_from(cluster)
-    assert cluster.current_matches() == (True, {})
+    assert release.current_matches(cluster) == (True, {})
     out = []
-    assert cluster.step_release(out) == 3
+    assert release.step_release(cluster, out) == 3
     assert all(o.status == "ok" for o in out)
 
 
 def test_changed_file_or_image_means_new_release(cluster):
     cluster.rel = _rel_from(cluster)
     cluster.rel["node2"].complete[3]["files"]["engine.env"] = "0" * 64
-    same, why = cluster.current_matches()
+    same, why = release.current_matches(cluster)
     assert not same and "engine.env" in why["node2"] and "node1" not in why
     cluster.rel = _rel_from(cluster, image_id="sha256:" + "2" * 64)
-    same, why = cluster.current_matches()
+    same, why = release.current_matches(cluster)
     assert not same and "image" in why["node1"]
 
 
@@ -131,11 +132,11 @@ def test_failed_or_aborted_newest_release_number_is_reused(cluster):
     rel["node1"].incomplete.append(4)  # an aborted attempt
     cluster.rel = rel
     out = []
-    assert cluster.step_release(out) == 4
+    assert release.step_release(cluster, out) == 4
     rel["node1"].complete[4] = {}
     rel["node2"].complete[4] = {}
     rel["node1"].healthy.add(4)  # 4 once passed its gate: keep it, write 5
-    assert cluster.step_release([]) == 5
+    assert release.step_release(cluster, []) == 5
 
 
 def test_rank_watch_stops_the_wait_once_a_rank_is_gone():

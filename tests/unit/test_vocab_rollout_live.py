@@ -204,12 +204,12 @@ def live_rollout(loopback):
 
     from sparkdeploy import rollout
     from sparkdeploy.model import inventory as I
-    from sparkdeploy.steps.deploy import Cluster, Options
+    from sparkdeploy.steps.deploy import Context, Options
     from tests.unit.bench.fake_vllm import FakeVllm
     from tests.unit.test_dry_run import _two_releases
 
     nodes = loopback
-    cx = Cluster(I.load(str(nodes / "inventory.yaml")), Options(nodes=1))
+    cx = Context(I.load(str(nodes / "inventory.yaml")), Options(nodes=1))
     _two_releases(cx, nodes / "node")
     conn = cx.conn("node1")
     for data, sha in ((OLD, OLD_SHA), (NEW, NEW_SHA)):

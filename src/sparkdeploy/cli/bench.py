@@ -278,9 +278,9 @@ def sentinel_cmd(baseline, candidate, sessions, inventory, as_json):
 def _cluster_records(inventory: str) -> tuple[dict, dict, str]:
     """The current release's record and the newest older healthy release's, read from the head."""
     from sparkdeploy.ops import releases
-    from sparkdeploy.steps.deploy import Options, load_cluster
+    from sparkdeploy.steps.deploy import Options, load_context
 
-    with load_cluster(inventory, Options(), chosen_service()) as cl:
+    with load_context(inventory, Options(), chosen_service()) as cl:
         cl.connect([], [cl.head])
         nrs = cl.scan([cl.head])
         cur = nrs[cl.head].current

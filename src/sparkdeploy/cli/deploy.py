@@ -24,7 +24,8 @@ from sparkdeploy.cli.options import (
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.ops import releases
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD
-from sparkdeploy.steps.deploy import Options, dry_run_services, load_cluster
+from sparkdeploy.steps import deploy as D
+from sparkdeploy.steps.deploy import Options, dry_run_services, load_context
 from sparkdeploy.verdict import Status
 
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
@@ -96,11 +97,11 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
         if name in dry:  # read side by side above; shown in inventory order
             res = dry[name]
         else:
-            with load_cluster(_inv(inventory), opts, name) as cluster, interrupt_as_failure("up", _log) as signalled:
-                res = cluster.up()
+            with load_context(_inv(inventory), opts, name) as cx, interrupt_as_failure("up", _log) as signalled:
+                res = D.up(cx)
                 if sentinel and res.healthy and (res.restarted or
-                                                 not releases.read_sentinel(cluster.conn(cluster.head), cluster.lay, res.release)):
-                    speed = speed_after_gate(cluster, res.release, _log)
+                                                 not releases.read_sentinel(cx.conn(cx.head), cx.lay, res.release)):
+                    speed = speed_after_gate(cx, res.release, _log)
             res.message, interrupted = signalled.tell(res.message), signalled.fired
         _print_outcomes(res.outcomes)
         done = res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes))
@@ -154,9 +155,9 @@ def _services(inventory) -> list[str | None]:
 @_trust_option
 def down(inventory, keep_enabled, dry_run, trust_new_hosts):
     """Stop the service (watchdog, head, then workers); units are disabled unless --keep-enabled."""
-    with load_cluster(_inv(inventory), Options(dry_run=dry_run, trust_new_hosts=trust_new_hosts, log=_log),
-                      chosen_service()) as cluster:
-        out = cluster.down(keep_enabled=keep_enabled)
+    with load_context(_inv(inventory), Options(dry_run=dry_run, trust_new_hosts=trust_new_hosts, log=_log),
+                      chosen_service()) as cx:
+        out = D.down(cx, keep_enabled)
     _print_outcomes(out)
 
 
@@ -169,9 +170,9 @@ def _health(inventory, trust_new_hosts, probe_timeout=60.0) -> dict[str | None, 
     reports = {}
     views = selected_services(inventory)
     for name in [v.service for v in views]:
-        with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, probe_timeout=probe_timeout),
-                          name) as cluster:
-            reports[name] = cluster.health()
+        with load_context(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, probe_timeout=probe_timeout),
+                          name) as cx:
+            reports[name] = D.health(cx)
     router = plan_router(views) if chosen_service() is None else None
     if router is not None:
         reports["router"] = H.check_router(router, views[0].auth.api_key(), probe_timeout=probe_timeout)
@@ -242,12 +243,12 @@ def rollback(inventory, number, ready_timeout, dry_run, trust_new_hosts, sentine
     record beyond noise."""
     speed = None
     opts = Options(dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log)
-    with load_cluster(_inv(inventory), opts, chosen_service()) as cluster, \
+    with load_context(_inv(inventory), opts, chosen_service()) as cx, \
             interrupt_as_failure("rollback", _log) as signalled:
-        res = cluster.rollback(number)
+        res = D.rollback(cx, number)
         if sentinel and res.healthy and res.restarted:
-            own = releases.read_sentinel(cluster.conn(cluster.head), cluster.lay, res.release)
-            speed = speed_after_gate(cluster, res.release, _log, against=res.release if own else None)
+            own = releases.read_sentinel(cx.conn(cx.head), cx.lay, res.release)
+            speed = speed_after_gate(cx, res.release, _log, against=res.release if own else None)
     res.message = signalled.tell(res.message)
     ok = res.healthy or (dry_run and res.release is not None)
     if dry_run:
@@ -268,16 +269,16 @@ def logs(inventory, node, follow, lines, journal, trust_new_hosts):
     """The engine's log on NODE (default: the head): docker logs, or the unit's journal with --journal."""
     from sparkdeploy.remote.ssh import LocalConn
 
-    with load_cluster(_inv(inventory), Options(trust_new_hosts=trust_new_hosts), chosen_service()) as cluster:
-        name = node or cluster.inv.head.name
+    with load_context(_inv(inventory), Options(trust_new_hosts=trust_new_hosts), chosen_service()) as cx:
+        name = node or cx.inv.head.name
         try:
-            cluster.inv.node(name)
+            cx.inv.node(name)
         except KeyError:
             raise click.BadParameter(f"no node {name!r} in the inventory", param_hint="NODE") from None
-        cluster.connect([], [name])
-        c = cluster.conn(name)
-        argv = (["journalctl", "-u", cluster.lay.unit, "-n", str(lines), "--no-pager"] + (["-f"] if follow else [])
-                if journal else ["docker", "logs", "--tail", str(lines)] + (["-f"] if follow else []) + [cluster.lay.container])
+        cx.connect([], [name])
+        c = cx.conn(name)
+        argv = (["journalctl", "-u", cx.lay.unit, "-n", str(lines), "--no-pager"] + (["-f"] if follow else [])
+                if journal else ["docker", "logs", "--tail", str(lines)] + (["-f"] if follow else []) + [cx.lay.container])
         if isinstance(c, LocalConn):
             subprocess.run(argv)
             return

@@ -102,9 +102,9 @@ def print_speed(console, speed: dict | None, allow_slower: bool = False) -> None
 def connected(inventory: str | None, trust_new_hosts: bool):
     """The inventory's cluster, every node connected (for commands that only read or flip files)."""
     from sparkdeploy import paths
-    from sparkdeploy.steps.deploy import Options, load_cluster
+    from sparkdeploy.steps.deploy import Options, load_context
 
-    cluster = load_cluster(inventory or str(paths.default_inventory()), Options(trust_new_hosts=trust_new_hosts),
+    cluster = load_context(inventory or str(paths.default_inventory()), Options(trust_new_hosts=trust_new_hosts),
                            chosen_service())
     cluster.connect([])
     return cluster

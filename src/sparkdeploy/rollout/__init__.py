@@ -58,7 +58,7 @@ from sparkdeploy.rollout.checks import (
     write_list_with_manifest,
 )
 from sparkdeploy.steps import engine, healthcheck
-from sparkdeploy.steps.context import Context
+from sparkdeploy.steps.context import Context, Options
 from sparkdeploy.vocab.formats import parse_list
 from sparkdeploy.verdict import Status
 
@@ -580,10 +580,8 @@ def validate_locally(inventory, list_path: str, *, tokenizer_spec: str | None = 
     return tok, check_candidate(list_path, tok, allow_no_manifest=allow_no_manifest)
 
 
-def _cluster(inventory, opts: RolloutOptions, trust_new_hosts: bool):
-    from sparkdeploy.steps.deploy import Cluster, Options
-
-    return Cluster(inventory, Options(trust_new_hosts=trust_new_hosts, ready_timeout=opts.ready_timeout,
+def _cluster(inventory, opts: RolloutOptions, trust_new_hosts: bool) -> Context:
+    return Context(inventory, Options(trust_new_hosts=trust_new_hosts, ready_timeout=opts.ready_timeout,
                                       probe_timeout=opts.probe_timeout, rollback_timeout=opts.rollback_timeout,
                                       log=opts.log))
 
@@ -601,7 +599,7 @@ def history(inventory, *, trust_new_hosts: bool = False) -> dict:
     """History lines (from the head), stored versions and the live list per node."""
     with _cluster(inventory, RolloutOptions(), trust_new_hosts) as cluster:
         cluster.connect([])
-        cluster.expect()
+        healthcheck.expect(cluster)
         head = cluster.conn(cluster.head)
         states = {n: vocab_live.read_state(cluster.conn(n), cluster.lay) for n in cluster.names}
         stored = [dict(vocab_live.meta(head, cluster.lay, s), sha256=s, version=s[:12]) for s in states[cluster.head].stored]
@@ -615,7 +613,7 @@ def stored_candidate(cluster, version: str | None, tok) -> Candidate:
     from sparkdeploy.vocab import validate_list
 
     cluster.connect([])
-    cluster.expect()
+    healthcheck.expect(cluster)
     head = cluster.conn(cluster.head)
     state = vocab_live.read_state(head, cluster.lay)
     sha = pick_version(vocab_live.history(head, cluster.lay), state.stored, state.configured or state.content, version)

@@ -12,6 +12,7 @@ from typing import Callable
 from sparkdeploy import paths, poll
 from sparkdeploy import plan as P
 from sparkdeploy.errors import InventoryError, RemoteError
+from sparkdeploy.model import inventory as I
 from sparkdeploy.node import facts as F
 from sparkdeploy.node import probes
 from sparkdeploy.ops import gather, releases
@@ -80,7 +81,7 @@ class Context:
     def close(self):
         self.pool.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Context":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -217,3 +218,8 @@ class Context:
 
     def image_context(self) -> dict[str, bytes]:
         return img.context(self.plan, self.files)
+
+
+def load_context(inventory_path: str, opts: Options, service: str | None = None) -> Context:
+    """The context of one service of the inventory (`service`, or its only one)."""
+    return Context(I.load(inventory_path, service), opts)

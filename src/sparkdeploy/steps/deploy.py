@@ -16,15 +16,16 @@ Idempotence: facts are re-used from the current release while its engine runs (m
 the engine loaded would change the memory figures and so the release), and the desired files are compared
 byte for byte with the current release's: nothing differs -> no new release, no restart, zero changes.
 
-One small module per procedure, this one puts the verbs on the cluster context:
+The verbs, each a function of the cluster context (`Context`: connections, plan + render, releases found),
+each in its own module; this one names them for the CLI, the rollout and the tests:
 
-    context.py      Options, Context: connections, plan + render, releases found, the desired files
+    context.py      Options, Context, load_context
     engine.py       watchdog, stop, evict + memory guard + start, switch, readiness, gate;
                     switch_and_restart and serve_again (the one switch and the one rollback)
     units.py        stale units, units, supervision wiring, retiring nodes outside the plan
     vocab.py        the draft list; secrets.py: the engine's secrets file; image.py: the serving image
     release.py      the new numbered release (or none), prune
-    up.py           up + its automatic rollback, UpResult; rollback.py, down.py, healthcheck.py
+    up.py           up + its automatic rollback, UpResult; rollback.py, down.py, healthcheck.py (health, expect)
 """
 
 from __future__ import annotations
@@ -32,54 +33,15 @@ from __future__ import annotations
 import dataclasses
 
 from sparkdeploy import fanout
-from sparkdeploy.ops import health as H
-from sparkdeploy.steps import down as _down
-from sparkdeploy.steps import healthcheck, release
-from sparkdeploy.steps import rollback as _rollback
-from sparkdeploy.steps import up as _up
-from sparkdeploy.steps.base import Outcome
-from sparkdeploy.steps.context import Context, Log, Options, facts_from_dict, served
-from sparkdeploy.steps.up import UpResult
+from sparkdeploy.steps.context import Context, Log, Options, facts_from_dict, load_context, served
+from sparkdeploy.steps.down import down
+from sparkdeploy.steps.healthcheck import check as health
+from sparkdeploy.steps.healthcheck import expect
+from sparkdeploy.steps.rollback import rollback
+from sparkdeploy.steps.up import UpResult, up
 
-__all__ = ["Cluster", "Log", "Options", "UpResult", "dry_run_services", "facts_from_dict", "load_cluster", "served"]
-
-
-class Cluster(Context):
-    """Connections + plan for one inventory (steps.context.Context) with the verbs (`up`, `down`, ...) as methods,
-    each the function of its procedure module."""
-
-    def __enter__(self) -> "Cluster":
-        return self
-
-    # verbs
-    def up(self) -> UpResult:
-        return _up.up(self)
-
-    def rollback(self, to: int | None) -> UpResult:
-        return _rollback.rollback(self, to)
-
-    def down(self, keep_enabled: bool = False) -> list[Outcome]:
-        return _down.down(self, keep_enabled)
-
-    def expect(self) -> H.ServiceExpect:
-        return healthcheck.expect(self)
-
-    def health(self) -> H.Report:
-        return healthcheck.check(self)
-
-    # the release decision, as the step tests drive it
-    def current_matches(self) -> tuple[bool, dict[str, str]]:
-        return release.current_matches(self)
-
-    def step_release(self, out: list[Outcome]) -> int:
-        return release.step_release(self, out)
-
-
-def load_cluster(inventory_path: str, opts: Options, service: str | None = None) -> Cluster:
-    """The cluster of one service of the inventory (`service`, or its only one)."""
-    from sparkdeploy.model import inventory as I
-
-    return Cluster(I.load(inventory_path, service), opts)
+__all__ = ["Context", "Log", "Options", "UpResult", "down", "dry_run_services", "expect", "facts_from_dict", "health",
+           "load_context", "rollback", "served", "up"]
 
 
 def dry_run_services(inventory_path: str, opts: Options, services: list[str | None]) -> dict[str | None, UpResult]:
@@ -88,7 +50,7 @@ def dry_run_services(inventory_path: str, opts: Options, services: list[str | No
     dry = dataclasses.replace(opts, dry_run=True)
 
     def one(service: str | None) -> UpResult:
-        with load_cluster(inventory_path, dry, service) as cluster:
-            return cluster.up()
+        with load_context(inventory_path, dry, service) as cx:
+            return up(cx)
 
     return dict(zip(services, fanout.each(services, one)))

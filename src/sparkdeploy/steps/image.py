@@ -125,7 +125,7 @@ def pull(conn: Conn, tag: str, registry_addr: str, want_id: str) -> None:
 
 
 def converge(cl, out: list) -> str | None:
-    """The image step of `up` for a `Cluster` `cl`: every node of the plan holds plan.image.tag; when a node
+    """The image step of `up` for a `Context` `cl`: every node of the plan holds plan.image.tag; when a node
     lacks it, the head's registry is made to hold it first (the source of that and every later delivery's
     missing layers). Nodes that all hold the tag already (pulled by hand, or a re-run) push nothing: moving
     every layer into the registry then would only pay now for a delivery that may never come. Returns the image
