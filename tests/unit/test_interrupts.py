@@ -9,8 +9,8 @@ import traceback
 
 import pytest
 
-from sparkdeploy.cli import interrupts
-from sparkdeploy.cli.interrupts import interrupt_as_failure
+from sparkdeploy.steps import interrupts
+from sparkdeploy.steps.interrupts import interrupt_as_failure
 from sparkdeploy.errors import Interrupted
 
 

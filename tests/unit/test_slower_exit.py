@@ -51,7 +51,7 @@ def served_release_7(monkeypatch):
     monkeypatch.setattr(D, "rollback", lambda cx, to: live)
     verdict = {}
     monkeypatch.setattr(deploy_cli, "speed_after_gate", lambda cluster, number, log, against=None: verdict["v"])
-    monkeypatch.setattr(deploy_cli.releases, "read_sentinel", lambda conn, lay, number: None)
+    monkeypatch.setattr(D.releases, "read_sentinel", lambda conn, lay, number: None)
     monkeypatch.setattr(Context, "conn", lambda self, name: None)
     return verdict
 

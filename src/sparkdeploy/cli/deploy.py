@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from sparkdeploy import paths
-from sparkdeploy.cli.interrupts import interrupt_as_failure
 from sparkdeploy.cli.options import (
     chosen_service,
     deploy_exit_code,
@@ -22,7 +21,6 @@ from sparkdeploy.cli.options import (
     speed_after_gate,
 )
 from sparkdeploy.errors import SparkdeployError
-from sparkdeploy.ops import releases
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD
 from sparkdeploy.steps import deploy as D
 from sparkdeploy.steps.deploy import Options, dry_run_services, load_context
@@ -93,16 +91,9 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
     for name in names:
         if name is not None:
             err.print(f"[bold]service {name}[/bold]")
-        speed, interrupted = None, False
-        if name in dry:  # read side by side above; shown in inventory order
-            res = dry[name]
-        else:
-            with load_context(_inv(inventory), opts, name) as cx, interrupt_as_failure("up", _log) as signalled:
-                res = D.up(cx)
-                if sentinel and res.healthy and (res.restarted or
-                                                 not releases.read_sentinel(cx.conn(cx.head), cx.lay, res.release)):
-                    speed = speed_after_gate(cx, res.release, _log)
-            res.message, interrupted = signalled.tell(res.message), signalled.fired
+        # a dry run's services were read side by side above; shown in inventory order
+        run = D.Served(dry[name]) if name in dry else D.up_service(_inv(inventory), opts, name, _measure(sentinel))
+        res, speed, interrupted = run.result, run.speed, run.interrupted
         _print_outcomes(res.outcomes)
         done = res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes))
         style = "green" if done else "red bold"
@@ -119,6 +110,12 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
         payload = dict(next(iter(results.values()))) if len(results) == 1 else {"ok": ok, "services": results}
         click.echo(json.dumps({**payload, **({"router": router} if router else {})}, indent=2))
     raise click.exceptions.Exit(deploy_exit_code(ok, [r["sentinel"] for r in results.values()], allow_slower))
+
+
+def _measure(sentinel: bool) -> D.Measure | None:
+    """The speed sentinel as the verbs call it after a gate (None: --no-sentinel)."""
+    return (lambda cx, number, against=None: speed_after_gate(cx, number, _log, against=against)) if sentinel \
+        else None
 
 
 def _router_up(inventory: str, dry_run: bool, trust_new_hosts: bool) -> tuple[dict, bool]:
@@ -241,15 +238,9 @@ def rollback(inventory, number, ready_timeout, dry_run, trust_new_hosts, sentine
     The sentinel compares the release with its own earlier speed record (how fast it was when it served).
     Exit 0 served (or a dry run found the release to go back to), 1 failed, 3 served but slower than that
     record beyond noise."""
-    speed = None
     opts = Options(dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log)
-    with load_context(_inv(inventory), opts, chosen_service()) as cx, \
-            interrupt_as_failure("rollback", _log) as signalled:
-        res = D.rollback(cx, number)
-        if sentinel and res.healthy and res.restarted:
-            own = releases.read_sentinel(cx.conn(cx.head), cx.lay, res.release)
-            speed = speed_after_gate(cx, res.release, _log, against=res.release if own else None)
-    res.message = signalled.tell(res.message)
+    run = D.rollback_service(_inv(inventory), opts, chosen_service(), number, _measure(sentinel))
+    res, speed = run.result, run.speed
     ok = res.healthy or (dry_run and res.release is not None)
     if dry_run:
         _print_outcomes(res.outcomes)

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sparkdeploy import paths
-from sparkdeploy.cli.interrupts import interrupt_as_failure
+from sparkdeploy.steps.interrupts import interrupt_as_failure
 from sparkdeploy.cli.options import (
     chosen_service,
     deploy_exit_code,

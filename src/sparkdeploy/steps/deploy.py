@@ -31,17 +31,61 @@ each in its own module; this one names them for the CLI, the rollout and the tes
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from typing import Callable
 
 from sparkdeploy import fanout
+from sparkdeploy.ops import releases
 from sparkdeploy.steps.context import Context, Log, Options, facts_from_dict, load_context, served
 from sparkdeploy.steps.down import down
 from sparkdeploy.steps.healthcheck import check as health
 from sparkdeploy.steps.healthcheck import expect
+from sparkdeploy.steps.interrupts import interrupt_as_failure
 from sparkdeploy.steps.rollback import rollback
 from sparkdeploy.steps.up import UpResult, up
 
-__all__ = ["Context", "Log", "Options", "UpResult", "down", "dry_run_services", "expect", "facts_from_dict", "health",
-           "load_context", "rollback", "served", "up"]
+__all__ = ["Context", "Log", "Options", "Served", "UpResult", "down", "dry_run_services", "expect", "facts_from_dict",
+           "health", "load_context", "rollback", "rollback_service", "served", "up", "up_service"]
+
+# the speed sentinel's verdict on release `number`, which just passed its gate (compared with release `against`,
+# None: the newest older healthy one); the CLI passes bench.sentinel's, which sits above this layer
+Measure = Callable[..., dict]
+
+
+@dataclass
+class Served:
+    """One service's `up` or `rollback` as a command runs it: the result, the sentinel's verdict (None: not
+    measured) and whether a signal ended it (a command over several services then stops)."""
+    result: UpResult
+    speed: dict | None = None
+    interrupted: bool = False
+
+
+def up_service(inventory_path: str, opts: Options, service: str | None, measure: Measure | None = None) -> Served:
+    """`up` of one service, a signal turned into its failure (so it rolls back); the sentinel measures a release
+    that restarted, or one that serves without its speed record."""
+    speed = None
+    with load_context(inventory_path, opts, service) as cx, interrupt_as_failure("up", opts.log) as signalled:
+        res = up(cx)
+        if measure and res.healthy and (res.restarted or not releases.read_sentinel(cx.conn(cx.head), cx.lay,
+                                                                                     res.release)):
+            speed = measure(cx, res.release)
+    res.message = signalled.tell(res.message)
+    return Served(res, speed, signalled.fired)
+
+
+def rollback_service(inventory_path: str, opts: Options, service: str | None, number: int | None,
+                     measure: Measure | None = None) -> Served:
+    """`rollback` of one service; the sentinel compares the release with its own earlier record where it has
+    one (how fast it was when it served), else with the newest older healthy release."""
+    speed = None
+    with load_context(inventory_path, opts, service) as cx, interrupt_as_failure("rollback", opts.log) as signalled:
+        res = rollback(cx, number)
+        if measure and res.healthy and res.restarted:
+            own = releases.read_sentinel(cx.conn(cx.head), cx.lay, res.release)
+            speed = measure(cx, res.release, against=res.release if own else None)
+    res.message = signalled.tell(res.message)
+    return Served(res, speed, signalled.fired)
 
 
 def dry_run_services(inventory_path: str, opts: Options, services: list[str | None]) -> dict[str | None, UpResult]:
