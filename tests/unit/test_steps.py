@@ -17,8 +17,7 @@ from sparkdeploy.ops import releases
 from sparkdeploy.plan import render
 from sparkdeploy.remote.connection import Target
 from sparkdeploy.remote.ssh import LocalConn
-from sparkdeploy.steps import base, image, supervise
-from sparkdeploy.steps import release
+from sparkdeploy.steps import base, image, release, supervise
 from sparkdeploy.steps.deploy import Context, Options
 
 FIXTURE = paths.repo_root() / "tests/unit/fixtures/inventory.sim.yaml"
@@ -84,7 +83,7 @@ def cluster():
 def _rel_from(c, num=3, image_id=None, healthy=True):
     out = {}
     for n in c.names:
-        files = {k: releases.sha(v) for k, (v, _) in c.release_files(n, num).items()}
+        files = {k: releases.sha(v) for k, (v, _) in release.release_files(c, n).items()}
         out[n] = releases.NodeReleases(complete={num: {"files": files, "image_id": image_id or c.image_id}},
                                        current=num, healthy={num} if healthy else set())
     return out
@@ -109,15 +108,15 @@ def test_changed_file_or_image_means_new_release(cluster):
 
 
 def test_release_files_head_carries_watchdog_config(cluster):
-    head = cluster.release_files("node1", 1)
+    head = release.release_files(cluster, "node1")
     assert set(head) == {"engine.env", "launch.sh", "node-plan.json", supervise.CONFIG}
     assert head["launch.sh"][1] == 0o755
-    assert set(cluster.release_files("node2", 1)) == {"engine.env", "launch.sh", "node-plan.json"}
+    assert set(release.release_files(cluster, "node2")) == {"engine.env", "launch.sh", "node-plan.json"}
     assert list(cluster.unit_files("node2")) == [layout.PLAIN.unit_path]
 
 
 def test_image_context_has_dockerfile_and_overlays_but_no_list(cluster):
-    ctx = cluster.image_context()
+    ctx = image.context(cluster.plan, cluster.files)
     assert ctx["Dockerfile"].startswith(b"# Rendered") and not any(k.startswith("vocab/") for k in ctx)
     assert all(not k.startswith("overlays/tests/") and "__pycache__" not in k for k in ctx)
 

@@ -264,14 +264,13 @@ def check_release(cx, number: int, *, against: int | None = None, progress: Prog
     repeats it. Returns the verdict."""
     from sparkdeploy.node import layout
     from sparkdeploy.ops import releases
-    from sparkdeploy.steps.context import served
 
     head = cx.conn(cx.head)
     nrs = cx.scan()
     raw = head.get(f"{releases.rdir(cx.lay, number)}/{layout.NODE_PLAN_FILE}")
     facts = release_facts(number, json.loads(raw) if raw else {}, nrs[cx.head].complete.get(number, {}))
     how = cx.inv.sentinel
-    rec = measure(client.discover(cx.plan.api_url, model=served(cx.plan), api_key=cx.inv.auth.api_key()),
+    rec = measure(client.discover(cx.plan.api_url, model=cx.plan.served_name, api_key=cx.inv.auth.api_key()),
                   categories=how.categories, tokens=how.tokens, runs=how.runs, warmup=how.warmup, progress=progress,
                   release=facts)
     before = against if against is not None else releases.last_healthy(nrs, before=number)

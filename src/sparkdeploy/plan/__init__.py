@@ -175,6 +175,13 @@ class Plan:
     def api_url(self) -> str:
         return f"http://{self.head.data_ip}:{self.api_port}"
 
+    @property
+    def served_name(self) -> str:
+        """The model name the engine serves under (what a probe asks for), from the head's argv: a recorded
+        release (`as_served`) answers under the name it was started with."""
+        argv = list(self.head.serve_argv)
+        return argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else argv[2]
+
     def node(self, name: str) -> NodePlan:
         for n in self.nodes:
             if n.name == name:
@@ -576,7 +583,8 @@ def _weights_transfers(inv: Inventory, nodes: tuple[Node, ...]) -> tuple[str, ..
               "only the files that differ" for n in nodes if n is not head))
 
 
-def _layout(inv: Inventory, nodes: int | None) -> tuple[tuple[Node, ...], int, int]:
+def node_layout(inv: Inventory, nodes: int | None) -> tuple[tuple[Node, ...], int, int]:
+    """(the nodes that take part, head first; tp; pp) for `--nodes` (None: all of the inventory)."""
     p, all_nodes = inv.profile, inv.nodes
     asked = len(all_nodes) if nodes is None else nodes
     if asked < 1:
@@ -619,7 +627,7 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
     `git_commit` and `overlays_digest` only feed image provenance; `compat` replaces the overlays table (tests).
     """
     inv, p = inventory, inventory.profile
-    chosen, tp, pp = _layout(inv, nodes)
+    chosen, tp, pp = node_layout(inv, nodes)
     nnodes = len(chosen)
     ray = inv.backend == "ray" and nnodes > 1  # one box needs no Ray: plain vLLM
     facts = facts_for(chosen, facts_by_node)

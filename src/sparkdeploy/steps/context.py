@@ -19,8 +19,6 @@ from sparkdeploy.ops import gather, releases
 from sparkdeploy.plan import render
 from sparkdeploy.remote.connection import Conn
 from sparkdeploy.remote.ssh import Pool, target_of
-from sparkdeploy.steps import image as img
-from sparkdeploy.steps import supervise
 from sparkdeploy.steps.base import FAILED, OK, Outcome, StepFailed
 
 Log = Callable[[str], None]
@@ -40,11 +38,6 @@ class Options:
     log: Log = lambda msg: None
 
 
-def served(plan: P.Plan) -> str:
-    """The model name the engine serves under `plan` (what a probe asks for)."""
-    return supervise._served(plan)
-
-
 def facts_from_dict(d: dict) -> F.NodeFacts:
     """NodeFacts back from the dict a release recorded in its release.json."""
     d = dict(d)
@@ -62,7 +55,7 @@ class Context:
         self.lay = inventory.layout  # this service's names and paths on its nodes
         self.opts = opts
         self.log = opts.log
-        chosen, _, _ = P._layout(inventory, opts.nodes)  # which nodes take part, head first
+        chosen, _, _ = P.node_layout(inventory, opts.nodes)  # which nodes take part, head first
         self.names: list[str] = [n.name for n in chosen]
         reachable = (*inventory.nodes, *inventory.elsewhere)
         # the inventory's nodes outside this plan (`up --nodes 1`, or a service moved off them): `up` retires
@@ -205,19 +198,9 @@ class Context:
                       self.opts.nodes).as_served(meta.get("served_as"))
 
     # ------------------------------------------------------------------------------------------ desired
-    def release_files(self, name: str, number: int) -> dict[str, tuple[bytes, int]]:
-        pre = f"{name}/release/"
-        out = {k[len(pre):]: (v, render.file_mode(k)) for k, v in self.files.items() if k.startswith(pre)}
-        if name == self.head:
-            out[supervise.CONFIG] = (supervise.config(self.plan, self.plan.release_id), 0o644)
-        return out
-
     def unit_files(self, name: str) -> dict[str, bytes]:
         pre = f"{name}/unit/"
         return {posixpath.join("/etc/systemd/system", k[len(pre):]): v for k, v in self.files.items() if k.startswith(pre)}
-
-    def image_context(self) -> dict[str, bytes]:
-        return img.context(self.plan, self.files)
 
 
 def load_context(inventory_path: str, opts: Options, service: str | None = None) -> Context:

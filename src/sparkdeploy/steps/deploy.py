@@ -36,7 +36,7 @@ from typing import Callable
 
 from sparkdeploy import fanout
 from sparkdeploy.ops import releases
-from sparkdeploy.steps.context import Context, Log, Options, facts_from_dict, load_context, served
+from sparkdeploy.steps.context import Context, Log, Options, facts_from_dict, load_context
 from sparkdeploy.steps.down import down
 from sparkdeploy.steps.healthcheck import check as health
 from sparkdeploy.steps.healthcheck import expect
@@ -45,7 +45,7 @@ from sparkdeploy.steps.rollback import rollback
 from sparkdeploy.steps.up import UpResult, up
 
 __all__ = ["Context", "Log", "Options", "Served", "UpResult", "down", "dry_run_services", "expect", "facts_from_dict",
-           "health", "load_context", "rollback", "rollback_service", "served", "up", "up_service"]
+           "health", "load_context", "rollback", "rollback_service", "up", "up_service"]
 
 # the speed sentinel's verdict on release `number`, which just passed its gate (compared with release `against`,
 # None: the newest older healthy one); the CLI passes bench.sentinel's, which sits above this layer

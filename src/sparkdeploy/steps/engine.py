@@ -23,7 +23,7 @@ from sparkdeploy.node.layout import LAUNCH_FILE
 from sparkdeploy.ops import health, releases
 from sparkdeploy.remote import connection
 from sparkdeploy.steps.base import CHANGED, OK, WOULD, Outcome
-from sparkdeploy.steps.context import Context, served
+from sparkdeploy.steps.context import Context
 
 
 # ---------------------------------------------------------------------------------------------- watchdog
@@ -171,7 +171,7 @@ def wait_ready(cx: Context, timeout: float, watch: Callable[[], None] | None = N
     would only add to the outage before the rollback. `up`, `rollback` and `vocab rollout` all wait here."""
     url = cx.plan.api_url
     try:
-        return health.wait_answering(url, served(cx.plan), timeout=timeout,
+        return health.wait_answering(url, cx.plan.served_name, timeout=timeout,
                                      probe_timeout=cx.opts.probe_timeout, log=cx.log,
                                      api_key=cx.inv.auth.api_key(), every=watch or rank_watch(cx), every_s=5.0)
     except health.NotAnswering as err:
@@ -246,7 +246,7 @@ def gate(cx: Context, num: int, out: list[Outcome]) -> str:
     """Readiness + a temperature-0 probe (twice: it must be deterministic); record it as HEALTHY."""
     t0 = time.monotonic()
     text = wait_ready(cx, cx.opts.ready_timeout, rank_watch(cx, release=num))
-    again = health.generate(cx.plan.api_url, served(cx.plan), timeout=cx.opts.probe_timeout,
+    again = health.generate(cx.plan.api_url, cx.plan.served_name, timeout=cx.opts.probe_timeout,
                             api_key=cx.inv.auth.api_key())
     if again != text:
         raise HealthError(f"temperature-0 probe is not deterministic: {text!r} then {again!r}")

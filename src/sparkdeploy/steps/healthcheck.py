@@ -9,7 +9,7 @@ from sparkdeploy.node import probes
 from sparkdeploy.ops import health, releases
 from sparkdeploy.steps import stale
 from sparkdeploy.steps.base import FAILED, Outcome
-from sparkdeploy.steps.context import Context, facts_from_dict, served
+from sparkdeploy.steps.context import Context, facts_from_dict
 from sparkdeploy.verdict import Status
 
 
@@ -42,7 +42,7 @@ def _expect(cx: Context, healthy: dict | None) -> health.ServiceExpect:
             (cx.plan.api_port, cx.plan.master_port),
             ((cx.lay.watchdog_timer, *((cx.lay.exporter_unit,) if cx.plan.metrics_port else ()))
              if node.role == "head" else ()), (cx.lay.exporter_unit,)))
-    return health.ServiceExpect(cx.plan.api_url, served(cx.plan), exp_nodes, healthy.get("probe") if healthy else None,
+    return health.ServiceExpect(cx.plan.api_url, cx.plan.served_name, exp_nodes, healthy.get("probe") if healthy else None,
                                 api_key=cx.inv.auth.api_key())
 
 

@@ -189,7 +189,7 @@ def _deliver(cl, want: str | None, source: str | None, local: Conn | None,
         t0 = time.monotonic()
         builder = choose_builder(cl.pool.conns, head, cl.plan.image.base, local_conn)
         narrate(cl.log, f"{builder.name}: building {tag} (FROM {cl.plan.image.base})")
-        want = build(builder, tag, cl.image_context())
+        want = build(builder, tag, context(cl.plan, cl.files))
         source, local = (builder.name, None) if builder.name in names else (None, builder)
         lacking = [n for n in lacking if n != source]
         done[source or head] = [f"built {want[:19]} on {builder.name} in {time.monotonic() - t0:.1f} s",
@@ -282,7 +282,7 @@ def serving_context(inv) -> tuple[str, dict[str, bytes]]:
     from sparkdeploy import plan as P
     from sparkdeploy.plan import render
 
-    chosen, _, _ = P._layout(inv, None)
+    chosen, _, _ = P.node_layout(inv, None)
     plan = P.plan(inv, {n.name: _roomy(n) for n in chosen}, overlays_digest=render.overlays_digest())
     return plan.image.tag, context(plan, render.render(plan))
 

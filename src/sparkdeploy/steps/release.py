@@ -7,9 +7,21 @@ from __future__ import annotations
 from sparkdeploy import paths
 from sparkdeploy.node.layout import ServiceLayout
 from sparkdeploy.ops import registry, releases
+from sparkdeploy.plan import render
 from sparkdeploy.remote.connection import Conn
+from sparkdeploy.steps import supervise
 from sparkdeploy.steps.base import OK, Action, Outcome, run_step
 from sparkdeploy.steps.context import Context
+
+
+def release_files(cx: Context, name: str) -> dict[str, tuple[bytes, int]]:
+    """Node `name`'s files of the release the plan makes, with their modes; the head's carry the watchdog's
+    configuration too."""
+    pre = f"{name}/release/"
+    out = {k[len(pre):]: (v, render.file_mode(k)) for k, v in cx.files.items() if k.startswith(pre)}
+    if name == cx.head:
+        out[supervise.CONFIG] = (supervise.config(cx.plan, cx.plan.release_id), 0o644)
+    return out
 
 
 def current_matches(cx: Context) -> tuple[bool, dict[str, str]]:
@@ -21,7 +33,7 @@ def current_matches(cx: Context) -> tuple[bool, dict[str, str]]:
             why[n] = "no current release"
             continue
         meta = nr.complete[nr.current]
-        want = {k: releases.sha(v) for k, (v, _) in cx.release_files(n, nr.current).items()}
+        want = {k: releases.sha(v) for k, (v, _) in release_files(cx, n).items()}
         if meta.get("files") != want:
             diff = sorted(k for k in set(want) | set(meta.get("files", {}))
                           if want.get(k) != meta.get("files", {}).get(k))
@@ -50,7 +62,7 @@ def step_release(cx: Context, out: list[Outcome]) -> int:
             "served_as": cx.plan.served_as()}
 
     def diff(n: str) -> list[Action]:
-        files = cx.release_files(n, num)
+        files = release_files(cx, n)
 
         def write():
             m = dict(meta, node=n, facts=cx.facts[n].to_dict(), reason=why.get(n, "another node changed"))

@@ -56,7 +56,7 @@ def config(plan, release: str) -> bytes:
     """The release's part of the watchdog configuration (what to probe and whom to restart)."""
     head, lay = plan.head, plan.layout
     workers = [{"name": n.name, "host": n.ssh.host, "port": n.ssh.port, "user": "root"} for n in plan.nodes[1:]]
-    cfg = {"api_url": f"http://127.0.0.1:{plan.api_port}", "model": _served(plan), "unit": head.unit_name,
+    cfg = {"api_url": f"http://127.0.0.1:{plan.api_port}", "model": plan.served_name, "unit": head.unit_name,
            "container": head.container_name, "workers": workers, "ssh_key": key(lay), "known_hosts": known_hosts(lay),
            "release": release, "settings": settings_path(lay), "secrets_env": lay.secrets_env}
     return (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode()
@@ -69,11 +69,6 @@ def settings(*, start_grace_s: float, backoff_base_s: float, retry_cap: int, wed
     if wedge is not None:
         knobs.update(dataclasses.asdict(wedge))
     return (json.dumps(knobs, sort_keys=True) + "\n").encode()
-
-
-def _served(plan) -> str:
-    argv = list(plan.head.serve_argv)
-    return argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else argv[2]
 
 
 def ensure_key(head: Conn, lay: ServiceLayout) -> str:
