@@ -34,6 +34,7 @@ from sparkdeploy.model import inventory as I
 from sparkdeploy.model import served_tokenizer
 from sparkdeploy.ops import health, vocab_live
 from sparkdeploy.steps import healthcheck
+from sparkdeploy.steps.context import Context, Options
 
 
 def client(url: str, model: str, stop: threading.Event, interval: float, log: list, api_key: str | None) -> None:
@@ -68,15 +69,15 @@ def downtime(log: list, start: float, end: float) -> tuple[float, float, float]:
 
 def live_list(inv) -> str | None:
     """sha256 of the list the head serves now (its pointer)."""
-    with rollout._cluster(inv, rollout.RolloutOptions(), False) as cluster:
+    with Context(inv, Options()) as cluster:
         cluster.connect([])
         return vocab_live.read_state(cluster.conn(cluster.head), cluster.lay).content
 
 
-def under_load(inv, tok, path: str, opts, streams: int, interval: float) -> dict:
+def under_load(inv, tok, path: str, opts, run: Options, streams: int, interval: float) -> dict:
     """One rollout of `path` while `streams` clients send requests; the client's view and the rollout's."""
     _, cand = rollout.validate_locally(inv, path)
-    cluster = rollout._cluster(inv, opts, False)
+    cluster = Context(inv, run)
     log: list = []
     stop = threading.Event()
     threads: list[threading.Thread] = []
@@ -130,9 +131,9 @@ def main(argv=None) -> int:
     away, back = lists if live_list(inv) != shas[0] else lists[::-1]
     rows = {}
     for name, path, restart in (("restart", away, True), ("live", back, False)):
-        opts = rollout.RolloutOptions(ready_timeout=args.ready_timeout, max_tokens=16, restart=restart,
-                                      log=lambda m: print("·", m))
-        rows[name] = under_load(inv, tok, path, opts, args.streams, args.interval)
+        opts = rollout.RolloutOptions(max_tokens=16, restart=restart)
+        run = Options(ready_timeout=args.ready_timeout, log=lambda m: print("·", m))
+        rows[name] = under_load(inv, tok, path, opts, run, args.streams, args.interval)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

@@ -21,6 +21,7 @@ from sparkdeploy import cli, rollout
 from sparkdeploy.model import inventory as I
 from sparkdeploy.model import served_tokenizer
 from sparkdeploy.remote.ssh import connect as _connect
+from sparkdeploy.steps import deploy as D
 from sparkdeploy.vocab import read_list
 
 MTP_PROFILE = "sim-tiny-next-mtp"
@@ -46,7 +47,6 @@ def deployed(request, tmp_path_factory):
     """The sim pair running the MTP profile (release healthy), its inventory, served tokenizer and lists."""
     import os
 
-    from sparkdeploy.steps import deploy as D
 
     existing = os.environ.get("SPARKDEPLOY_ROLLOUT_SIM")
     if existing:
@@ -97,20 +97,22 @@ def _state(deployed) -> dict:
     return out
 
 
-def _opts(**kw) -> rollout.RolloutOptions:
-    base = dict(ready_timeout=300, rollback_timeout=300, max_tokens=16, log=print)
-    base.update(kw)
-    return rollout.RolloutOptions(**base)
+_RUN = {"dry_run", "ready_timeout", "rollback_timeout", "probe_timeout", "log"}  # the run's own: the context's Options
+
+
+def _opts(**kw) -> tuple[rollout.RolloutOptions, D.Options]:
+    base = dict(ready_timeout=300, rollback_timeout=300, max_tokens=16, log=print) | kw
+    return (rollout.RolloutOptions(**{k: v for k, v in base.items() if k not in _RUN}),
+            D.Options(**{k: v for k, v in base.items() if k in _RUN}))
 
 
 def _run(deployed, which: str, **kw) -> rollout.RolloutResult:
-    res = rollout.rollout(deployed["inv"], str(deployed["lists"][which]), _opts(**kw))
+    res = rollout.rollout(deployed["inv"], str(deployed["lists"][which]), *_opts(**kw))
     print(json.dumps({k: v for k, v in res.to_dict().items() if k != "nodes"}, default=str)[:3000])
     return res
 
 
 def _health(deployed):
-    from sparkdeploy.steps import deploy as D
 
     with D.Context(deployed["inv"], D.Options()) as c:
         return D.health(c)
@@ -312,7 +314,6 @@ def _traffic(deployed, prompts: list[str]) -> np.ndarray:
     import requests
 
     from sparkdeploy.ops import health
-    from sparkdeploy.steps import deploy as D
 
     with D.Context(deployed["inv"], D.Options()) as c:
         exp = D.expect(c)

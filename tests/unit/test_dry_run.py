@@ -21,8 +21,8 @@ from sparkdeploy.node.layout import ServiceLayout
 from sparkdeploy.ops import releases
 from sparkdeploy.remote.connection import Target, dry_session, recording
 from sparkdeploy.remote.ssh import LocalConn
-from sparkdeploy.steps.base import Outcome
 from sparkdeploy.steps import deploy as D
+from sparkdeploy.steps.base import Outcome
 from sparkdeploy.steps.deploy import Context, Options
 
 FIXTURES = paths.repo_root() / "tests/unit/fixtures"
@@ -136,7 +136,8 @@ def test_vocab_rollout_dry_run_lists_the_store_release_and_switch_and_changes_no
     cx.plan = cx.release_plan(2)
     data = b"0\n1\n"
     cand = rollout.Candidate("l.txt", data, np.arange(2), releases.sha(data), "sha256:t", None)
-    r = rollout.Rollout(cx, cand, rollout.RolloutOptions(dry_run=True))
+    cx.opts.dry_run = True
+    r = rollout.Rollout(cx, cand, rollout.RolloutOptions())
     r.prev, r.old_sha, r.new_num = 2, old_sha, 3  # what reading the nodes found (Rollout._prepare), with the plan
     before = _tree(nodes / "node")
     res = r._dry(rollout.RolloutResult(path=path))

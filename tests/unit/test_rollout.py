@@ -314,8 +314,9 @@ class _FakeConn:
 class _FakeCluster:
     def __init__(self, conns, meta):
         from sparkdeploy.ops.releases import NodeReleases
+        from sparkdeploy.steps.context import Options
 
-        self.conns = conns
+        self.conns, self.opts = conns, Options()
         self.names = list(conns)
         self.head = self.names[0]
         self.lay = ServiceLayout()

@@ -15,7 +15,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from sparkdeploy import paths
-from sparkdeploy.steps.interrupts import interrupt_as_failure
 from sparkdeploy.cli.options import (
     chosen_service,
     deploy_exit_code,
@@ -26,6 +25,8 @@ from sparkdeploy.cli.options import (
 )
 from sparkdeploy.cli.vocab import vocab
 from sparkdeploy.model import inventory as I
+from sparkdeploy.steps.context import Context, Options
+from sparkdeploy.steps.interrupts import interrupt_as_failure
 from sparkdeploy.verdict import Status
 
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
@@ -125,14 +126,13 @@ def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, allow_lower_acce
     from sparkdeploy import rollout as R
 
     inv = _load(inventory)
-    opts = R.RolloutOptions(dry_run=dry_run, ready_timeout=ready_timeout, max_tokens=max_tokens,
-                            categories=list(categories) or None, samples=list(samples), restart=not live,
-                            allow_lower_acceptance=allow_lower_acceptance, log=_log)
+    opts = R.RolloutOptions(max_tokens=max_tokens, categories=list(categories) or None, samples=list(samples),
+                            restart=not live, allow_lower_acceptance=allow_lower_acceptance)
+    run = Options(dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log)
     tok, cand = R.validate_locally(inv, list_path, tokenizer_spec=spec, allow_no_manifest=allow_no_manifest)
     err.print(f"[green]valid[/green] {list_path}: {cand.size} ids for {tok.name} ({tok.content_hash[:19]}), "
               f"version {cand.version}")
-    _roll(R._cluster(inv, opts, trust_new_hosts), lambda c: cand, opts, tok, "vocab rollout", sentinel, allow_slower,
-          as_json)
+    _roll(Context(inv, run), lambda c: cand, opts, tok, "vocab rollout", sentinel, allow_slower, as_json)
 
 
 def _roll(cluster, candidate, opts, tok, what: str, sentinel: bool, allow_slower: bool, as_json: bool) -> None:
@@ -167,11 +167,12 @@ def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, live, inv
     from sparkdeploy.model import served_tokenizer
 
     inv = _load(inventory)
-    opts = R.RolloutOptions(ready_timeout=ready_timeout, max_tokens=max_tokens, categories=list(categories) or None,
-                            require_golden=False, restart=not live, log=_log, action="rollback")
+    opts = R.RolloutOptions(max_tokens=max_tokens, categories=list(categories) or None, require_golden=False,
+                            restart=not live, action="rollback")
+    run = Options(trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log)
     tok = served_tokenizer.resolve(inv, spec)
-    _roll(R._cluster(inv, opts, trust_new_hosts), lambda c: R.stored_candidate(c, version, tok), opts, tok,
-          "vocab rollback", sentinel, allow_slower, as_json)
+    _roll(Context(inv, run), lambda c: R.stored_candidate(c, version, tok), opts, tok, "vocab rollback", sentinel,
+          allow_slower, as_json)
 
 
 @vocab.command("history")

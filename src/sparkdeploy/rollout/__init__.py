@@ -59,14 +59,12 @@ from sparkdeploy.rollout.checks import (
 )
 from sparkdeploy.steps import engine, healthcheck
 from sparkdeploy.steps.context import Context, Options
-from sparkdeploy.vocab.formats import parse_list
 from sparkdeploy.verdict import Status
+from sparkdeploy.vocab.formats import parse_list
 
 __all__ = ["Candidate", "Failed", "Golden", "Rollout", "RolloutError", "RolloutOptions", "RolloutResult", "capture",
            "check_candidate", "coverage_change", "golden_prompts", "history", "list_diff", "mismatches",
            "pick_version", "rollout", "validate_locally", "write_list_with_manifest"]
-
-Log = Callable[[str], None]
 
 
 # ------------------------------------------------------------------------------------------- result
@@ -112,10 +110,8 @@ class RolloutResult:
 
 @dataclass
 class RolloutOptions:
-    dry_run: bool = False
-    ready_timeout: float = 900.0
-    rollback_timeout: float = 900.0
-    probe_timeout: float = 60.0
+    """What this rollout checks and how (the run's own options, dry run, timeouts and log, are the context's
+    `steps.context.Options`, as for `up` and `rollback`)."""
     max_tokens: int = 32
     categories: list[str] | None = None
     per_category: int = 1
@@ -125,7 +121,6 @@ class RolloutOptions:
     restart: bool = False  # `--restart`: the restart rollout even where a live swap is possible
     allow_lower_acceptance: bool = False  # `--allow-lower-acceptance`: a live swap's acceptance fall is reported only
     swap_timeout: float = 120.0  # seconds every rank has to report the swapped list
-    log: Log = lambda msg: None
     # Test hooks (failure injection): called with the Rollout at "distributed" (files on the nodes, nothing
     # switched), "started" (new release started, before the gate); `edit` may change a node's new release
     # files {name: bytes} (e.g. a sampling setting riding along).
@@ -141,7 +136,7 @@ class Rollout:
         self.cand = cand
         self.opts = opts
         self.tok = tokenizer
-        self.log = opts.log
+        self.log = cluster.opts.log
         self.switched = False
         self.watchdog_was: bool | None = None  # the timer's state before the rollout stopped it
         self.boots: dict[str, str] = {}  # each node's boot id before the switch (a reboot since fails the gate)
@@ -192,7 +187,7 @@ class Rollout:
     def run(self, res: RolloutResult | None = None) -> RolloutResult:
         """Roll out; a dry run reads the nodes and lists the exact effects up to the gate (`_dry`), inside a
         recording that carries nothing out, whatever it reaches."""
-        if self.opts.dry_run:
+        if self.c.opts.dry_run:
             with recording(dry=True):
                 return self._run(res)
         return self._run(res)
@@ -204,7 +199,7 @@ class Rollout:
         try:
             if not self._prepare(res):
                 return res
-            if self.opts.dry_run:
+            if self.c.opts.dry_run:
                 return self._dry(res)
             # The watchdog's probes would land inside the golden metric deltas; it is stopped for the switch anyway.
             self.watchdog_was = engine.watchdog_active(self.c)
@@ -341,7 +336,7 @@ class Rollout:
         res.golden_prompts = len(self.prompts)
         try:
             self.golden = capture(self.exp.api_url, self.exp.served_model, self.prompts,
-                                  max_tokens=self.opts.max_tokens, timeout=self.opts.probe_timeout,
+                                  max_tokens=self.opts.max_tokens, timeout=self.c.opts.probe_timeout,
                                   api_key=self.exp.api_key)
         except (requests.RequestException, ValueError, KeyError) as err:
             if self.opts.require_golden:
@@ -387,7 +382,7 @@ class Rollout:
     def _gate(self, res: RolloutResult) -> None:
         t0 = time.monotonic()
         try:
-            self.probe = engine.wait_ready(self.c, self.opts.ready_timeout, watch=self._check_ranks)
+            self.probe = engine.wait_ready(self.c, self.c.opts.ready_timeout, watch=self._check_ranks)
         except engine.NotReady as err:
             raise Failed(f"health gate timed out: {err}") from None
         self._check_ranks()
@@ -401,7 +396,7 @@ class Rollout:
             self._timed(res, "verify", t0)
             return
         after = capture(self.exp.api_url, self.exp.served_model, self.prompts, max_tokens=self.opts.max_tokens,
-                        timeout=self.opts.probe_timeout, api_key=self.exp.api_key)
+                        timeout=self.c.opts.probe_timeout, api_key=self.exp.api_key)
         res.acceptance_after = after.acceptance
         res.notes += [f"after: {n}" for n in after.notes]
         bad = mismatches(self.golden.outputs, after.outputs)
@@ -437,7 +432,7 @@ class Rollout:
     def _nudge(self) -> None:
         """An engine looks at the pointer only while it drafts: one short request makes it draft."""
         try:
-            health.generate(self.exp.api_url, self.exp.served_model, timeout=self.opts.probe_timeout, max_tokens=4,
+            health.generate(self.exp.api_url, self.exp.served_model, timeout=self.c.opts.probe_timeout, max_tokens=4,
                             api_key=self.exp.api_key)
         except (requests.RequestException, ValueError, KeyError):
             pass  # the swap's timeout says what did not answer
@@ -446,7 +441,7 @@ class Rollout:
         """Golden outputs, acceptance and the health probe after a swap: why the new list must go, or None."""
         try:
             self._verify(res)
-            self.probe = health.generate(self.exp.api_url, self.exp.served_model, timeout=self.opts.probe_timeout,
+            self.probe = health.generate(self.exp.api_url, self.exp.served_model, timeout=self.c.opts.probe_timeout,
                                          api_key=self.exp.api_key)
         except (Failed, requests.RequestException, ValueError, KeyError) as err:
             return str(err) if isinstance(err, Failed) else f"{type(err).__name__}: {str(err)[:200]}"
@@ -544,7 +539,7 @@ class Rollout:
             same = None
             if self.golden is not None:
                 again = capture(self.exp.api_url, self.exp.served_model, self.prompts,
-                                max_tokens=self.opts.max_tokens, timeout=self.opts.probe_timeout, metrics=False,
+                                max_tokens=self.opts.max_tokens, timeout=self.c.opts.probe_timeout, metrics=False,
                                 api_key=self.exp.api_key)
                 same = not mismatches(self.golden.outputs, again.outputs)
             engine.watchdog(self.c, self.watchdog_was)
@@ -580,24 +575,18 @@ def validate_locally(inventory, list_path: str, *, tokenizer_spec: str | None = 
     return tok, check_candidate(list_path, tok, allow_no_manifest=allow_no_manifest)
 
 
-def _cluster(inventory, opts: RolloutOptions, trust_new_hosts: bool) -> Context:
-    return Context(inventory, Options(trust_new_hosts=trust_new_hosts, ready_timeout=opts.ready_timeout,
-                                      probe_timeout=opts.probe_timeout, rollback_timeout=opts.rollback_timeout,
-                                      log=opts.log))
-
-
-def rollout(inventory, list_path: str, opts: RolloutOptions, *, tokenizer_spec: str | None = None,
-            allow_no_manifest: bool = False, trust_new_hosts: bool = False) -> RolloutResult:
+def rollout(inventory, list_path: str, opts: RolloutOptions, run: Options, *, tokenizer_spec: str | None = None,
+            allow_no_manifest: bool = False) -> RolloutResult:
     """Validate locally (VocabError before any connection), then roll out on the inventory's cluster."""
     tok, cand = validate_locally(inventory, list_path, tokenizer_spec=tokenizer_spec,
                                  allow_no_manifest=allow_no_manifest)
-    with _cluster(inventory, opts, trust_new_hosts) as cluster:
+    with Context(inventory, run) as cluster:
         return Rollout(cluster, cand, opts, tok).run()
 
 
 def history(inventory, *, trust_new_hosts: bool = False) -> dict:
     """History lines (from the head), stored versions and the live list per node."""
-    with _cluster(inventory, RolloutOptions(), trust_new_hosts) as cluster:
+    with Context(inventory, Options(trust_new_hosts=trust_new_hosts)) as cluster:
         cluster.connect([])
         healthcheck.expect(cluster)
         head = cluster.conn(cluster.head)
