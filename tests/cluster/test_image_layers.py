@@ -19,8 +19,8 @@ import yaml
 from sparkdeploy.model import inventory as I
 from sparkdeploy.node import layout
 from sparkdeploy.ops import registry
-from sparkdeploy.steps import image as img
 from sparkdeploy.steps import deploy as D
+from sparkdeploy.steps import image as img
 from sparkdeploy.steps.deploy import Context, Options
 
 pytestmark = pytest.mark.cluster
@@ -176,3 +176,21 @@ def test_node_that_lost_its_images_gets_the_full_image_and_comes_up_healthy(laye
     finally:
         c.close()
     assert received[worker.name] >= 0.95 * total, (received, total)
+
+
+def test_two_builds_of_one_tag_at_once_make_one_image_id(sim_node_image):
+    """CI's two workers once built the serving image in the same second on this machine: two image IDs for one
+    tag, so one worker pushed the other's build and its nodes refused it. Under the build lock the second build
+    waits and takes every step from the first one's cache (without it, the IDs differ: the created times do)."""
+    import uuid
+
+    from sparkdeploy.fanout import each
+
+    tag = f"sparkdeploy-test-build-lock:{uuid.uuid4().hex[:12]}"
+    files = {"Dockerfile": f"FROM {sim_node_image}\nRUN echo {uuid.uuid4().hex} > /built\n".encode()}
+    conn = img.local_conn()
+    try:
+        first, second = each([1, 2], lambda _: img.build(conn, tag, files, timeout=300))
+        assert first == second == img.image_id(conn, tag)
+    finally:
+        conn.run(["docker", "image", "rm", "-f", tag], check=False, timeout=120)

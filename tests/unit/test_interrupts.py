@@ -9,9 +9,9 @@ import traceback
 
 import pytest
 
+from sparkdeploy.errors import Interrupted
 from sparkdeploy.steps import interrupts
 from sparkdeploy.steps.interrupts import interrupt_as_failure
-from sparkdeploy.errors import Interrupted
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkdeploy.cli import main
 from sparkdeploy.cli import deploy as deploy_cli
+from sparkdeploy.cli import main
 from sparkdeploy.cli.options import SLOWER, deploy_exit_code
 from sparkdeploy.steps import deploy as D
 from sparkdeploy.steps.context import Context

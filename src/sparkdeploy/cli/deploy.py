@@ -21,8 +21,8 @@ from sparkdeploy.cli.options import (
     speed_after_gate,
 )
 from sparkdeploy.errors import SparkdeployError
-from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD
 from sparkdeploy.steps import deploy as D
+from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD
 from sparkdeploy.steps.deploy import Options, dry_run_services, load_context
 from sparkdeploy.verdict import Status
 

@@ -7,6 +7,7 @@ node with the standard library only, so it repeats the few it reads; a unit test
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 ETC_DIR = "/etc/sparkdeploy"
@@ -32,6 +33,11 @@ WATCHDOG_PY = f"{LIB_DIR}/watchdog.py"
 RANK_CTL = f"{LIB_DIR}/rank-ctl"
 EXPORTER_CODE_DIR = f"{LIB_DIR}/exporter"  # the kit's Python code the exporter runs (mounted read-only)
 EXPORTER_PORT = 9466  # inventory ports.metrics; 0 = no exporter
+
+
+def build_lock(tag: str) -> str:
+    """The lock that makes builds of one image tag on one machine wait for each other (steps/image.build)."""
+    return "/run/lock/sparkdeploy-build-" + re.sub(r"[^A-Za-z0-9_.-]", "_", tag) + ".lock"
 
 
 @dataclass(frozen=True)

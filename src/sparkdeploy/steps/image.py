@@ -23,6 +23,7 @@ import time
 from typing import Callable
 
 from sparkdeploy.errors import RemoteError
+from sparkdeploy.node.layout import build_lock
 from sparkdeploy.ops import registry
 from sparkdeploy.remote.connection import Conn, Target, effect, held, narrate, recording
 from sparkdeploy.remote.ssh import LocalConn
@@ -51,9 +52,12 @@ def context_tar(files: dict[str, bytes]) -> bytes:
 def build(conn: Conn, tag: str, context: dict[str, bytes], dockerfile: str = "Dockerfile",
           timeout: float = 3600) -> str:
     """docker build from the context streamed in as a tar; the image ID (a dry run answers the placeholder
-    `<image id of TAG built on NODE>`)."""
+    `<image id of TAG built on NODE>`). Two builds of one tag at once on one machine (two `up`s of services
+    that share an image; CI's two workers) would each make their own image ID, and the tag would name only the
+    last: the other would push an image it did not build and refuse it on its nodes. Under `flock` the second
+    waits, then finds every step in the first one's cache, so both get the same ID."""
     tar = context_tar(context)
-    argv = ["docker", "build", "-q", "-t", tag, "-f", dockerfile, "-"]
+    argv = ["flock", build_lock(tag), "docker", "build", "-q", "-t", tag, "-f", dockerfile, "-"]
     return effect(f"{conn.name}: run {shlex.join(argv)} <build context {len(tar)} bytes "
                   f"sha256:{hashlib.sha256(tar).hexdigest()[:12]}>",
                   lambda: _build(conn, tag, argv, tar, timeout), f"<image id of {tag} built on {conn.name}>")
