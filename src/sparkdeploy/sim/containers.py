@@ -236,7 +236,7 @@ def wait_ready(node, reporter: Reporter, *, require_running: bool, after_ticks: 
         if not info["State"]["Running"]:
             raise poll.NotYet(f"container state {info['State']['Status']}")
         stat = exec_in(node, "cat /proc/1/stat", timeout=10)
-        if stat.rc != 0:
+        if stat.rc != 0 or ")" not in stat.out:  # an exec while PID 1 restarts can answer 0 with nothing
             raise poll.NotYet("cannot read /proc/1/stat")
         ticks = pid1_start_ticks(stat.out)
         if after_ticks is not None and ticks <= after_ticks:

@@ -236,7 +236,6 @@ def test_check_release_keeps_the_record_with_its_verdict_against_the_last_health
     from sparkdeploy.model.inventory import SentinelConfig
     from sparkdeploy.ops import releases
     from sparkdeploy.remote.connection import Conn, Target
-    from sparkdeploy.steps import context
 
     class Head(Conn):
         def __init__(self):
@@ -254,11 +253,10 @@ def test_check_release_keeps_the_record_with_its_verdict_against_the_last_health
     argv = ["vllm", "serve", "m", "--additional-config",
             json.dumps({"spark_overlays": {"shortlist": {"enabled": True, "sha256": "ab" * 32}}})]
     head.files[f"{releases.rdir(layout.PLAIN, 4)}/node-plan.json"] = json.dumps({"image": "img:4", "node": {"serve_argv": argv}})
-    monkeypatch.setattr(context, "served", lambda plan: None)
     with FakeVllm() as fake:
         how = SentinelConfig(categories=("code", "reasoning"), tokens=20, runs=2, warmup=0)  # inventory `sentinel:`
         cx = SimpleNamespace(head="node1", lay=layout.PLAIN, conn=lambda n: head, scan=lambda: nrs, inv=SimpleNamespace(
-            auth=SimpleNamespace(api_key=lambda: None), sentinel=how), plan=SimpleNamespace(api_url=fake.url))
+            auth=SimpleNamespace(api_key=lambda: None), sentinel=how), plan=SimpleNamespace(api_url=fake.url, served_name=None))
         first = sentinel.check_release(cx, 3)
         second = sentinel.check_release(cx, 4)
         again = sentinel.check_release(cx, 4, against=4)  # a rollback to 4: its own record
