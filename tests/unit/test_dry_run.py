@@ -281,8 +281,8 @@ def test_the_recorder_answers_what_steers_later_effects_with_named_placeholders(
         built = image.build(c, "serving:test", {"Dockerfile": b"FROM scratch\n"})
         assert image.image_id(c, "serving:test", made_as=built) == built
     assert built == "<image id of serving:test built on n1>"
-    assert made[0].startswith("n1: run flock /run/lock/sparkdeploy-build-serving_test.lock docker build -q -t serving:test "
-                              "-f Dockerfile - <build context")
+    assert made[0].startswith("n1: run flock /run/lock/sparkdeploy-build-serving_test.lock docker build -q -t "
+                              "serving:test -f Dockerfile - <build context")
     lay = ServiceLayout(etc_root=str(tmp_path / "etc"), state_root=str(tmp_path / "state"))
     with recording(dry=True) as made:
         pub = supervise.ensure_key(c, lay)

@@ -269,7 +269,8 @@ def logs(inventory, node, follow, lines, journal, trust_new_hosts):
         cx.connect([], [name])
         c = cx.conn(name)
         argv = (["journalctl", "-u", cx.lay.unit, "-n", str(lines), "--no-pager"] + (["-f"] if follow else [])
-                if journal else ["docker", "logs", "--tail", str(lines)] + (["-f"] if follow else []) + [cx.lay.container])
+                if journal else
+                ["docker", "logs", "--tail", str(lines)] + (["-f"] if follow else []) + [cx.lay.container])
         if isinstance(c, LocalConn):
             subprocess.run(argv)
             return

@@ -42,7 +42,8 @@ def _expect(cx: Context, healthy: dict | None) -> health.ServiceExpect:
             (cx.plan.api_port, cx.plan.master_port),
             ((cx.lay.watchdog_timer, *((cx.lay.exporter_unit,) if cx.plan.metrics_port else ()))
              if node.role == "head" else ()), (cx.lay.exporter_unit,)))
-    return health.ServiceExpect(cx.plan.api_url, cx.plan.served_name, exp_nodes, healthy.get("probe") if healthy else None,
+    return health.ServiceExpect(cx.plan.api_url, cx.plan.served_name, exp_nodes,
+                                healthy.get("probe") if healthy else None,
                                 api_key=cx.inv.auth.api_key())
 
 

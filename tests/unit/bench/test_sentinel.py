@@ -256,7 +256,8 @@ def test_check_release_keeps_the_record_with_its_verdict_against_the_last_health
     with FakeVllm() as fake:
         how = SentinelConfig(categories=("code", "reasoning"), tokens=20, runs=2, warmup=0)  # inventory `sentinel:`
         cx = SimpleNamespace(head="node1", lay=layout.PLAIN, conn=lambda n: head, scan=lambda: nrs, inv=SimpleNamespace(
-            auth=SimpleNamespace(api_key=lambda: None), sentinel=how), plan=SimpleNamespace(api_url=fake.url, served_name=None))
+            auth=SimpleNamespace(api_key=lambda: None), sentinel=how),
+            plan=SimpleNamespace(api_url=fake.url, served_name=None))
         first = sentinel.check_release(cx, 3)
         second = sentinel.check_release(cx, 4)
         again = sentinel.check_release(cx, 4, against=4)  # a rollback to 4: its own record
