@@ -1,7 +1,11 @@
 """Fail closed together: one rank rejecting the list disables the shortlist on every rank, and a live swap
-starts only when every rank sees the same list pointer (gloo, 2 processes)."""
+starts only when every rank sees the same list pointer (gloo, 2 processes).
 
-import socket
+The ranks meet through a file store, not a TCP port: a port found free and then closed can be taken by another
+test worker, and the TCP store's server thread on rank 0 aborted the process once in CI ("terminate called without
+an active exception") when rank 1 tore down first. Both ranks pass a barrier before tearing down for the same
+reason."""
+
 import sys
 import types
 
@@ -16,8 +20,8 @@ CASES = [((True, True), True), ((True, False), False), ((False, True), False), (
 SAME = [((5, 5), True), ((5, 6), False), ((6, 5), False), ((-3, 3), False), ((2**60 - 1, 2**60 - 1), True)]
 
 
-def _worker(rank, port, results):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+def _worker(rank, store_file, results):
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
     group = types.SimpleNamespace(world_size=2, cpu_group=dist.group.WORLD)
     ps = types.ModuleType("vllm.distributed.parallel_state")
     ps.get_tp_group = lambda: group
@@ -28,17 +32,15 @@ def _worker(rank, port, results):
     from spark_overlays._util import tp_agree, tp_same
 
     results[rank] = [tp_agree(oks[rank]) for oks, _ in CASES] + [tp_same(values[rank]) for values, _ in SAME]
+    dist.barrier()
     dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_tp_agree_is_unanimous():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_tp_agree_is_unanimous(tmp_path):
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_worker, args=(port, results), nprocs=2, join=True)
+        mp.spawn(_worker, args=(str(tmp_path / "store"), results), nprocs=2, join=True)
         expected = [e for _, e in CASES + SAME]
         assert dict(results) == {0: expected, 1: expected}
 
