@@ -80,17 +80,26 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
        watchdog_cap, sentinel, allow_slower):
     """Converge the nodes on the plan: image, files, units, then start workers-first and gate on health. With
     `services:` and no --service, every service in turn (a signal stops the turn at the service it hit); a dry
-    run reads them side by side. Exit 0 served, 1 failed, 3 served but slower than before beyond noise."""
+    run reads them side by side. A service's replicas go one at a time, each out of the router's rotation while it
+    restarts; one that fails leaves the next on their release. Exit 0 served, 1 failed, 3 served but slower than
+    before beyond noise."""
     opts = Options(nodes=nodes, dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout,
                    watchdog_grace=watchdog_grace, watchdog_backoff_s=watchdog_backoff, watchdog_cap=watchdog_cap,
                    log=_log)
     results: dict[str | None, dict] = {}
     ok = True
-    names = _services(inventory)
+    service_of = {v.key: v.service for v in selected_services(inventory)}
+    names = list(service_of)
     dry = dry_run_services(_inv(inventory), opts, names) if dry_run and len(names) > 1 else {}
+    failed: set[str | None] = set()  # services with a replica that failed: their next replicas keep their release
     for name in names:
         if name is not None:
             err.print(f"[bold]service {name}[/bold]")
+        service = service_of[name]
+        if service in failed and not dry_run:
+            err.print(f"[yellow]skipped: an earlier replica of {service} failed; {name} keeps its release[/yellow]")
+            results[name] = {"healthy": False, "skipped": True, "sentinel": None}
+            continue
         # a dry run's services were read side by side above; shown in inventory order
         run = D.Served(dry[name]) if name in dry else D.up_service(_inv(inventory), opts, name, _measure(sentinel))
         res, speed, interrupted = run.result, run.speed, run.interrupted
@@ -101,6 +110,8 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
         print_speed(err, speed, allow_slower)
         results[name] = dict(res.to_dict(), sentinel=speed)
         ok = ok and done
+        if not done:
+            failed.add(service)
         if interrupted:
             break
     router = None
@@ -142,7 +153,8 @@ def _router_up(inventory: str, dry_run: bool, trust_new_hosts: bool) -> tuple[di
 
 
 def _services(inventory) -> list[str | None]:
-    return [inv.service for inv in selected_services(inventory)]
+    """What the command acts on, one by one: each service, each replica of a replicated one (`NAME/R`)."""
+    return [inv.key for inv in selected_services(inventory)]
 
 
 @click.command()
@@ -166,7 +178,7 @@ def _health(inventory, trust_new_hosts, probe_timeout=60.0) -> dict[str | None, 
 
     reports = {}
     views = selected_services(inventory)
-    for name in [v.service for v in views]:
+    for name in [v.key for v in views]:
         with load_context(_inv(inventory), Options(trust_new_hosts=trust_new_hosts, probe_timeout=probe_timeout),
                           name) as cx:
             reports[name] = D.health(cx)
@@ -237,16 +249,28 @@ def rollback(inventory, number, ready_timeout, dry_run, trust_new_hosts, sentine
 
     The sentinel compares the release with its own earlier speed record (how fast it was when it served).
     Exit 0 served (or a dry run found the release to go back to), 1 failed, 3 served but slower than that
-    record beyond noise."""
+    record beyond noise. A service with replicas rolls back one replica at a time, each out of the router's
+    rotation while it restarts, each to its own last healthy release (NUMBER needs --service NAME/R)."""
     opts = Options(dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log)
-    run = D.rollback_service(_inv(inventory), opts, chosen_service(), number, _measure(sentinel))
-    res, speed = run.result, run.speed
-    ok = res.healthy or (dry_run and res.release is not None)
-    if dry_run:
-        _print_outcomes(res.outcomes)
-    err.print(("[green]" if ok else "[red bold]") + res.message)
-    print_speed(err, speed, allow_slower)
-    raise click.exceptions.Exit(deploy_exit_code(ok, [speed], allow_slower))
+    names = _services(inventory) if chosen_service() else [None]
+    if number is not None and len(names) > 1:
+        raise click.UsageError(f"{chosen_service()} has replicas ({', '.join(map(str, names))}), each with its own "
+                               "release numbers: give NUMBER with --service NAME/R")
+    ok, speeds = True, []
+    for name in names:
+        if len(names) > 1:
+            err.print(f"[bold]service {name}[/bold]")
+        run = D.rollback_service(_inv(inventory), opts, name, number, _measure(sentinel))
+        res, speed = run.result, run.speed
+        done = res.healthy or (dry_run and res.release is not None)
+        if dry_run:
+            _print_outcomes(res.outcomes)
+        err.print(("[green]" if done else "[red bold]") + res.message)
+        print_speed(err, speed, allow_slower)
+        ok, speeds = ok and done, speeds + [speed]
+        if not done or run.interrupted:
+            break
+    raise click.exceptions.Exit(deploy_exit_code(ok, speeds, allow_slower))
 
 
 @click.command()

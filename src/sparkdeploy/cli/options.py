@@ -7,7 +7,8 @@ import click
 INVENTORY_HELP = "inventory file (default: inventory.yaml of the checkout)"
 
 
-SERVICE_HELP = "the service of the inventory's `services:` to act on (default: the only one)"
+SERVICE_HELP = ("the service of the inventory's `services:` to act on (default: the only one); NAME/R: replica R of a "
+                "service with `replicas:`")
 _SERVICE_KEY = "sparkdeploy.service"
 
 
@@ -38,13 +39,18 @@ def chosen_service() -> str | None:
 
 
 def selected_services(inventory: str | None) -> tuple:
-    """The services a command that covers several acts on: --service's, else every service of the inventory
-    (one `Inventory` each; `.service` None for an inventory without `services:`)."""
+    """The services a command that covers several acts on: --service's (every replica of a service named without
+    `/R`), else every service of the inventory (one `Inventory` each; `.service` None for an inventory without
+    `services:`)."""
     from sparkdeploy import paths
     from sparkdeploy.model import inventory as inventory_mod
 
     path = inventory or paths.default_inventory()
-    return (inventory_mod.load(path, chosen_service()),) if chosen_service() else inventory_mod.load_services(path)
+    chosen = chosen_service()
+    if chosen is None:
+        return inventory_mod.load_services(path)
+    replicas = tuple(v for v in inventory_mod.load_services(path) if v.replica and v.service == chosen)
+    return replicas or (inventory_mod.load(path, chosen),)
 
 
 SLOWER = 3

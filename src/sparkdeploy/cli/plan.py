@@ -26,9 +26,10 @@ _nodes_option = click.option("--nodes", type=click.IntRange(min=1), default=None
                              help="plan this many nodes: 1 = single box, or the profile's tp x pp x dp")
 
 
-def build_plans(inventory_file: str | Path | None, facts_file: Path | None, nodes: int | None) -> list[plan_mod.Plan]:
-    """Load inventory (+ facts file) and plan each selected service (--service's, else every one); shared by
-    commands that need plans without touching nodes."""
+def build_plans(inventory_file: str | Path | None, facts_file: Path | None,
+                nodes: int | None) -> dict[str | None, plan_mod.Plan]:
+    """Load inventory (+ facts file) and plan each selected service (--service's, else every one), by its key
+    (`NAME/R` for a replica); shared by commands that need plans without touching nodes."""
     services = selected_services(inventory_file)
     given = facts_mod.load_facts_file(facts_file) if facts_file else {}
     unknown = sorted(set(given) - {n.name for inv in inventory_mod.load_services(inventory_file or
@@ -37,9 +38,9 @@ def build_plans(inventory_file: str | Path | None, facts_file: Path | None, node
     if unknown:
         raise inventory_mod.InventoryError(f"node(s) {', '.join(unknown)} are not in the inventory",
                                            file=str(facts_file), field="nodes")
-    return [plan_mod.plan(inv, {n.name: given[n.name] for n in inv.nodes if n.name in given} or None, nodes,
-                          git_commit=paths.git_commit(), overlays_digest=render_mod.overlays_digest())
-            for inv in services]
+    return {inv.key: plan_mod.plan(inv, {n.name: given[n.name] for n in inv.nodes if n.name in given} or None, nodes,
+                                   git_commit=paths.git_commit(), overlays_digest=render_mod.overlays_digest())
+            for inv in services}
 
 
 def _wrap(command: str, indent: str = "    ") -> str:
@@ -113,14 +114,16 @@ def plan_command(nodes: int | None, inventory_file: str | None, facts_file: Path
     plans = build_plans(inventory_file, facts_file, nodes)
     router = _router(inventory_file)
     if as_json:
-        data = plans[0].to_dict() if len(plans) == 1 else {"services": {p.service: p.to_dict() for p in plans}}
+        data = next(iter(plans.values())).to_dict() if len(plans) == 1 else \
+            {"services": {key: p.to_dict() for key, p in plans.items()}}
         click.echo(json.dumps({**data, **({"router": router.to_dict()} if router else {})}, indent=2, sort_keys=True, allow_nan=False))
     else:
-        click.echo("\n\n".join((f"service {p.service}\n" if len(plans) > 1 else "") + format_plan(p) for p in plans))
+        click.echo("\n\n".join((f"service {key}\n" if len(plans) > 1 else "") + format_plan(p)
+                                for key, p in plans.items()))
         if router:
             click.echo(f"\nrouter  {router.url} on {router.node.name} (vllm-router {ROUTER_VERSION}, "
                        f"{layout.ROUTER_UNIT}; every request needs the API key)")
-            click.echo("\n".join(f"  model {w.model:<20} -> service {w.service} at {w.url}" for w in router.workers))
+            click.echo("\n".join(f"  model {w.model:<20} -> service {w.key} at {w.url}" for w in router.workers))
 
 
 def _router(inventory_file: str | Path | None):
@@ -141,15 +144,15 @@ def render_command(out_dir: Path, nodes: int | None, inventory_file: str | None,
     """Write every artifact (Dockerfile, env files, launch scripts, units, plan.json) under DIR, and
     prometheus-targets.json: every service head's exporter, for deploy/monitoring/prometheus.yml."""
     plans = build_plans(inventory_file, facts_file, nodes)
-    for p in plans:
-        where = out_dir / p.service if len(plans) > 1 else out_dir
+    for key, p in plans.items():
+        where = out_dir / key if len(plans) > 1 else out_dir  # a replica's under DIR/<service>/<R>
         for path in render_mod.write(p, where):
             click.echo(str(path))
-        click.echo(f"{'service ' + p.service + ': ' if p.service else ''}release {p.release_id}: {p.nnodes} node(s) "
+        click.echo(f"{'service ' + key + ': ' if key else ''}release {p.release_id}: {p.nnodes} node(s) "
                    f"rendered to {where}", err=True)
-    if any(p.metrics_port for p in plans):
+    if any(p.metrics_port for p in plans.values()):
         targets = out_dir / render_mod.PROMETHEUS_TARGETS
-        targets.write_bytes(render_mod.prometheus_targets(plans))
+        targets.write_bytes(render_mod.prometheus_targets(list(plans.values())))
         click.echo(str(targets))
     router = _router(inventory_file)
     if router:

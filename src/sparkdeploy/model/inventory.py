@@ -38,6 +38,10 @@ loads as its own `Inventory`; services may share a node (own names there, an equ
 ports).
 `router: {node: spark1, port: 8080}` puts vLLM's router on that node:
 one OpenAI endpoint that sends each request to the service serving its `model` (steps/router.py).
+`replicas: N` in a service makes N copies of it, each on its own group of its `nodes` (listed group after group,
+each group's head first): `NAME/1` .. `NAME/N` to `--service`, one view each, the same names on their nodes. The
+router balances the model across them; `up` and `rollback` move one copy at a time, taken out of the router's
+rotation while it restarts (steps/deploy.py), so the model keeps answering.
 
 Links. A node's data links are `links:` or the one-link shorthand (data_ip, netdev, hca: prefix 24). Each service
 uses one link per node, the one on the subnet all its nodes share (`topology.group_links`): its view of a node has
@@ -206,6 +210,12 @@ class Inventory:
     services: tuple[str, ...] = ()  # every service of the inventory (`services:`), this one included
     tenants: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (node, the services on it) where several share one
     elsewhere: tuple[Node, ...] = ()  # the inventory's nodes outside this service: `up` retires its units there
+    replica: int = 0  # which copy of a service with `replicas: N` (1..N) this view is; 0: the service has one
+
+    @property
+    def key(self) -> str | None:
+        """How commands name this view (`--service`): the service's name, `NAME/R` for its replica R."""
+        return f"{self.service}/{self.replica}" if self.replica else self.service
 
     def shared_by(self, node: str) -> int:
         """How many services of the inventory run on `node` (its memory is split between them)."""
@@ -344,7 +354,8 @@ _TOP_KEYS = ("cluster", "profile", "nodes", "image", "patches", "vocab", "ports"
              "auth", "services", "served_name", "router", "backend", "watchdog", "sentinel")
 # One service: at the top level of an inventory without `services:`, else in each entry of `services:`
 _SERVICE_KEYS = ("name", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
-                 "served_name", "backend", "watchdog", "sentinel")
+                 "served_name", "backend", "watchdog", "sentinel", "replicas")
+MAX_REPLICAS = 8
 BACKENDS = ("mp", "ray")
 
 
@@ -392,16 +403,25 @@ def _vocab(f: Fields, inventory_file: Path, required: bool, vocab_size: int | No
 def load(path: str | Path, service: str | None = None) -> Inventory:
     """Read, validate and type an inventory and its profile(s); raise InventoryError naming file and field.
     Returns one service: `service` by name, or the only one (an inventory without `services:` is one)."""
-    views = load_services(path)
-    names = [v.service for v in views]
+    return select(load_services(path), service, path)
+
+
+def select(views: tuple[Inventory, ...], service: str | None, path: str | Path) -> Inventory:
+    """One of the inventory's views (`load_services`), as `load` picks it."""
+    names = [v.key for v in views]
     if service is None:
         if len(views) == 1:
             return views[0]
         raise InventoryError(f"{len(views)} services ({', '.join(map(str, names))}): choose one with --service NAME",
                              file=str(path), field="services")
     for view in views:
-        if view.service == service or (view.service is None and service == view.cluster):
+        if view.key == service or (view.service is None and service == view.cluster):
             return view
+    replicas = [v.key for v in views if v.service == service]
+    if replicas:
+        raise InventoryError(f"service {service} has {len(replicas)} replicas ({', '.join(map(str, replicas))}): "
+                             "this command acts on one; name it with --service NAME/R", file=str(path),
+                             field="services")
     raise InventoryError(f"no service {service!r}; the inventory has " +
                          (f"services {', '.join(map(str, names))}" if views[0].service else
                           f"one service, named after its cluster ({views[0].cluster!r})"),
@@ -411,7 +431,8 @@ def load(path: str | Path, service: str | None = None) -> Inventory:
 def load_services(path: str | Path) -> tuple[Inventory, ...]:
     """Every service of the inventory as its own `Inventory` (its nodes, the first its head; its profile, ports,
     list, memory), placement checked across them: each service's nodes exist, once each, and services that share a node use
-    different ports there."""
+    different ports there. A service with `replicas: N` is N views, one per group of its nodes (in the order
+    listed, each group's first node its head), all under its name."""
     inventory_file = Path(path)
     file = str(inventory_file)
     raw = yamlfile.load(inventory_file, "inventory")
@@ -453,34 +474,47 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
         listed = s.items("nodes", MAX_NODES, what="a list of node names, its head first")
         if not listed:
             s.fail("nodes", "must list at least one node, its head first")
+        replicas = s.integer("replicas", 1, MAX_REPLICAS, 1,
+                             what=f"an integer 1..{MAX_REPLICAS} (copies of the service, each on its own nodes)")
+        if len(listed) % replicas:
+            s.fail("nodes", f"{len(listed)} nodes do not split into {replicas} replicas of one size: list "
+                            f"{replicas} groups of equal size, each group's head first")
+        size = len(listed) // replicas
         members: list[Node] = []
         for ni, node_name in enumerate(listed):
             if not isinstance(node_name, str) or node_name not in index:
                 s.fail(f"nodes[{ni}]", f"no node named {short(node_name)} in nodes: ({', '.join(index)})")
             if any(m.name == node_name for m in members):
                 s.fail(f"nodes[{ni}]", f"node {node_name!r} is twice in this service: one rank per node")
-            members.append(_replace(nodes[index[node_name]], role="head" if ni == 0 else "worker"))
+            members.append(_replace(nodes[index[node_name]], role="head" if ni % size == 0 else "worker"))
         shared, own = raw.get("image"), service_raw.get("image")  # the service's keys win, key by key
         image_raw = {**shared, **own} if isinstance(shared, dict) and isinstance(own, dict) else \
             (shared if own is None else own)
-        views.append(_service(s, f"{cluster}.{name}", tuple(members), inventory_file, auth, image_raw, index,
-                              service=name))
-    tenants = _tenants(f, nodes, views)
-    router = _router(f, nodes, views)
-    names = tuple(v.service for v in views)
-    return tuple(_replace(v, router=router, services=names, tenants=tenants,
-                          elsewhere=tuple(n for n in nodes if n.name not in {m.name for m in v.nodes}))
-                 for v in views)
+        for r in range(replicas):
+            view = _service(s, f"{cluster}.{name}", tuple(members[r * size:(r + 1) * size]), inventory_file, auth,
+                            image_raw, index, service=name)
+            views.append(_replace(view, replica=r + 1 if replicas > 1 else 0))
+    names = tuple(dict.fromkeys(str(v.service) for v in views))
+    tenants = _tenants(f, nodes, views, names)
+    router = _router(f, nodes, views, names)
+
+    def outside(v: Inventory) -> tuple[Node, ...]:
+        """The nodes no copy of v's service runs on (another replica's nodes run the same units)."""
+        mine = {n.name for w in views if w.service == v.service for n in w.nodes}
+        return tuple(n for n in nodes if n.name not in mine)
+
+    return tuple(_replace(v, router=router, services=names, tenants=tenants, elsewhere=outside(v)) for v in views)
 
 
-def _tenants(f: Fields, nodes: tuple[Node, ...], views: list[Inventory]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _tenants(f: Fields, nodes: tuple[Node, ...], views: list[Inventory],
+             names: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The nodes several services share, with those services. Each service has its own names there
     (`layout.ServiceLayout`) and an equal part of the memory (`memory.budget`). A service binds its ports on its
     head only (the API, the exporter, the rendezvous or Ray's head), so services whose heads share a node must
     use different ones."""
     tenants = []
     for node in nodes:
-        on = [(si, v) for si, v in enumerate(views) if any(n.name == node.name for n in v.nodes)]
+        on = [(names.index(str(v.service)), v) for v in views if any(n.name == node.name for n in v.nodes)]
         taken: dict[int, str] = {}  # port -> "service s1's ports.api"
         for si, v in on:
             if v.head.name != node.name:
@@ -498,7 +532,7 @@ def _tenants(f: Fields, nodes: tuple[Node, ...], views: list[Inventory]) -> tupl
     return tuple(tenants)
 
 
-def _router(f: Fields, nodes: tuple[Node, ...], views: list[Inventory]) -> RouterConfig | None:
+def _router(f: Fields, nodes: tuple[Node, ...], views: list[Inventory], names: tuple[str, ...]) -> RouterConfig | None:
     """`router: {node, port}`: on a listed node, its port free of that node's service ports, and behind the API
     key (its admin API, which adds and removes workers, is otherwise open to whoever reaches the port)."""
     if not f.has("router"):
@@ -510,7 +544,8 @@ def _router(f: Fields, nodes: tuple[Node, ...], views: list[Inventory]) -> Route
         r.fail("node", f"no node named {short(name)} in nodes: ({', '.join(n.name for n in nodes)})")
     port = r.integer("port", 1, 65535, 8080, what="a port 1..65535")
     by_name: dict[str, Inventory] = {}
-    for si, v in enumerate(views):
+    for v in views:
+        si = names.index(str(v.service))
         other = by_name.setdefault(v.profile.served_name, v)
         if other.profile.name != v.profile.name:
             f.fail(f"services[{si}].served_name", f"{v.profile.served_name!r} is also service {other.service}'s model "

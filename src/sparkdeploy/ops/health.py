@@ -341,7 +341,7 @@ def check_router(rp, api_key: str | None, *, probe_timeout: float = 30) -> Repor
         report.add("router", False, f"no answer from {rp.url}: {type(err).__name__}", where)
         return report
     for w in rp.workers:
-        name = f"via router: {w.model}"
+        name = f"via router: {w.model}" + (f" ({w.key})" if w.key != w.service else "")  # one per replica
         t0 = time.monotonic()
         try:
             r = requests.post(f"{rp.url}/v1/completions", timeout=probe_timeout, headers=bearer(api_key), json={
@@ -355,8 +355,8 @@ def check_router(rp, api_key: str | None, *, probe_timeout: float = 30) -> Repor
             direct = generate(w.url, w.model, timeout=probe_timeout, api_key=api_key)
             same = text == direct and model == w.model
             report.add(name, same, f"answered in {dt:.2f} s, " + (
-                f"the same as service {w.service} answers directly" if same else
-                f"DIFFERS from service {w.service}'s own answer: {model!r} {text!r} vs {direct!r}"), where)
+                f"the same as service {w.key} answers directly" if same else
+                f"DIFFERS from service {w.key}'s own answer: {model!r} {text!r} vs {direct!r}"), where)
         except (requests.RequestException, ValueError, KeyError) as err:
             report.add(name, False, f"{type(err).__name__}: {str(err)[:200]}", where)
     return report

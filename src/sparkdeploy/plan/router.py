@@ -1,9 +1,10 @@
 """The router's plan (no I/O): which node runs vLLM's router, on what port, and which engine serves each model.
 
 vLLM's router (`vllm-router`, its Rust core `vllm_router_rs`) in inference-gateway mode sends each request to
-a worker registered for the request's `model`, round robin among several; the workers are the services' heads
-(their API on the data-plane address), registered with their served model name. Clients reach the router on
-the node's SSH address (the network they reach the nodes on). steps/router.py installs and supervises it.
+a worker registered for the request's `model`, round robin among several (a service's replicas); the workers are
+the services' heads (their API on the data-plane address), registered with their served model name. Clients
+reach the router on the node's SSH address (the network they reach the nodes on). steps/router.py installs and
+supervises it; ops/rotation.py takes a replica out of its rotation while the replica restarts.
 In front of it, on the router's port, the launcher answers `/v1/models` as OpenAI lists models and a request
 for a model no service serves with OpenAI's 404 (the router core lists `{"models": [...]}` and sends an unknown
 model to any worker); everything else, streams included, it passes to the core on loopback.
@@ -32,6 +33,7 @@ class Worker:
     service: str
     model: str
     url: str  # the service head's API on its data-plane address
+    key: str  # the view it serves: the service, or `NAME/R` for a replica (`Inventory.key`)
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class RouterPlan:
 
     def to_dict(self) -> dict:
         return {"node": self.node.name, "url": self.url, "version": ROUTER_VERSION, "unit": layout.ROUTER_UNIT,
-                "workers": [{"service": w.service, "model": w.model, "url": w.url} for w in self.workers]}
+                "workers": [{"service": w.key, "model": w.model, "url": w.url} for w in self.workers]}
 
     def config(self) -> bytes:
         """The launcher's config (node/scripts/router_launcher.py), stable bytes: a change means a restart."""
@@ -92,5 +94,5 @@ def plan_router(views: tuple[Inventory, ...]) -> RouterPlan | None:
     if cfg is None:
         return None
     workers = tuple(Worker(str(v.service), v.profile.served_name, f"http://{_head_address(cfg.node, v.head)}:"
-                           f"{v.ports.api}") for v in views)
+                           f"{v.ports.api}", str(v.key)) for v in views)
     return RouterPlan(node=cfg.node, port=cfg.port, workers=workers)
