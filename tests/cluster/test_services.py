@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sparkdeploy.node.layout import ROUTER_METRICS_PORT
 from sparkdeploy.steps.supervise import AUTHORIZED_KEYS
 from tests.cluster.test_deploy import cli, up_json
 from tests.unit.test_router import openai_sdk
@@ -380,3 +381,94 @@ def test_two_services_share_two_nodes_each_under_its_own_names(quad, tmp_path):
     assert {n: started_at(quad, n, "s1") for n in ("node1", "node2")} == s1_before  # s1 never restarted
     rc, rep = health(shared)
     assert rc == 0 and rep["healthy"], rep
+
+
+def test_a_service_with_two_replicas_takes_an_up_under_load_without_a_failed_request(quad, tmp_path):
+    """s1 as two replicas, s1/1 on node1 + node2 (beside s2, as the test before left it: an `up` of that layout
+    first, which changes nothing after it) and s1/2 on node3 + node4: one `up` starts the second replica and the
+    router balances tiny-s1 across both. Then an `up` of a
+    new s1 release under a steady client load through the router: each replica in turn leaves the router's
+    rotation, waits out its requests in flight, restarts, passes its gate and rejoins; not one request fails and
+    both replicas end on the new release."""
+    data = yaml.safe_load(quad["inv"].read_text())
+    data["services"][1]["nodes"] = ["node2", "node1"]
+    shared = tmp_path / "shared.yaml"  # where the test before left s2 (off node3 + node4, which s1/2 takes)
+    shared.write_text(yaml.safe_dump(data, sort_keys=False))
+    rc, res, err = up_json(shared)
+    assert rc == 0 and res["ok"], (_said(res), err[-3000:])
+    data["services"][0].update(replicas=2, nodes=["node1", "node2", "node3", "node4"])
+    replicated = tmp_path / "replicas.yaml"
+    replicated.write_text(yaml.safe_dump(data, sort_keys=False))
+    rc, res, err = up_json(replicated)
+    assert rc == 0 and res["ok"], (_said(res), err[-3000:])
+    assert set(res["services"]) == {"s1/1", "s1/2", "s2"}, res
+    assert res["services"]["s1/2"]["restarted"] and res["services"]["s1/2"]["healthy"], res["services"]["s1/2"]
+    assert {engine("s1")} <= set(quad["cluster"].run_on("node3", ["docker", "ps", "--format", "{{.Names}}"],
+                                                        check=True).out.split())
+    rc, rep = health(replicated)
+    assert rc == 0 and rep["healthy"] and set(rep["services"]) == {"s1/1", "s1/2", "s2", "router"}, rep
+
+    data["services"][0]["memory"] = {"reserve_gib": 2.5}  # a new release of s1, same image
+    newer = tmp_path / "replicas-newer.yaml"
+    newer.write_text(yaml.safe_dump(data, sort_keys=False))
+    answered, failures, stop = [], [], threading.Event()
+
+    def ask():
+        while not stop.is_set() and len(answered) + len(failures) < 20000:
+            try:
+                code, body = _complete(router_url(quad), quad["key"], "tiny-s1")
+            except OSError as e:
+                code, body = 0, repr(e)
+            (answered if code == 200 else failures).append(f"{code} {body[:200]}")
+            time.sleep(0.1)
+
+    clients = [threading.Thread(target=ask, daemon=True) for _ in range(2)]
+    for c in clients:
+        c.start()
+    try:
+        time.sleep(2)
+        before = router_attempts_failed(quad)
+        rc, res, err = up_json(newer, "--service", "s1")
+        failed_attempts = router_attempts_failed(quad) - before
+    finally:
+        stop.set()
+        for c in clients:
+            c.join(90)
+    print(f"\nup of two replicas under load: {len(answered)} requests answered through the router, "
+          f"{len(failures)} failed; {failed_attempts:.0f} attempts the router had to retry")
+    assert rc == 0 and res["ok"], (_said(res), err[-3000:])
+    for key in ("s1/1", "s1/2"):
+        r = res["services"][key]
+        assert r["new_release"] and r["restarted"] and r["healthy"], (key, r["message"])
+        assert f"{key} out of the router's rotation" in err, err[-3000:]
+        assert f"{key} back in the router's rotation" in err, err[-3000:]
+    assert "stopping it anyway" not in err  # each replica's engine reported its requests done, not timed out
+    assert not failures, failures[:5]
+    # The router retries a request a stopped engine refused on another worker, so the client alone cannot tell:
+    # without the rotation this same `up` cost 10 retried attempts (5 per replica); out of the rotation first,
+    # no request reaches a stopping replica
+    assert failed_attempts == 0, failed_attempts
+    assert len(answered) >= 50
+    rc, rep = health(newer)
+    assert rc == 0 and rep["healthy"], rep
+    assert {k: sorted(n for n in rep["services"][k]["checks"] if n != "service") for k in ("s1/1", "s1/2")} == \
+        {"s1/1": ["node1", "node2"], "s1/2": ["node3", "node4"]}, rep  # each replica checked on its own nodes
+
+
+def _said(res: dict) -> dict:
+    """What each service's `up` and the router's step said (the message, not every outcome)."""
+    return {**{k: (r.get("healthy"), r.get("message")) for k, r in res.get("services", {}).items()},
+            "router": (res.get("router") or {}).get("message")}
+
+
+ROUTER_METRICS = ("import urllib.request; print(urllib.request.urlopen("
+                  f"'http://127.0.0.1:{ROUTER_METRICS_PORT}/metrics').read().decode())")
+
+
+def router_attempts_failed(quad) -> float:
+    """Requests the router sent to a worker that failed them (its circuit breaker's failures, on node1's
+    loopback): each was retried on another worker, or failed the client."""
+    from sparkdeploy.bench import metrics
+
+    text = quad["cluster"].run_on("node1", ["python3", "-c", ROUTER_METRICS], check=True).out
+    return metrics.parse(text).value("vllm_router_cb_outcomes_total", outcome="failure")

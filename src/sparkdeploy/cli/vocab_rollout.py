@@ -20,12 +20,13 @@ from sparkdeploy.cli.options import (
     deploy_exit_code,
     inventory_option,
     print_speed,
+    selected_services,
     sentinel_option,
     speed_after_gate,
 )
 from sparkdeploy.cli.vocab import vocab
 from sparkdeploy.model import inventory as I
-from sparkdeploy.steps.context import Context, Options
+from sparkdeploy.steps.context import Options, load_context
 from sparkdeploy.steps.interrupts import interrupt_as_failure
 from sparkdeploy.verdict import Status
 
@@ -58,8 +59,17 @@ def _gate_options(f):
     return f
 
 
+def _path(inventory) -> str:
+    return inventory or str(paths.default_inventory())
+
+
 def _load(inventory):
-    return I.load(inventory or str(paths.default_inventory()), chosen_service())
+    return I.load(_path(inventory), chosen_service())
+
+
+def _views(inventory) -> tuple:
+    """What the command acts on, one at a time: --service's service, each of its replicas; else the only one."""
+    return selected_services(inventory) if chosen_service() else (_load(inventory),)
 
 
 def _acc(fig) -> str:
@@ -68,9 +78,7 @@ def _acc(fig) -> str:
     return f"{fig['acceptance_length']:.3f}"
 
 
-def _report(res, as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps(res.to_dict(), indent=2, default=str))
+def _report(res) -> None:
     d = res.diff or {}
     err.print(f"  list      {res.to_version} ({res.size} ids), live before: {res.from_version or '?'}")
     if res.path:
@@ -125,34 +133,51 @@ def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, allow_lower_acce
     the previous list back (live, or by a rollback to the previous release)."""
     from sparkdeploy import rollout as R
 
-    inv = _load(inventory)
+    views = _views(inventory)
     opts = R.RolloutOptions(max_tokens=max_tokens, categories=list(categories) or None, samples=list(samples),
                             restart=not live, allow_lower_acceptance=allow_lower_acceptance)
     run = Options(dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log)
-    tok, cand = R.validate_locally(inv, list_path, tokenizer_spec=spec, allow_no_manifest=allow_no_manifest)
+    tok, cand = R.validate_locally(views[0], list_path, tokenizer_spec=spec, allow_no_manifest=allow_no_manifest)
     err.print(f"[green]valid[/green] {list_path}: {cand.size} ids for {tok.name} ({tok.content_hash[:19]}), "
               f"version {cand.version}")
-    _roll(Context(inv, run), lambda c: cand, opts, tok, "vocab rollout", sentinel, allow_slower, as_json)
+    _roll(_path(inventory), views, lambda c: cand, opts, tok, run, "vocab rollout", sentinel, allow_slower, as_json)
 
 
-def _roll(cluster, candidate, opts, tok, what: str, sentinel: bool, allow_slower: bool, as_json: bool) -> None:
-    """Roll out `candidate(cluster)` (a Ctrl-C or SIGTERM rolls back), then the speed sentinel on the new
+def _roll(path: str, views, candidate, opts, tok, run: Options, what: str, sentinel: bool, allow_slower: bool,
+          as_json: bool) -> None:
+    """Roll out `candidate(cluster)` on each view in turn (a Ctrl-C or SIGTERM rolls back; a replica is out of
+    the router's rotation while it restarts; one that fails ends the turn), then the speed sentinel on the new
     release; report; exit 0, 1, or 3 (live but slower beyond noise, unless --allow-slower)."""
     from sparkdeploy import rollout as R
 
-    speed = None
-    try:
-        with interrupt_as_failure(what, _log) as signalled:
-            res = R.Rollout(cluster, candidate(cluster), opts, tok).run()
-            if sentinel and res.status == Status.CHANGED:
-                speed = speed_after_gate(cluster, res.release, _log)
-    finally:
-        cluster.close()
-    res.message = signalled.tell(res.message)
-    res.sentinel = speed
-    _report(res, as_json)
-    print_speed(err, speed, allow_slower)
-    raise click.exceptions.Exit(deploy_exit_code(res.ok, [speed], allow_slower))
+    results, speeds = {}, []
+    for view in views:
+        if len(views) > 1:
+            err.print(f"[bold]service {view.key}[/bold]")
+        speed = None
+        cluster = load_context(path, run, view.key)
+        try:
+            with interrupt_as_failure(what, _log) as signalled:
+                res = R.Rollout(cluster, candidate(cluster), opts, tok).run()
+                if cluster.rotation is not None:
+                    cluster.rotation.rejoin()
+                if sentinel and res.status == Status.CHANGED:
+                    speed = speed_after_gate(cluster, res.release, _log)
+        finally:
+            cluster.close()
+        res.message = signalled.tell(res.message)
+        res.sentinel = speed
+        _report(res)
+        print_speed(err, speed, allow_slower)
+        results[view.key], speeds = res, speeds + [speed]
+        if not res.ok or signalled.fired:
+            break
+    ok = all(r.ok for r in results.values())
+    if as_json:
+        payload = next(iter(results.values())).to_dict() if len(views) == 1 else \
+            {"ok": ok, "services": {k: r.to_dict() for k, r in results.items()}}
+        click.echo(json.dumps(payload, indent=2, default=str))
+    raise click.exceptions.Exit(deploy_exit_code(ok, speeds, allow_slower))
 
 
 @vocab.command("rollback")
@@ -166,13 +191,13 @@ def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, live, inv
     from sparkdeploy import rollout as R
     from sparkdeploy.model import served_tokenizer
 
-    inv = _load(inventory)
+    views = _views(inventory)
     opts = R.RolloutOptions(max_tokens=max_tokens, categories=list(categories) or None, require_golden=False,
                             restart=not live, action="rollback")
     run = Options(trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout, log=_log)
-    tok = served_tokenizer.resolve(inv, spec)
-    _roll(Context(inv, run), lambda c: R.stored_candidate(c, version, tok), opts, tok, "vocab rollback", sentinel,
-          allow_slower, as_json)
+    tok = served_tokenizer.resolve(views[0], spec)
+    _roll(_path(inventory), views, lambda c: R.stored_candidate(c, version, tok), opts, tok, run, "vocab rollback",
+          sentinel, allow_slower, as_json)
 
 
 @vocab.command("history")

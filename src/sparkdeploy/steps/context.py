@@ -15,7 +15,7 @@ from sparkdeploy.errors import InventoryError, RemoteError
 from sparkdeploy.model import inventory as I
 from sparkdeploy.node import facts as F
 from sparkdeploy.node import probes
-from sparkdeploy.ops import gather, releases
+from sparkdeploy.ops import gather, releases, rotation
 from sparkdeploy.plan import render
 from sparkdeploy.remote.connection import Conn
 from sparkdeploy.remote.ssh import Pool, target_of
@@ -70,6 +70,7 @@ class Context:
         self.image_received: dict[str, int] = {}  # bytes each node received while the image was delivered
         self.image_push_tries: list[int] = []  # bytes per try of a push through the SSH tunnel (a retry re-sends)
         self.image_seconds: float = 0.0  # the image step's wall time
+        self.rotation: rotation.Rotation | None = None  # a replica's place at the router (load_context)
 
     def close(self):
         self.pool.close()
@@ -204,5 +205,9 @@ class Context:
 
 
 def load_context(inventory_path: str, opts: Options, service: str | None = None) -> Context:
-    """The context of one service of the inventory (`service`, or its only one)."""
-    return Context(I.load(inventory_path, service), opts)
+    """The context of one service of the inventory (`service`, or its only one); a replica behind the router
+    with the rotation it leaves while it restarts."""
+    views = I.load_services(inventory_path)
+    cx = Context(I.select(views, service, inventory_path), opts)
+    cx.rotation = rotation.of(cx.inv, views, opts.log)
+    return cx

@@ -66,7 +66,7 @@ def up_service(inventory_path: str, opts: Options, service: str | None, measure:
     that restarted, or one that serves without its speed record."""
     speed = None
     with load_context(inventory_path, opts, service) as cx, interrupt_as_failure("up", opts.log) as signalled:
-        res = up(cx)
+        res = _back_in_rotation(cx, up(cx))
         if measure and res.healthy and (res.restarted or not releases.read_sentinel(cx.conn(cx.head), cx.lay,
                                                                                      res.release)):
             speed = measure(cx, res.release)
@@ -80,12 +80,20 @@ def rollback_service(inventory_path: str, opts: Options, service: str | None, nu
     one (how fast it was when it served), else with the newest older healthy release."""
     speed = None
     with load_context(inventory_path, opts, service) as cx, interrupt_as_failure("rollback", opts.log) as signalled:
-        res = rollback(cx, number)
+        res = _back_in_rotation(cx, rollback(cx, number))
         if measure and res.healthy and res.restarted:
             own = releases.read_sentinel(cx.conn(cx.head), cx.lay, res.release)
             speed = measure(cx, res.release, against=res.release if own else None)
     res.message = signalled.tell(res.message)
     return Served(res, speed, signalled.fired)
+
+
+def _back_in_rotation(cx: Context, res: UpResult) -> UpResult:
+    """A replica that left the router's rotation to restart goes back once a release serves (the new one, or the
+    one rolled back to); a stopped one stays out."""
+    if cx.rotation is not None and (res.healthy or res.rolled_back_to is not None):
+        cx.rotation.rejoin()
+    return res
 
 
 def dry_run_services(inventory_path: str, opts: Options, services: list[str | None]) -> dict[str | None, UpResult]:

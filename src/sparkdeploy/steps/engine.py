@@ -106,7 +106,10 @@ def switch_and_restart(cx: Context, num: int, *, list_sha: str | None = None, wh
                        plan_of_release: bool = False) -> None:
     """The one switch: stop head, stop workers, switch `current` to `num`, start workers, then the head, under
     cx.plan, or under the plan release `num` recorded (`plan_of_release`, taken once switched). The fault
-    seam's after-stop/after-switch boundaries sit here (each fires once per process)."""
+    seam's after-stop/after-switch boundaries sit here (each fires once per process). A replica leaves the
+    router's rotation first (ops/rotation.py); the verb puts it back once it serves (steps/deploy.py)."""
+    if cx.rotation is not None and not cx.opts.dry_run:
+        cx.rotation.leave(cx.plan.api_url)
     stop_all(cx)
     faults.hit("after-stop")
     switch(cx, num, list_sha=list_sha, what=what)
