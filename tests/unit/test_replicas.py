@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -20,7 +18,7 @@ from sparkdeploy.errors import InventoryError
 from sparkdeploy.model import inventory
 from sparkdeploy.ops import rotation
 from sparkdeploy.plan.router import plan_router
-from tests.unit.test_router import KEY, _Engine, _free_port, router_code  # noqa: F401 - a fixture
+from tests.unit.test_router import KEY, _Engine, router_code, start_launcher  # noqa: F401 - a fixture
 from tests.unit.test_services import _sim_services, _write
 
 
@@ -110,17 +108,8 @@ def test_a_replica_leaves_the_rotation_waits_for_its_requests_and_rejoins(router
     sends requests, and when `leave` returns): out of the rotation, every request goes to the other replica;
     `leave` returns only once the replica reports no request running; back in, both answer again."""
     one, two = _Busy("m"), _Busy("m")
-    port = _free_port()
-    cfg = {"host": "127.0.0.1", "port": port, "core_port": _free_port(), "key_check_port": _free_port(),
-           "metrics_port": _free_port(), "request_timeout_s": 60,
-           "health": {"interval_s": 1, "timeout_s": 1, "failures": 1, "successes": 1},
-           "workers": [{"url": one.url, "model_id": "m"}, {"url": two.url, "model_id": "m"}],
-           "models": [{"id": "m", "owned_by": "a"}]}
-    (tmp_path / "router.json").write_text(json.dumps(cfg))
-    proc = subprocess.Popen([sys.executable, str(router_code / "router.py"), str(tmp_path / "router.json")],
-                            env={**os.environ, "VLLM_API_KEY": KEY, "PYTHONPATH": str(router_code)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {KEY}"}
+    proc, url = start_launcher(router_code, tmp_path, {one.url: "m", two.url: "m"}, {"m": "a"})
+    auth = {"Authorization": f"Bearer {KEY}"}
     said: list[str] = []
     rot = rotation.Rotation(url, KEY, rotation.Worker("a", "m", one.url, "a/1"), said.append)
 

@@ -18,6 +18,7 @@ import tarfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import requests
@@ -165,20 +166,30 @@ def openai_sdk(url: str, key: str = KEY, unknown: str = "model-z") -> str | None
     return r.stdout.strip()
 
 
-@pytest.mark.slow
-def test_the_launcher_routes_by_model_behind_the_key_and_stops_sending_to_a_dead_engine(router_code, tmp_path):
-    a, b = _Engine("model-a"), _Engine("model-b")
+def start_launcher(router_code: Path, tmp_path: Path, workers: dict[str, str],
+                   owners: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """The launcher as the unit runs it, on this machine's loopback, with `workers` (url -> model) and `owners`
+    (model -> service) and a health check every second; returns the process (its own session: the router
+    core it forks goes with it) and its URL."""
     port = _free_port()
     cfg = {"host": "127.0.0.1", "port": port, "core_port": _free_port(), "key_check_port": _free_port(),
            "metrics_port": _free_port(), "request_timeout_s": 60,
            "health": {"interval_s": 1, "timeout_s": 1, "failures": 1, "successes": 1},
-           "workers": [{"url": a.url, "model_id": "model-a"}, {"url": b.url, "model_id": "model-b"}],
-           "models": [{"id": "model-a", "owned_by": "svc-a"}, {"id": "model-b", "owned_by": "svc-b"}]}
+           "workers": [{"url": u, "model_id": m} for u, m in workers.items()],
+           "models": [{"id": m, "owned_by": o} for m, o in owners.items()]}
     (tmp_path / "router.json").write_text(json.dumps(cfg))
     proc = subprocess.Popen([sys.executable, str(router_code / "router.py"), str(tmp_path / "router.json")],
                             env={**os.environ, "VLLM_API_KEY": KEY, "PYTHONPATH": str(router_code)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {KEY}"}
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.slow
+def test_the_launcher_routes_by_model_behind_the_key_and_stops_sending_to_a_dead_engine(router_code, tmp_path):
+    a, b = _Engine("model-a"), _Engine("model-b")
+    proc, url = start_launcher(router_code, tmp_path, {a.url: "model-a", b.url: "model-b"},
+                               {"model-a": "svc-a", "model-b": "svc-b"})
+    auth = {"Authorization": f"Bearer {KEY}"}
     try:
         listed = {}
         for _ in range(100):
