@@ -46,11 +46,11 @@ def selected_services(inventory: str | None) -> tuple:
     from sparkdeploy.model import inventory as inventory_mod
 
     path = inventory or paths.default_inventory()
-    chosen = chosen_service()
+    views, chosen = inventory_mod.load_services(path), chosen_service()
     if chosen is None:
-        return inventory_mod.load_services(path)
-    replicas = tuple(v for v in inventory_mod.load_services(path) if v.replica and v.service == chosen)
-    return replicas or (inventory_mod.load(path, chosen),)
+        return views
+    replicas = tuple(v for v in views if v.replica and v.service == chosen)
+    return replicas or (inventory_mod.select(views, chosen, path),)
 
 
 SLOWER = 3

@@ -27,6 +27,7 @@ from sparkdeploy.cli.options import (
 from sparkdeploy.cli.vocab import vocab
 from sparkdeploy.model import inventory as I
 from sparkdeploy.steps.context import Options, load_context
+from sparkdeploy.steps.deploy import back_in_rotation
 from sparkdeploy.steps.interrupts import interrupt_as_failure
 from sparkdeploy.verdict import Status
 
@@ -159,8 +160,7 @@ def _roll(path: str, views, candidate, opts, tok, run: Options, what: str, senti
         try:
             with interrupt_as_failure(what, _log) as signalled:
                 res = R.Rollout(cluster, candidate(cluster), opts, tok).run()
-                if cluster.rotation is not None:
-                    cluster.rotation.rejoin()
+                back_in_rotation(cluster, True)  # a rollout leaves a list serving: the new one or the one before
                 if sentinel and res.status == Status.CHANGED:
                     speed = speed_after_gate(cluster, res.release, _log)
         finally:

@@ -44,8 +44,8 @@ from sparkdeploy.steps.interrupts import interrupt_as_failure
 from sparkdeploy.steps.rollback import rollback
 from sparkdeploy.steps.up import UpResult, up
 
-__all__ = ["Context", "Log", "Options", "Served", "UpResult", "down", "dry_run_services", "expect", "facts_from_dict",
-           "health", "load_context", "rollback", "rollback_service", "up", "up_service"]
+__all__ = ["Context", "Log", "Options", "Served", "UpResult", "back_in_rotation", "down", "dry_run_services", "expect",
+           "facts_from_dict", "health", "load_context", "rollback", "rollback_service", "up", "up_service"]
 
 # the speed sentinel's verdict on release `number`, which just passed its gate (compared with release `against`,
 # None: the newest older healthy one); the CLI passes bench.sentinel's, which sits above this layer
@@ -66,7 +66,8 @@ def up_service(inventory_path: str, opts: Options, service: str | None, measure:
     that restarted, or one that serves without its speed record."""
     speed = None
     with load_context(inventory_path, opts, service) as cx, interrupt_as_failure("up", opts.log) as signalled:
-        res = _back_in_rotation(cx, up(cx))
+        res = up(cx)
+        back_in_rotation(cx, res.healthy or res.rolled_back_to is not None)
         if measure and res.healthy and (res.restarted or not releases.read_sentinel(cx.conn(cx.head), cx.lay,
                                                                                      res.release)):
             speed = measure(cx, res.release)
@@ -80,7 +81,8 @@ def rollback_service(inventory_path: str, opts: Options, service: str | None, nu
     one (how fast it was when it served), else with the newest older healthy release."""
     speed = None
     with load_context(inventory_path, opts, service) as cx, interrupt_as_failure("rollback", opts.log) as signalled:
-        res = _back_in_rotation(cx, rollback(cx, number))
+        res = rollback(cx, number)
+        back_in_rotation(cx, res.healthy or res.rolled_back_to is not None)
         if measure and res.healthy and res.restarted:
             own = releases.read_sentinel(cx.conn(cx.head), cx.lay, res.release)
             speed = measure(cx, res.release, against=res.release if own else None)
@@ -88,12 +90,11 @@ def rollback_service(inventory_path: str, opts: Options, service: str | None, nu
     return Served(res, speed, signalled.fired)
 
 
-def _back_in_rotation(cx: Context, res: UpResult) -> UpResult:
+def back_in_rotation(cx: Context, serving: bool) -> None:
     """A replica that left the router's rotation to restart goes back once a release serves (the new one, or the
-    one rolled back to); a stopped one stays out."""
-    if cx.rotation is not None and (res.healthy or res.rolled_back_to is not None):
+    one rolled back to); a stopped one (`serving` False) stays out."""
+    if cx.rotation is not None and serving:
         cx.rotation.rejoin()
-    return res
 
 
 def dry_run_services(inventory_path: str, opts: Options, services: list[str | None]) -> dict[str | None, UpResult]:
