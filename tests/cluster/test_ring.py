@@ -27,19 +27,19 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def ring(sim_node_image, sim_engine_image, tmp_path_factory):
     from sparkdeploy.sim.cluster import SimCluster
-    from tests.cluster.conftest import build_serving_image
+    from tests.cluster.conftest import build_serving_image, up_holding_serving_images
 
     name = os.environ.get("SPARKDEPLOY_SIM_TEST_NAME", "pytest") + "-ring"
     tmp = tmp_path_factory.mktemp("ring")
     cluster = SimCluster(name, state_dir=tmp)
     cluster.down()
     try:
-        state = cluster.up(3, inventory=tmp / "inventory.sim.yaml", ring_links=True)
+        state, _ = up_holding_serving_images(cluster, 3, tmp / "inventory.sim.yaml", ring_links=True)
         inv = tmp / "inventory.yaml"
         rc, _, err = cli("init", *(n.ip for n in state.nodes), "--user", state.user, "--key", state.key,
                          "--known-hosts", state.known_hosts, "--cluster", f"sim-{name}", "--out", str(inv))
         assert rc == 0 and "ring, head node1, 3 node(s)" in err, err
-        cluster.preload(build_serving_image(inv, "s1"), ["node1", "node2"])  # node3 serves nothing
+        cluster.preload(build_serving_image(inv, "s1"), ["node1", "node2"])  # held already unless init's tag differs
         yield {"cluster": cluster, "state": state, "inv": inv, "data": yaml.safe_load(inv.read_text()),
                "sim": yaml.safe_load(Path(state.inventory).read_text()), "name": name}
     finally:

@@ -68,17 +68,19 @@ def quad(sim_node_image, sim_engine_image, tmp_path_factory):
     """Its own cluster and its own serving image (built from its inventory), never the session's 2-node cluster:
     the module runs on the other xdist worker beside the 2-node tests (conftest.py, "cluster-quad")."""
     from sparkdeploy.sim.cluster import SimCluster
-    from tests.cluster.conftest import build_serving_image
+    from tests.cluster.conftest import build_serving_image, up_holding_serving_images
 
     name = os.environ.get("SPARKDEPLOY_SIM_TEST_NAME", "pytest") + "-quad"
     tmp = tmp_path_factory.mktemp("quad")
     cluster = SimCluster(name, state_dir=tmp)
     cluster.down()
     try:
-        state = cluster.up(4, inventory=tmp / "inventory.sim.yaml")
+        state, tags = up_holding_serving_images(
+            cluster, 4, tmp / "inventory.sim.yaml",
+            lambda sim_inv: [build_serving_image(small_reserve(sim_inv, tmp), s) for s in ("s1", "s2")])
         inv = small_reserve(Path(state.inventory), tmp)
-        for tag in {build_serving_image(inv, s) for s in ("s1", "s2")}:
-            cluster.preload(tag)
+        for tag in tags:
+            cluster.preload(tag)  # held already: checks each node's image ID
         rc, res, err = up_json(plain_on_first_pair(inv))  # what s1's nodes ran before `services:`
         assert rc == 0 and res["healthy"], f"plain up failed: {json.dumps(res)[-3000:]}\n{err[-3000:]}"
         image = {o["node"]: (o["status"], o["actions"]) for o in res["outcomes"] if o["step"] == "image"}

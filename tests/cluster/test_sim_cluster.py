@@ -217,3 +217,42 @@ def test_down_removes_its_own_cluster_only(sim_node_image, tmp_path):
     finally:
         one.down()
         two.down()
+
+
+def test_nodes_start_out_holding_a_seeded_image_and_each_keeps_its_own(sim_node_image, sim_serving_image, tmp_path):
+    """`sim up --with-image` (sparkdeploy.sim.seed): each new node holds the host's image under its ID, by every
+    name asked for, and runs it. The nodes share only hard-linked layer files: an image removed on one node stays
+    whole on the other. A node kept by a later `up` is not seeded again."""
+    import subprocess
+
+    from sparkdeploy.sim.cluster import SimCluster
+
+    second = "sparkdeploy/seedtest:second-name"
+    host_id = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", sim_serving_image], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    subprocess.run(["docker", "tag", sim_serving_image, second], check=True)
+    env = {**os.environ, "SPARKDEPLOY_SIM_NAME": "seedtest", "SPARKDEPLOY_SIM_STATE_DIR": str(tmp_path)}
+    cluster = SimCluster("seedtest", state_dir=tmp_path)
+    try:
+        up = subprocess.run([sys.executable, "-m", "sparkdeploy", "sim", "up", "--nodes", "2", "--no-engine-image",
+                             "--with-image", sim_serving_image, "--with-image", second, "--json"],
+                            capture_output=True, text=True, env=env, timeout=900)
+        assert up.returncode == 0, up.stderr[-2000:]
+        assert "seed nodes' Docker volumes" in json.loads(up.stdout)["timings"]
+
+        def image_on(node: str, ref: str) -> str:
+            return cluster.run_on(node, f"docker image inspect -f '{{{{.Id}}}}' {ref}", check=False).out.strip()
+
+        assert {(n, ref): image_on(n, ref) for n in ("node1", "node2") for ref in (sim_serving_image, second)} == \
+            {(n, ref): host_id for n in ("node1", "node2") for ref in (sim_serving_image, second)}
+        runs = f"docker run --rm --entrypoint /bin/sh {sim_serving_image} -c 'test -x /opt/venv/bin/python && echo ran'"
+        assert cluster.run_on("node1", runs, timeout=120).out.strip() == "ran"
+        cluster.run_on("node1", f"docker image rm -f {host_id} && docker image prune -f >/dev/null")
+        assert image_on("node1", sim_serving_image) == ""
+        assert image_on("node2", sim_serving_image) == host_id
+        assert cluster.run_on("node2", runs, timeout=120).out.strip() == "ran"
+        cluster.up(2, with_images=[sim_serving_image])  # kept nodes, kept volumes: node1 stays without it
+        assert image_on("node1", sim_serving_image) == "" and image_on("node2", sim_serving_image) == host_id
+    finally:
+        cluster.down()
+        subprocess.run(["docker", "image", "rm", second], capture_output=True)

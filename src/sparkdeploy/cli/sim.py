@@ -78,9 +78,13 @@ def sim() -> None:
                    "node1-node2, node2-node3, node3-node1, each node on its two; the inventory lists its `links:`")
 @click.option("--engine-image/--no-engine-image", default=True, show_default=True,
               help="also build (or reuse) the vLLM CPU engine base image the serving image builds on")
+@click.option("--with-image", "with_images", multiple=True, metavar="IMAGE",
+              help="a host image every new node starts out holding, as a Spark holds the vLLM image pulled before "
+                   "the kit came (repeatable; copied from a seed volume by hard links, in seconds)")
 @click.option("--rebuild", is_flag=True, help="rebuild the node image even if cached")
 @click.option("--json", "as_json", is_flag=True, help="print the cluster (nodes, IPs, key, inventory) as JSON")
-def up(count, node_names, name, inventory, profile, user, subnet, mtu, ring, engine_image, rebuild, as_json) -> None:
+def up(count, node_names, name, inventory, profile, user, subnet, mtu, ring, engine_image, with_images, rebuild,
+       as_json) -> None:
     """Build (once) the node image and start the nodes; wait until each runs systemd, sshd and dockerd."""
     from pathlib import Path
 
@@ -95,7 +99,7 @@ def up(count, node_names, name, inventory, profile, user, subnet, mtu, ring, eng
         base_image_id = images.image_id(images.ensure_engine_image(reporter).ref)
     state = cluster.up(len(names) if names else count, names=names, inventory=Path(inventory) if inventory else None,
                        subnet=subnet, profile=profile, rebuild=rebuild, base_image_id=base_image_id, mtu=mtu,
-                       user=user, ring_links=ring)
+                       user=user, ring_links=ring, with_images=with_images)
     total = round(time.monotonic() - t0, 1)
     if as_json:
         click.echo(json.dumps({**state.to_dict(), "timings": reporter.timings, "total_seconds": total}, indent=2))

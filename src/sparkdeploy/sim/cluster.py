@@ -29,9 +29,9 @@ from typing import Sequence
 
 from sparkdeploy import fanout, paths, poll, timing
 from sparkdeploy.errors import SimError
-from sparkdeploy.sim import containers, host_docker, images, ring
-from sparkdeploy.sim.inventory_file import api_key_path
+from sparkdeploy.sim import containers, host_docker, images, ring, seed
 from sparkdeploy.sim._proc import Reporter, need_tool, run
+from sparkdeploy.sim.inventory_file import api_key_path
 
 DEFAULT_NAME = "demo"
 DEFAULT_USER = "nvidia"  # the login of the shipped inventory.yaml (DGX OS asks for one at first boot)
@@ -172,13 +172,15 @@ class SimCluster:
     def up(self, nodes: int = 2, *, names: Sequence[str] | None = None, inventory: Path | None = None,
            subnet: str | None = None, profile: str = "sim-tiny", rebuild: bool = False,
            base_image_id: str | None = None, mtu: int | None = None, user: str = DEFAULT_USER,
-           ring_links: bool = False) -> SimState:
+           ring_links: bool = False, with_images: Sequence[str] = ()) -> SimState:
         """Build (or reuse) the node image, start the nodes, wait for systemd + SSH + docker, write the inventory.
 
         `base_image_id` pins the inventory's serving-image base to the engine base image's ID. `mtu` (e.g. 9000,
         as on a CX-7 data plane) applies when the network is created; an existing network keeps its own. `user`
         is the SSH login made on every node (passwordless sudo; `root`: log in as root). `ring_links`: cable the
         nodes as a ring, a network per link (sparkdeploy.sim.ring); SSH stays on the management network.
+        `with_images`: host images every new node starts out holding (sparkdeploy.sim.seed); a node kept from
+        before keeps what it has.
         """
         if not USER_RE.match(user):
             raise SimError(f"login name {user!r} is invalid: use lowercase letters, digits, '_' and '-' (option --user)")
@@ -198,12 +200,17 @@ class SimCluster:
 
         with timing.span("cluster bring-up", f"{self.name}: {len(names)} nodes"):
             return self._up(names, inventory=inventory, subnet=subnet, profile=profile, rebuild=rebuild,
-                            base_image_id=base_image_id, mtu=mtu, user=user, ring_links=ring_links)
+                            base_image_id=base_image_id, mtu=mtu, user=user, ring_links=ring_links,
+                            with_images=list(with_images))
 
     def _up(self, names: list[str], *, inventory: Path | None, subnet: str | None, profile: str, rebuild: bool,
-            base_image_id: str | None, mtu: int | None, user: str, ring_links: bool) -> SimState:
+            base_image_id: str | None, mtu: int | None, user: str, ring_links: bool,
+            with_images: list[str]) -> SimState:
         built = images.ensure_node_image(self.reporter, force=rebuild)
         image = built.ref
+        wanted = {ref: images.image_id(ref) for ref in with_images}
+        seeded = seed.ensure(wanted, image, self.reporter) if wanted else None
+        planted: list[SimNode] = []
         self._ensure_key()
         previous = self._existing_state()
         self.user = user  # after reading the previous state, which sets its own
@@ -219,12 +226,19 @@ class SimCluster:
                                   volume=f"{self.prefix}-{n}-docker", role="head" if i == 0 else "worker",
                                   links=links[n]))
         containers.remove_stale_nodes(self.name, {n.container for n in nodes_}, self.reporter)
+        if seeded:
+            with self.reporter.phase("seed nodes' Docker volumes", seeded) as info:
+                planted = [n for n in nodes_ if seed.plant(seeded, n.volume)]
+                info["detail"] = f"{', '.join(n.name for n in planted) or 'none'} (hard-linked layers; kept volumes " \
+                                 "untouched)"
         with self.reporter.phase("start nodes", f"{len(nodes_)} x {image}") as info:
             started = [containers.ensure_node(node, image, self.network, self.name, self.reporter, self._install_key)
                        for node in nodes_]
             info["detail"] = ", ".join(f"{n.name} {n.ip} ({how})" for n, how in zip(nodes_, started))
         with self.reporter.phase("wait for systemd, ssh, docker"):
             fanout.each(nodes_, lambda node: containers.wait_ready(node, self.reporter, require_running=True))
+        if planted:
+            fanout.each(planted, lambda node: seed.tag(node, wanted))
         if ring_links:
             with self.reporter.phase("ring links: attach, read netdevs") as info:
                 for node in nodes_:

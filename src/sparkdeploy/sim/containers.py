@@ -21,19 +21,21 @@ NODE_SHM = "2g"  # a real host has a big /dev/shm; engines run with --ipc host
 READY_TIMEOUT = 180.0
 
 
-def _host_config(node, network: str) -> dict:
+def host_config(volume: str, network: str, *, extra_binds: dict | None = None, node: bool = True) -> dict:
     """What worked where --privileged is refused (DESIGN.md, reference/cluster-sim-feasibility.md B.2): all
     capabilities but SYS_RESOURCE, no seccomp/AppArmor profile, no masked /proc paths (the CLI's
     `--security-opt systempaths=unconfined`), every device, the host's cgroup tree, tmpfs on /run, /run/lock and
-    /tmp, the node's dockerd data on its own volume, restarted unless stopped."""
+    /tmp, dockerd's data on its own volume. A node is restarted unless stopped; anything else (a seed's loader
+    running dockerd alone) gets docker's init, which passes `docker stop`'s signal on to it."""
     config = host_docker.api().create_host_config(
         cap_add=["ALL"], cap_drop=["CAP_SYS_RESOURCE"],
         security_opt=["seccomp=unconfined", "apparmor=unconfined"],
         device_cgroup_rules=["a *:* rwm"], cgroupns="host",
         binds={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
-               node.volume: {"bind": "/var/lib/docker", "mode": "rw"}},
+               volume: {"bind": "/var/lib/docker", "mode": "rw"}, **(extra_binds or {})},
         tmpfs={"/run": "", "/run/lock": "", "/tmp": ""},
-        restart_policy={"Name": "unless-stopped"}, shm_size=NODE_SHM, network_mode=network)
+        restart_policy={"Name": "unless-stopped"} if node else None, init=None if node else True,
+        shm_size=NODE_SHM, network_mode=network)
     config["MaskedPaths"] = []  # what the CLI sends for systempaths=unconfined
     config["ReadonlyPaths"] = []
     return config
@@ -183,7 +185,7 @@ def ensure_node(node, image: str, network: str, cluster: str, reporter: Reporter
     endpoints = api.create_networking_config({network: api.create_endpoint_config(ipv4_address=node.ip)})
     created = host_docker.call(what, api.create_container, image, name=node.container, hostname=node.name,
                                labels={CLUSTER_LABEL: cluster, NODE_LABEL: node.name}, detach=True,
-                               stop_timeout=30, host_config=_host_config(node, network),
+                               stop_timeout=30, host_config=host_config(node.volume, network),
                                networking_config=endpoints)
     host_docker.call(what, api.start, created["Id"])
     install_key(node)
