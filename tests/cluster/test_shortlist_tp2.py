@@ -84,6 +84,9 @@ def _deploy(sim, d: Path, name: str, ids: np.ndarray) -> dict:
     data = yaml.safe_load(Path(sim.inventory).read_text())
     data["profile"] = str(_profile(d))
     data["patches"]["shortlist"] = True
+    # the reserve the other modules' pairs use on a shared CI host: with the default 4 GiB the memory guard
+    # refused this start while the other worker's 4-node module served three pairs (MemAvailable 7.8 GiB < 8.6)
+    data["memory"] = {"reserve_gib": 2.0}
     vocab = d / f"{name}.txt"
     vocab.write_text("".join(f"{i}\n" for i in ids))
     data["vocab"] = str(vocab)
