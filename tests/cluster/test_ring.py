@@ -39,7 +39,7 @@ def ring(sim_node_image, sim_engine_image, tmp_path_factory):
         rc, _, err = cli("init", *(n.ip for n in state.nodes), "--user", state.user, "--key", state.key,
                          "--known-hosts", state.known_hosts, "--cluster", f"sim-{name}", "--out", str(inv))
         assert rc == 0 and "ring, head node1, 3 node(s)" in err, err
-        cluster.preload(build_serving_image(inv, "s1"), ["node1", "node2"])  # held already unless init's tag differs
+        cluster.preload(build_serving_image(inv, "s1"), ["node1", "node2"])  # init's name for the same image: a tag
         yield {"cluster": cluster, "state": state, "inv": inv, "data": yaml.safe_load(inv.read_text()),
                "sim": yaml.safe_load(Path(state.inventory).read_text()), "name": name}
     finally:

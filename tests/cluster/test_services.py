@@ -75,12 +75,10 @@ def quad(sim_node_image, sim_engine_image, tmp_path_factory):
     cluster = SimCluster(name, state_dir=tmp)
     cluster.down()
     try:
-        state, tags = up_holding_serving_images(
-            cluster, 4, tmp / "inventory.sim.yaml",
-            lambda sim_inv: [build_serving_image(small_reserve(sim_inv, tmp), s) for s in ("s1", "s2")])
+        state, _ = up_holding_serving_images(cluster, 4, tmp / "inventory.sim.yaml")
         inv = small_reserve(Path(state.inventory), tmp)
-        for tag in tags:
-            cluster.preload(tag)  # held already: checks each node's image ID
+        for tag in {build_serving_image(inv, s) for s in ("s1", "s2")}:
+            cluster.preload(tag)  # the same image under this module's own name: tagged on each node, not copied
         rc, res, err = up_json(plain_on_first_pair(inv))  # what s1's nodes ran before `services:`
         assert rc == 0 and res["healthy"], f"plain up failed: {json.dumps(res)[-3000:]}\n{err[-3000:]}"
         image = {o["node"]: (o["status"], o["actions"]) for o in res["outcomes"] if o["step"] == "image"}

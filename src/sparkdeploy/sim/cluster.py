@@ -454,7 +454,8 @@ class SimCluster:
         every node's `docker load` over SSH at once (no registry; fabric's in_stream never sends EOF, so plain
         pipes).
 
-        Skipped for nodes that already hold the same image ID. Returns {"seconds", "bytes", "nodes"}.
+        Skipped for nodes that already hold the same image ID; a node that holds it under another name (a seeded
+        node: sparkdeploy.sim.seed) only tags it. Returns {"seconds", "bytes", "nodes"}.
         """
         from sparkdeploy.sim.transport import stream_image
 
@@ -463,10 +464,16 @@ class SimCluster:
         image_id = images.image_id(image)
         need = []
         for node in targets:
-            have = run(self.ssh_argv(node, f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)}"),
-                       what=f"{node.name}: ssh", check=False, timeout=30)
-            if have.rc == 0 and have.out.strip() == image_id:
+            ids = " ; ".join(f"(docker image inspect --format '{{{{.Id}}}}' {ref} 2>/dev/null || echo none)"
+                             for ref in (shlex.quote(image), image_id))
+            by_name, by_id = (run(self.ssh_argv(node, ids), what=f"{node.name}: ssh", check=False,
+                                  timeout=30).out.split() + ["none", "none"])[:2]
+            if by_name == image_id:
                 self.reporter.note(f"{node.name}: already has {image}")
+            elif by_id == image_id:
+                run(self.ssh_argv(node, f"docker tag {image_id} {shlex.quote(image)}"), what=f"{node.name}: ssh",
+                    timeout=30)
+                self.reporter.note(f"{node.name}: had {image_id[:19]} under another name; tagged it {image}")
             else:
                 need.append(node)
         if not need:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 import math
+import socket
 import subprocess
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from sparkdeploy import extras
 from sparkdeploy.errors import SimError
@@ -100,6 +101,29 @@ def exec_run(container: str, argv: list[str], *, what: str, timeout: float = 30)
         raise SimError(f"{what}: `{' '.join(argv)[:80]}` did not finish within {timeout:.0f} s")
     return Done(rc if rc is not None else 1, (out or b"").decode("utf-8", "replace"),
                 (err or b"").decode("utf-8", "replace"))
+
+
+def exec_fed(container: str, argv: list[str], chunks: Iterable[bytes], *, what: str) -> Done:
+    """Run `argv` in a running container with `chunks` as its stdin (e.g. a save stream into `docker load`), end
+    its input, and wait for it; a Done with its exit code and what it printed (stdout and stderr together)."""
+    client = api(STREAM_TIMEOUT)
+    try:
+        exec_id = client.exec_create(container, argv, stdin=True)["Id"]
+        sock = client.exec_start(exec_id, socket=True)._sock  # the hijacked connection: a plain socket
+        try:
+            for chunk in chunks:
+                sock.sendall(chunk)
+            sock.shutdown(socket.SHUT_WR)
+            said = b""
+            while data := sock.recv(CHUNK):
+                said += data[-4096:]
+        finally:
+            sock.close()
+        rc = client.exec_inspect(exec_id)["ExitCode"]
+    except engine_errors() as exc:
+        raise failed(what, exc) from None
+    # the output is docker's multiplexed stream: 8-byte frame headers between the text; only its end matters here
+    return Done(rc if rc is not None else 1, said[-2048:].decode("utf-8", "replace"), "")
 
 
 def tar_stream(root: Path, log: Path) -> Iterator[bytes]:

@@ -17,7 +17,6 @@ import hashlib
 import json
 import shlex
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
@@ -31,7 +30,6 @@ from sparkdeploy.sim._proc import Reporter, file_lock
 VOLUME_PREFIX = "sparkdeploy-sim-seed-"
 MARK = ".sparkdeploy-seed.json"  # written last: a seed volume without it is unfinished and is made again
 LAYERS = "overlay2"  # hard-linked; every other entry of the data directory is copied
-LOAD_TIMEOUT = 1200.0
 
 
 def volume_name(image_ids: Sequence[str]) -> str:
@@ -67,48 +65,36 @@ def ensure(ids: dict[str, str], node_image: str, reporter: Reporter) -> str:
 
 
 def _load(volume: str, ids: dict[str, str], node_image: str) -> None:
-    """Run dockerd alone (no systemd) in a container of the node image over the volume, `docker load` each
-    image from a save written to a host directory it mounts, then stop it cleanly."""
+    """Run dockerd alone (no systemd) in a container of the node image over the volume, stream each image's save
+    from this host's engine into its `docker load`, then stop it cleanly."""
     api = host_docker.api()
     name = f"{volume}-loader"
     containers.remove_container(name, f"docker rm {name}")
-    with tempfile.TemporaryDirectory(prefix="sparkdeploy-seed-") as tmp:
-        saved = []
-        for i, (ref, image_id) in enumerate(ids.items()):
-            if image_id in dict(saved):
-                continue
-            path = Path(tmp) / f"{i}.tar"
-            with open(path, "wb") as fh:
-                for chunk in host_docker.call(f"docker save {ref}", host_docker.api(host_docker.STREAM_TIMEOUT)
-                                              .get_image, ref, chunk_size=host_docker.CHUNK):
-                    fh.write(chunk)
-            saved.append((image_id, path.name))
-        config = containers.host_config(volume, "none", extra_binds={tmp: {"bind": "/seed", "mode": "ro"}},
-                                        node=False)
-        script = "echo '{}' > /tmp/daemon.json && exec dockerd --config-file /tmp/daemon.json --storage-driver overlay2"
-        created = host_docker.call(f"docker run {name}", api.create_container, node_image, name=name,
-                                   entrypoint=["sh", "-c", script], stop_signal="SIGTERM",  # not systemd's
-                                   labels={containers.CLUSTER_LABEL: "seed"},
-                                   detach=True, host_config=config)
-        try:
-            host_docker.call(f"docker start {name}", api.start, created["Id"])
+    script = "echo '{}' > /tmp/daemon.json && exec dockerd --config-file /tmp/daemon.json --storage-driver overlay2"
+    created = host_docker.call(f"docker run {name}", api.create_container, node_image, name=name,
+                               entrypoint=["sh", "-c", script], stop_signal="SIGTERM",  # not systemd's
+                               labels={containers.CLUSTER_LABEL: "seed"}, detach=True,
+                               host_config=containers.host_config(volume, "none", node=False))
+    try:
+        host_docker.call(f"docker start {name}", api.start, created["Id"])
 
-            def answering() -> None:
-                if host_docker.exec_run(name, ["docker", "info"], what=f"{name}: docker info").rc != 0:
-                    raise poll.NotYet("dockerd not answering")
+        def answering() -> None:
+            if host_docker.exec_run(name, ["docker", "info"], what=f"{name}: docker info").rc != 0:
+                raise poll.NotYet("dockerd not answering")
 
-            poll.until(answering, timeout=120, interval=0.5)
-            for image_id, file in saved:
-                done = host_docker.exec_run(name, ["docker", "load", "-q", "-i", f"/seed/{file}"],
-                                            what=f"{name}: docker load", timeout=LOAD_TIMEOUT)
-                if done.rc != 0:
-                    raise SimError(f"seed {volume}: docker load of {image_id[:19]} failed: {done.err.strip()[-400:]}")
-            host_docker.call(f"docker stop {name}", api.stop, name, timeout=60)
-        except poll.TimedOut as out:
-            raise SimError(f"seed {volume}: the loader's dockerd did not answer ({out.last}); see `docker logs "
-                           f"{name}`") from None
-        finally:
-            containers.remove_container(name, f"docker rm {name}")
+        poll.until(answering, timeout=120, interval=0.5)
+        for ref in {image_id: ref for ref, image_id in ids.items()}.values():  # one load per image
+            save = host_docker.call(f"docker save {ref}", host_docker.api(host_docker.STREAM_TIMEOUT).get_image,
+                                    ref, chunk_size=host_docker.CHUNK)
+            done = host_docker.exec_fed(name, ["docker", "load", "-q"], save, what=f"{name}: docker load {ref}")
+            if done.rc != 0:
+                raise SimError(f"seed {volume}: docker load of {ref} failed: {done.out.strip()[-400:]}")
+        host_docker.call(f"docker stop {name}", api.stop, name, timeout=60)
+    except poll.TimedOut as out:
+        raise SimError(f"seed {volume}: the loader's dockerd did not answer ({out.last}); see `docker logs "
+                       f"{name}`") from None
+    finally:
+        containers.remove_container(name, f"docker rm {name}")
 
 
 def _prune_others(keep: str, reporter: Reporter) -> None:
