@@ -26,9 +26,7 @@ from sparkdeploy.cli.options import (
 )
 from sparkdeploy.cli.vocab import vocab
 from sparkdeploy.model import inventory as I
-from sparkdeploy.steps.context import Options, load_context
-from sparkdeploy.steps.deploy import back_in_rotation
-from sparkdeploy.steps.interrupts import interrupt_as_failure
+from sparkdeploy.steps.context import Options
 from sparkdeploy.verdict import Status
 
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
@@ -146,31 +144,20 @@ def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, allow_lower_acce
 
 def _roll(path: str, views, candidate, opts, tok, run: Options, what: str, sentinel: bool, allow_slower: bool,
           as_json: bool) -> None:
-    """Roll out `candidate(cluster)` on each view in turn (a Ctrl-C or SIGTERM rolls back; a replica is out of
-    the router's rotation while it restarts; one that fails ends the turn), then the speed sentinel on the new
-    release; report; exit 0, 1, or 3 (live but slower beyond noise, unless --allow-slower)."""
-    from sparkdeploy import rollout as R
+    """Roll out `candidate(context)` on each view in turn (rollout.service: one that fails, or a signal, ends the
+    turn); report each; exit 0, 1, or 3 (live but slower beyond noise, unless --allow-slower)."""
+    from sparkdeploy.rollout.service import rollout_service
 
+    measure = (lambda cx, number: speed_after_gate(cx, number, _log)) if sentinel else None
     results, speeds = {}, []
     for view in views:
         if len(views) > 1:
             err.print(f"[bold]service {view.key}[/bold]")
-        speed = None
-        cluster = load_context(path, run, view.key)
-        try:
-            with interrupt_as_failure(what, _log) as signalled:
-                res = R.Rollout(cluster, candidate(cluster), opts, tok).run()
-                back_in_rotation(cluster, True)  # a rollout leaves a list serving: the new one or the one before
-                if sentinel and res.status == Status.CHANGED:
-                    speed = speed_after_gate(cluster, res.release, _log)
-        finally:
-            cluster.close()
-        res.message = signalled.tell(res.message)
-        res.sentinel = speed
-        _report(res)
-        print_speed(err, speed, allow_slower)
-        results[view.key], speeds = res, speeds + [speed]
-        if not res.ok or signalled.fired:
+        served = rollout_service(path, run, view.key, candidate, opts, tok, what, measure)
+        _report(served.result)
+        print_speed(err, served.speed, allow_slower)
+        results[view.key], speeds = served.result, speeds + [served.speed]
+        if not served.result.ok or served.interrupted:
             break
     ok = all(r.ok for r in results.values())
     if as_json:

@@ -54,9 +54,10 @@ Measure = Callable[..., dict]
 
 @dataclass
 class Served:
-    """One service's `up` or `rollback` as a command runs it: the result, the sentinel's verdict (None: not
-    measured) and whether a signal ended it (a command over several services then stops)."""
-    result: UpResult
+    """One service's `up`, `rollback` or vocab rollout (rollout.service) as a command runs it: the result, the
+    sentinel's verdict (None: not measured) and whether a signal ended it (a command over several services then
+    stops)."""
+    result: UpResult  # or a RolloutResult
     speed: dict | None = None
     interrupted: bool = False
 
