@@ -34,7 +34,7 @@ def ring(sim_node_image, sim_engine_image, tmp_path_factory):
     cluster = SimCluster(name, state_dir=tmp)
     cluster.down()
     try:
-        state, _ = up_holding_serving_images(cluster, 3, tmp / "inventory.sim.yaml", ring_links=True)
+        state = up_holding_serving_images(cluster, 3, tmp / "inventory.sim.yaml", ring_links=True)
         inv = tmp / "inventory.yaml"
         rc, _, err = cli("init", *(n.ip for n in state.nodes), "--user", state.user, "--key", state.key,
                          "--known-hosts", state.known_hosts, "--cluster", f"sim-{name}", "--out", str(inv))

@@ -75,7 +75,7 @@ def quad(sim_node_image, sim_engine_image, tmp_path_factory):
     cluster = SimCluster(name, state_dir=tmp)
     cluster.down()
     try:
-        state, _ = up_holding_serving_images(cluster, 4, tmp / "inventory.sim.yaml")
+        state = up_holding_serving_images(cluster, 4, tmp / "inventory.sim.yaml")
         inv = small_reserve(Path(state.inventory), tmp)
         for tag in {build_serving_image(inv, s) for s in ("s1", "s2")}:
             cluster.preload(tag)  # the same image under this module's own name: tagged on each node, not copied

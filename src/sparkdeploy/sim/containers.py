@@ -21,7 +21,7 @@ NODE_SHM = "2g"  # a real host has a big /dev/shm; engines run with --ipc host
 READY_TIMEOUT = 180.0
 
 
-def host_config(volume: str, network: str, *, extra_binds: dict | None = None, node: bool = True) -> dict:
+def host_config(volume: str, network: str, *, node: bool = True) -> dict:
     """What worked where --privileged is refused (DESIGN.md, reference/cluster-sim-feasibility.md B.2): all
     capabilities but SYS_RESOURCE, no seccomp/AppArmor profile, no masked /proc paths (the CLI's
     `--security-opt systempaths=unconfined`), every device, the host's cgroup tree, tmpfs on /run, /run/lock and
@@ -32,7 +32,7 @@ def host_config(volume: str, network: str, *, extra_binds: dict | None = None, n
         security_opt=["seccomp=unconfined", "apparmor=unconfined"],
         device_cgroup_rules=["a *:* rwm"], cgroupns="host",
         binds={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
-               volume: {"bind": "/var/lib/docker", "mode": "rw"}, **(extra_binds or {})},
+               volume: {"bind": "/var/lib/docker", "mode": "rw"}},
         tmpfs={"/run": "", "/run/lock": "", "/tmp": ""},
         restart_policy={"Name": "unless-stopped"} if node else None, init=None if node else True,
         shm_size=NODE_SHM, network_mode=network)

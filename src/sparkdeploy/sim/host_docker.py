@@ -116,14 +116,14 @@ def exec_fed(container: str, argv: list[str], chunks: Iterable[bytes], *, what: 
             sock.shutdown(socket.SHUT_WR)
             said = b""
             while data := sock.recv(CHUNK):
-                said += data[-4096:]
+                said = (said + data)[-2048:]
         finally:
             sock.close()
         rc = client.exec_inspect(exec_id)["ExitCode"]
     except engine_errors() as exc:
         raise failed(what, exc) from None
     # the output is docker's multiplexed stream: 8-byte frame headers between the text; only its end matters here
-    return Done(rc if rc is not None else 1, said[-2048:].decode("utf-8", "replace"), "")
+    return Done(rc if rc is not None else 1, said.decode("utf-8", "replace"), "")
 
 
 def tar_stream(root: Path, log: Path) -> Iterator[bytes]:
