@@ -109,14 +109,14 @@ class SimHandle:
 
 
 def up_holding_serving_images(cluster, count: int, inventory: Path, **options):
-    """Bring `cluster` up with every node holding the serving image its inventory names, built on the host
+    """Bring `cluster` up with every node holding the serving images its inventory's services name, built on the host
     (sparkdeploy.sim.seed copies it into each node in seconds), as Sparks that pulled their image before. The
     inventory is that of a first bring-up, taken down again (seconds). Another name of the same image reaches a
     node through `preload`, which then only tags it. A test of delivery itself removes the images from the nodes
     first (test_deploy's first `up`)."""
-    tag = build_serving_image(Path(cluster.up(count, inventory=inventory, **options).inventory))
+    tags = build_serving_images(Path(cluster.up(count, inventory=inventory, **options).inventory))
     cluster.down()
-    return cluster.up(count, inventory=inventory, with_images=[tag], **options)
+    return cluster.up(count, inventory=inventory, with_images=tags, **options)
 
 
 @pytest.fixture(scope="session")
@@ -153,6 +153,13 @@ def build_serving_image(inventory_path: Path, service: str | None = None) -> str
     tag, context = image_step.serving_context(inventory_mod.load(inventory_path, service))
     image_step.build(image_step.local_conn(), tag, context)
     return tag
+
+
+def build_serving_images(inventory_path: Path) -> list[str]:
+    """`build_serving_image` for every service of the inventory (the sim's 4-node inventory has two)."""
+    from sparkdeploy.model import inventory as inventory_mod
+
+    return sorted({build_serving_image(inventory_path, view.key) for view in inventory_mod.load_services(inventory_path)})
 
 
 @pytest.fixture(scope="session")
