@@ -159,7 +159,8 @@ def build_serving_images(inventory_path: Path) -> list[str]:
     """`build_serving_image` for every service of the inventory (the sim's 4-node inventory has two)."""
     from sparkdeploy.model import inventory as inventory_mod
 
-    return sorted({build_serving_image(inventory_path, view.key) for view in inventory_mod.load_services(inventory_path)})
+    views = inventory_mod.load_services(inventory_path)
+    return sorted({build_serving_image(inventory_path, view.key) for view in views})
 
 
 @pytest.fixture(scope="session")

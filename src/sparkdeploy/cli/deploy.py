@@ -20,10 +20,9 @@ from sparkdeploy.cli.options import (
     sentinel_option,
     speed_after_gate,
 )
-from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.steps import deploy as D
 from sparkdeploy.steps.base import CHANGED, FAILED, OK, WARN, WOULD
-from sparkdeploy.steps.deploy import Options, dry_run_services, load_context
+from sparkdeploy.steps.deploy import Options, load_context
 from sparkdeploy.verdict import Status
 
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
@@ -86,41 +85,42 @@ def up(inventory, nodes, dry_run, as_json, trust_new_hosts, ready_timeout, watch
     opts = Options(nodes=nodes, dry_run=dry_run, trust_new_hosts=trust_new_hosts, ready_timeout=ready_timeout,
                    watchdog_grace=watchdog_grace, watchdog_backoff_s=watchdog_backoff, watchdog_cap=watchdog_cap,
                    log=_log)
-    results: dict[str | None, dict] = {}
-    ok = True
-    service_of = {v.key: v.service for v in selected_services(inventory)}
-    names = list(service_of)
-    dry = dry_run_services(_inv(inventory), opts, names) if dry_run and len(names) > 1 else {}
-    failed: set[str | None] = set()  # services with a replica that failed: their next replicas keep their release
-    for name in names:
-        if name is not None:
-            err.print(f"[bold]service {name}[/bold]")
-        service = service_of[name]
-        if service in failed and not dry_run:
-            err.print(f"[yellow]skipped: an earlier replica of {service} failed; {name} keeps its release[/yellow]")
-            results[name] = {"healthy": False, "skipped": True, "sentinel": None}
-            continue
-        # a dry run's services were read side by side above; shown in inventory order
-        run = D.Served(dry[name]) if name in dry else D.up_service(_inv(inventory), opts, name, _measure(sentinel))
-        res, speed, interrupted = run.result, run.speed, run.interrupted
-        _print_outcomes(res.outcomes)
-        done = res.healthy or (dry_run and not any(o.status == FAILED for o in res.outcomes))
-        style = "green" if done else "red bold"
-        err.print(f"[{style}]{res.message}[/{style}]  ({res.changes} change(s), {res.seconds:.1f} s)")
-        print_speed(err, speed, allow_slower)
-        results[name] = dict(res.to_dict(), sentinel=speed)
-        ok = ok and done
-        if not done:
-            failed.add(service)
-        if interrupted:
-            break
-    router = None
-    if ok and not interrupted and names[0] is not None:
-        router, ok = _router_up(_inv(inventory), dry_run, trust_new_hosts)
+    progress = _UpProgress(dry_run, allow_slower)
+    turns = D.up_turns(_inv(inventory), opts, selected_services(inventory), _measure(sentinel), progress)
+    if turns.router is not None:
+        _print_router(turns.router)
     if as_json:
-        payload = dict(next(iter(results.values()))) if len(results) == 1 else {"ok": ok, "services": results}
-        click.echo(json.dumps({**payload, **({"router": router} if router else {})}, indent=2))
-    raise click.exceptions.Exit(deploy_exit_code(ok, [r["sentinel"] for r in results.values()], allow_slower))
+        results = progress.results
+        payload = dict(next(iter(results.values()))) if len(results) == 1 else {"ok": turns.ok, "services": results}
+        click.echo(json.dumps({**payload, **({"router": turns.router.to_dict()} if turns.router else {})}, indent=2))
+    raise click.exceptions.Exit(deploy_exit_code(turns.ok, [r["sentinel"] for r in progress.results.values()],
+                                                 allow_slower))
+
+
+class _UpProgress:
+    """Prints each service's `up` as its turn ends; keeps its JSON for --json."""
+
+    def __init__(self, dry_run: bool, allow_slower: bool):
+        self.dry_run, self.allow_slower, self.results = dry_run, allow_slower, {}
+
+    def begin(self, key: str | None) -> None:
+        if key is not None:
+            err.print(f"[bold]service {key}[/bold]")
+
+    def end(self, key: str | None, run: D.Served | None) -> None:
+        if run is None:
+            err.print(f"[yellow]skipped: an earlier replica of its service failed; {key} keeps its release[/yellow]")
+            self.results[key] = {"healthy": False, "skipped": True, "sentinel": None}
+            return
+        res = run.result
+        _print_outcomes(res.outcomes)
+        style = "green" if D.served(run, self.dry_run) else "red bold"
+        err.print(f"[{style}]{res.message}[/{style}]  ({res.changes} change(s), {res.seconds:.1f} s)")
+        print_speed(err, run.speed, self.allow_slower)
+        self.results[key] = dict(res.to_dict(), sentinel=run.speed)
+
+    def begin_router(self) -> None:
+        err.print("[bold]router[/bold]")
 
 
 def _measure(sentinel: bool) -> D.Measure | None:
@@ -129,27 +129,9 @@ def _measure(sentinel: bool) -> D.Measure | None:
         else None
 
 
-def _router_up(inventory: str, dry_run: bool, trust_new_hosts: bool) -> tuple[dict, bool]:
-    """After every service: the router where the inventory names one, gone from the nodes where it does not."""
-    from sparkdeploy.model import inventory as inventory_mod
-    from sparkdeploy.steps.base import StepFailed
-    from sparkdeploy.steps.router import step_router
-
-    err.print("[bold]router[/bold]")
-    try:
-        out = step_router(inventory_mod.load_services(inventory), dry_run=dry_run, trust_new_hosts=trust_new_hosts,
-                          log=_log)
-    except StepFailed as failed:
-        _print_outcomes(failed.outcomes)
-        err.print(f"[red bold]{failed}[/red bold]")
-        return {"ok": False, "message": str(failed), "outcomes": [o.to_dict() for o in failed.outcomes]}, False
-    except SparkdeployError as failed:
-        err.print(f"[red bold]{failed}[/red bold]")
-        return {"ok": False, "message": str(failed), "outcomes": []}, False
-    _print_outcomes(out)
-    changes = sum(len(o.actions) for o in out if o.status in (CHANGED, WOULD))
-    err.print(f"[green]router: {changes} change(s)[/green]")
-    return {"ok": True, "changes": changes, "outcomes": [o.to_dict() for o in out]}, True
+def _print_router(router: D.RouterResult) -> None:
+    _print_outcomes(router.outcomes)
+    err.print(f"[green]{router.message}[/green]" if router.ok else f"[red bold]{router.message}[/red bold]")
 
 
 def _services(inventory) -> list[str | None]:
@@ -236,6 +218,24 @@ def status(inventory, as_json, trust_new_hosts):
     raise click.exceptions.Exit(0 if healthy else 1)
 
 
+class _RollbackProgress:
+    """Prints each replica's rollback as its turn ends."""
+
+    def __init__(self, several: bool, dry_run: bool, allow_slower: bool):
+        self.several, self.dry_run, self.allow_slower = several, dry_run, allow_slower
+
+    def begin(self, key: str | None) -> None:
+        if self.several:
+            err.print(f"[bold]service {key}[/bold]")
+
+    def end(self, key: str | None, run: D.Served | None) -> None:
+        res = run.result
+        if self.dry_run:
+            _print_outcomes(res.outcomes)
+        err.print(("[green]" if D.rolled_back(run, self.dry_run) else "[red bold]") + res.message)
+        print_speed(err, run.speed, self.allow_slower)
+
+
 @click.command()
 @_inventory_option
 @click.argument("number", type=int, required=False)
@@ -256,20 +256,9 @@ def rollback(inventory, number, ready_timeout, dry_run, trust_new_hosts, sentine
     if number is not None and len(names) > 1:
         raise click.UsageError(f"{chosen_service()} has replicas ({', '.join(map(str, names))}), each with its own "
                                "release numbers: give NUMBER with --service NAME/R")
-    ok, speeds = True, []
-    for name in names:
-        if len(names) > 1:
-            err.print(f"[bold]service {name}[/bold]")
-        run = D.rollback_service(_inv(inventory), opts, name, number, _measure(sentinel))
-        res, speed = run.result, run.speed
-        done = res.healthy or (dry_run and res.release is not None)
-        if dry_run:
-            _print_outcomes(res.outcomes)
-        err.print(("[green]" if done else "[red bold]") + res.message)
-        print_speed(err, speed, allow_slower)
-        ok, speeds = ok and done, speeds + [speed]
-        if not done or run.interrupted:
-            break
+    turns = D.rollback_turns(_inv(inventory), opts, names, number, _measure(sentinel),
+                             _RollbackProgress(len(names) > 1, dry_run, allow_slower))
+    ok, speeds = turns.ok, [run.speed for run in turns.runs.values()]
     raise click.exceptions.Exit(deploy_exit_code(ok, speeds, allow_slower))
 
 

@@ -26,6 +26,7 @@ from sparkdeploy.cli.options import (
 )
 from sparkdeploy.cli.vocab import vocab
 from sparkdeploy.model import inventory as I
+from sparkdeploy.steps import deploy as D
 from sparkdeploy.steps.context import Options
 from sparkdeploy.verdict import Status
 
@@ -149,22 +150,30 @@ def _roll(path: str, views, candidate, opts, tok, run: Options, what: str, senti
     from sparkdeploy.rollout.service import rollout_service
 
     measure = (lambda cx, number: speed_after_gate(cx, number, _log)) if sentinel else None
-    results, speeds = {}, []
-    for view in views:
-        if len(views) > 1:
-            err.print(f"[bold]service {view.key}[/bold]")
-        served = rollout_service(path, run, view.key, candidate, opts, tok, what, measure)
-        _report(served.result)
-        print_speed(err, served.speed, allow_slower)
-        results[view.key], speeds = served.result, speeds + [served.speed]
-        if not served.result.ok or served.interrupted:
-            break
-    ok = all(r.ok for r in results.values())
+    turns = D.until_one_fails([v.key for v in views],
+                              lambda key: rollout_service(path, run, key, candidate, opts, tok, what, measure),
+                              lambda served: served.result.ok, _RollProgress(len(views) > 1, allow_slower))
+    results = {k: served.result for k, served in turns.runs.items()}
     if as_json:
         payload = next(iter(results.values())).to_dict() if len(views) == 1 else \
-            {"ok": ok, "services": {k: r.to_dict() for k, r in results.items()}}
+            {"ok": turns.ok, "services": {k: r.to_dict() for k, r in results.items()}}
         click.echo(json.dumps(payload, indent=2, default=str))
-    raise click.exceptions.Exit(deploy_exit_code(ok, speeds, allow_slower))
+    raise click.exceptions.Exit(deploy_exit_code(turns.ok, [s.speed for s in turns.runs.values()], allow_slower))
+
+
+class _RollProgress:
+    """Prints each service's rollout as its turn ends."""
+
+    def __init__(self, several: bool, allow_slower: bool):
+        self.several, self.allow_slower = several, allow_slower
+
+    def begin(self, key: str | None) -> None:
+        if self.several:
+            err.print(f"[bold]service {key}[/bold]")
+
+    def end(self, key: str | None, served) -> None:
+        _report(served.result)
+        print_speed(err, served.speed, self.allow_slower)
 
 
 @vocab.command("rollback")

@@ -31,11 +31,15 @@ each in its own module; this one names them for the CLI, the rollout and the tes
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
 
 from sparkdeploy import fanout
+from sparkdeploy.errors import SparkdeployError
+from sparkdeploy.model import inventory as inventory_mod
+from sparkdeploy.model.inventory import Inventory
 from sparkdeploy.ops import releases
+from sparkdeploy.steps.base import CHANGED, FAILED, WOULD, Outcome, StepFailed
 from sparkdeploy.steps.context import Context, Log, Options, facts_from_dict, load_context
 from sparkdeploy.steps.down import down
 from sparkdeploy.steps.healthcheck import check as health
@@ -44,8 +48,9 @@ from sparkdeploy.steps.interrupts import interrupt_as_failure
 from sparkdeploy.steps.rollback import rollback
 from sparkdeploy.steps.up import UpResult, up
 
-__all__ = ["Context", "Log", "Options", "Served", "UpResult", "back_in_rotation", "down", "dry_run_services", "expect",
-           "facts_from_dict", "health", "load_context", "rollback", "rollback_service", "up", "up_service"]
+__all__ = ["Context", "Log", "Options", "RouterResult", "Served", "Turns", "UpResult", "back_in_rotation", "down",
+           "dry_run_services", "expect", "facts_from_dict", "health", "load_context", "rollback", "rollback_service",
+           "rollback_turns", "router_up", "until_one_fails", "up", "up_service", "up_turns"]
 
 # the speed sentinel's verdict on release `number`, which just passed its gate (compared with release `against`,
 # None: the newest older healthy one); the CLI passes bench.sentinel's, which sits above this layer
@@ -108,3 +113,114 @@ def dry_run_services(inventory_path: str, opts: Options, services: list[str | No
             return up(cx)
 
     return dict(zip(services, fanout.each(services, one)))
+
+
+class Progress(Protocol):
+    """What a command over several services shows as it goes (the CLI prints; a test may record)."""
+
+    def begin(self, key: str | None) -> None: ...  # a service's (replica's) turn starts
+
+    def end(self, key: str | None, run: Served | None) -> None: ...  # it ended (None: skipped)
+
+    def begin_router(self) -> None: ...  # `up`'s router step starts, after every service
+
+
+@dataclass
+class Turns:
+    """A command's turns over the services it acts on, in order: each one's `Served` (None: skipped), whether
+    all served, whether a signal ended the command, and the router's step after them (None: not run)."""
+    runs: dict = field(default_factory=dict)
+    ok: bool = True
+    interrupted: bool = False
+    router: RouterResult | None = None
+
+
+@dataclass
+class RouterResult:
+    ok: bool
+    message: str
+    changes: int = 0
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "message": self.message, **({"changes": self.changes} if self.ok else {}),
+                "outcomes": [o.to_dict() for o in self.outcomes]}
+
+
+def served(run: Served, dry_run: bool) -> bool:
+    """A service's turn succeeded: it serves healthy, or a dry run found nothing that would fail."""
+    return run.result.healthy or (dry_run and not any(o.status == FAILED for o in run.result.outcomes))
+
+
+def rolled_back(run: Served, dry_run: bool) -> bool:
+    """A replica's rollback succeeded: it serves healthy, or a dry run found the release to go back to."""
+    return run.result.healthy or (dry_run and run.result.release is not None)
+
+
+def up_turns(inventory_path: str, opts: Options, views: tuple[Inventory, ...], measure: Measure | None,
+             progress: Progress) -> Turns:
+    """`up` of each service in turn, then the router. A dry run reads them side by side. A service's replicas go
+    one at a time; one that fails leaves the next on their release (skipped), other services still go. A signal
+    ends the turns at the service it hit, and the router is not touched unless every service served."""
+    keys = [v.key for v in views]
+    service_of = {v.key: v.service for v in views}
+    dry = dry_run_services(inventory_path, opts, keys) if opts.dry_run and len(keys) > 1 else {}
+    turns, failed = Turns(), set()
+    for key in keys:
+        progress.begin(key)
+        if service_of[key] in failed and not opts.dry_run:
+            turns.runs[key] = None
+            progress.end(key, None)
+            continue
+        run = Served(dry[key]) if key in dry else up_service(inventory_path, opts, key, measure)
+        turns.runs[key] = run
+        progress.end(key, run)
+        if not served(run, opts.dry_run):
+            turns.ok = False
+            failed.add(service_of[key])
+        if run.interrupted:
+            turns.interrupted = True
+            break
+    if turns.ok and not turns.interrupted and keys[0] is not None:
+        progress.begin_router()
+        turns.router = router_up(inventory_path, opts)
+        turns.ok = turns.router.ok
+    return turns
+
+
+def rollback_turns(inventory_path: str, opts: Options, keys: list[str | None], number: int | None,
+                   measure: Measure | None, progress: Progress) -> Turns:
+    """`rollback` of each replica in turn, until one fails."""
+    return until_one_fails(keys, lambda key: rollback_service(inventory_path, opts, key, number, measure),
+                           lambda run: rolled_back(run, opts.dry_run), progress)
+
+
+def until_one_fails(keys: list[str | None], run_one: Callable[[str | None], Served],
+                    succeeded: Callable[[Served], bool], progress: Progress) -> Turns:
+    """Each in turn; the first that fails, or a signal, ends the turns (the replicas after it keep their
+    release). `rollback` and the vocab rollout and rollback go so."""
+    turns = Turns()
+    for key in keys:
+        progress.begin(key)
+        run = run_one(key)
+        turns.runs[key] = run
+        progress.end(key, run)
+        turns.ok, turns.interrupted = succeeded(run), run.interrupted
+        if not turns.ok or run.interrupted:
+            break
+    return turns
+
+
+def router_up(inventory_path: str, opts: Options) -> RouterResult:
+    """After every service: the router where the inventory names one, gone from the nodes where it does not."""
+    from sparkdeploy.steps.router import step_router
+
+    try:
+        out = step_router(inventory_mod.load_services(inventory_path), dry_run=opts.dry_run,
+                          trust_new_hosts=opts.trust_new_hosts, log=opts.log)
+    except StepFailed as failed:
+        return RouterResult(False, str(failed), outcomes=list(failed.outcomes))
+    except SparkdeployError as failed:
+        return RouterResult(False, str(failed))
+    changes = sum(len(o.actions) for o in out if o.status in (CHANGED, WOULD))
+    return RouterResult(True, f"router: {changes} change(s)", changes, out)
