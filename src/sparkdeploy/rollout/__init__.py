@@ -500,13 +500,10 @@ class Rollout:
                 + ("; swapped in the running engine, no restart" if res.path == rollout_live.LIVE else "")
                 + "); golden outputs byte-identical")
         res.release = self.new_num
-        try:
-            faults.hit("after-gate")
-            engine.watchdog(self.c, self.watchdog_was)
-        except Exception as err:  # noqa: BLE001 - the list passed its gate and its golden check: it stays live
+        stopped = engine.after_gate(self.c, self.watchdog_was)  # the list passed its gate and golden check: it stays
+        if stopped:
             res.status = Status.WARN
-            res.message = (f"{live}, but the rollout stopped before it finished ({describe(err, self.log)}); "
-                           f"{engine.watchdog_again(self.c, self.watchdog_was)}")
+            res.message = f"{live}, but the rollout stopped before it finished ({stopped[0]}); {stopped[1]}"
             return
         for n in self.names:
             try:

@@ -17,7 +17,7 @@ import time
 from typing import Callable
 
 from sparkdeploy import faults
-from sparkdeploy.errors import HealthError, SparkdeployError
+from sparkdeploy.errors import HealthError, SparkdeployError, describe
 from sparkdeploy.node import probes
 from sparkdeploy.node.layout import LAUNCH_FILE
 from sparkdeploy.ops import health, releases
@@ -46,6 +46,18 @@ def watchdog_again(cx: Context, on: bool = True) -> str:
     except SparkdeployError as err:
         return f"the watchdog could NOT be turned back {state} ({err}); `sparkdeploy up` puts it back"
     return f"the watchdog is {state} again"
+
+
+def after_gate(cx: Context, watchdog_on: bool = True) -> tuple[str, str] | None:
+    """The epilogue of a release that passed its gate (`up`, `rollback`, the vocab rollout): the watchdog back
+    as it was. A failure here never undoes the proven release: it returns (why, the watchdog's second try in
+    words) for the caller's message; None when done."""
+    try:
+        faults.hit("after-gate")
+        watchdog(cx, watchdog_on)
+    except Exception as err:  # noqa: BLE001 - see errors.describe; the release serves, only supervision is left
+        return describe(err, cx.log), watchdog_again(cx, watchdog_on)
+    return None
 
 
 def watchdog_active(cx: Context) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-from sparkdeploy import faults
 from sparkdeploy.errors import HealthError, SparkdeployError, describe
 from sparkdeploy.ops import releases
 from sparkdeploy.remote.connection import dry_session, recording
@@ -69,12 +68,10 @@ def _rollback(cx: Context, to: int | None) -> UpResult:
             res.release = res.rolled_back_to = None
             back_to_last_good(cx, f"rollback to release {to} failed ({why})", back, res, watchdog_was)
             return res
-        try:
-            faults.hit("after-gate")
-            engine.watchdog(cx, True)
-        except Exception as err:  # noqa: BLE001 - release `to` passed its gate and serves: only supervision is left
+        stopped = engine.after_gate(cx)
+        if stopped:
             res.message = (f"release {to} passed its gate and serves, but `rollback` stopped before it finished "
-                           f"({describe(err, cx.log)}); {engine.watchdog_again(cx)}")
+                           f"({stopped[0]}); {stopped[1]}")
             return res
         res.healthy = True
         res.message = f"rolled back from release {cur} to {to} ({meta.get('image')}); healthy"

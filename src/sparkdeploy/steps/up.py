@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from sparkdeploy import faults
 from sparkdeploy.errors import InputError, RemoteError, SparkdeployError, describe
 from sparkdeploy.ops import releases
 from sparkdeploy.remote.connection import dry_session, recording
@@ -120,14 +119,12 @@ def _up(cx: Context) -> UpResult:
             out.append(Outcome(stage, cx.head, FAILED, why))
             auto_rollback(cx, num, f"{stage}: {why}", res, watchdog_was)
             return res
-        try:
-            faults.hit("after-gate")
-            engine.watchdog(cx, True)
-        except Exception as err:  # noqa: BLE001 - the release passed its gate: it stays, only supervision is left
-            why = describe(err, cx.log)
+        stopped = engine.after_gate(cx)
+        if stopped:
+            why, again = stopped
             out.append(Outcome("watchdog", cx.head, FAILED, why))
             res.message = (f"release {num} passed its gate and serves, but `up` stopped before it finished ({why}); "
-                           f"{engine.watchdog_again(cx)}; re-run up to finish")
+                           f"{again}; re-run up to finish")
             return res
         res.healthy = True
         res.message = (f"release {num} healthy" + (" (new release)" if res.new_release else "")
