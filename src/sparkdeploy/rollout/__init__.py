@@ -485,12 +485,11 @@ class Rollout:
 
     def _finish(self, res: RolloutResult) -> None:
         t0 = time.monotonic()
-        rec = {"probe": self.probe, "prompt": health.PROBE_PROMPT, "max_tokens": health.PROBE_MAX_TOKENS,
-               "at": time.time(), "vocab": self.cand.sha256, "golden": self.golden.outputs if self.golden else None}
         old = self.exp.probe_expected
         if old is not None and old != self.probe:
             raise Failed(f"the health probe changed: {old!r} recorded for release {self.prev}, now {self.probe!r}")
-        self.c.each(lambda c: releases.mark_healthy(c, self.c.lay, self.new_num, rec), "recording the health gate")
+        engine.record_gate(self.c, self.new_num, self.probe, vocab=self.cand.sha256,
+                           golden=self.golden.outputs if self.golden else None)
         entry = {"action": self.opts.action, "sha256": self.cand.sha256, "version": self.cand.version,
                  "from": self.old_sha, "release": self.new_num, "previous_release": self.prev,
                  "size": self.cand.size, "source": Path(self.cand.path).name, "result": "live", "path": res.path}

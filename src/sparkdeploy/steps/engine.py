@@ -257,6 +257,14 @@ def rank_watch(cx: Context, boots: dict[str, str] | None = None, release: int | 
     return check
 
 
+def record_gate(cx: Context, num: int, probe: str, **more) -> None:
+    """Release `num` passed its gate: its HEALTHY record on every node (the probe's answer, which later gates of
+    the release must repeat, and what else the verb proved: `more`)."""
+    rec = {"probe": probe, "prompt": health.PROBE_PROMPT, "max_tokens": health.PROBE_MAX_TOKENS, "at": time.time(),
+           **more}
+    cx.each(lambda c: releases.mark_healthy(c, cx.lay, num, rec), "recording the health gate")
+
+
 def gate(cx: Context, num: int, out: list[Outcome]) -> str:
     """Readiness + a temperature-0 probe (twice: it must be deterministic); record it as HEALTHY."""
     t0 = time.monotonic()
@@ -265,9 +273,7 @@ def gate(cx: Context, num: int, out: list[Outcome]) -> str:
                             api_key=cx.inv.auth.api_key())
     if again != text:
         raise HealthError(f"temperature-0 probe is not deterministic: {text!r} then {again!r}")
-    rec = {"probe": text, "prompt": health.PROBE_PROMPT, "max_tokens": health.PROBE_MAX_TOKENS, "at": time.time(),
-           "seconds_to_ready": round(time.monotonic() - t0, 1)}
-    cx.each(lambda c: releases.mark_healthy(c, cx.lay, num, rec), "recording the health gate")
+    record_gate(cx, num, text, seconds_to_ready=round(time.monotonic() - t0, 1))
     out.append(Outcome("health gate", cx.head, OK, f"release {num} answered in {time.monotonic() - t0:.1f} s: {text!r}",
                        [], time.monotonic() - t0))
     return text
