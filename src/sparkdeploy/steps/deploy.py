@@ -26,6 +26,10 @@ each in its own module; this one names them for the CLI, the rollout and the tes
     vocab.py        the draft list; secrets.py: the engine's secrets file; image.py: the serving image
     release.py      the new numbered release (or none), prune
     up.py           up + its automatic rollback, UpResult; rollback.py, down.py, healthcheck.py (health, expect)
+
+and runs them over an inventory's services (one service's `up`/`rollback` with its signal and sentinel:
+`up_service`, `rollback_service`; every service in turn: `up_turns` then `router_up`, `rollback_turns`,
+`until_one_fails` for the vocab rollout).
 """
 
 from __future__ import annotations
