@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from sparkdeploy import extras
+from sparkdeploy import extras, poll
 from sparkdeploy.errors import SimError
 from sparkdeploy.sim._proc import Done
 
@@ -92,7 +92,7 @@ def exec_run(container: str, argv: list[str], *, what: str, timeout: float = 30)
     try:
         exec_id = client.exec_create(container, ["timeout", str(max(1, math.ceil(timeout))), *argv])["Id"]
         out, err = client.exec_start(exec_id, demux=True)
-        rc = client.exec_inspect(exec_id)["ExitCode"]
+        rc = _exit_code(client, exec_id, what)
     except errors().APIError as exc:  # gone or not running: the caller waits or says so
         return Done(1, "", str(exc.explanation or exc))
     except engine_errors() as exc:
@@ -101,6 +101,23 @@ def exec_run(container: str, argv: list[str], *, what: str, timeout: float = 30)
         raise SimError(f"{what}: `{' '.join(argv)[:80]}` did not finish within {timeout:.0f} s")
     return Done(rc if rc is not None else 1, (out or b"").decode("utf-8", "replace"),
                 (err or b"").decode("utf-8", "replace"))
+
+
+def _exit_code(client, exec_id: str, what: str) -> int | None:
+    """The exec's exit code. Its output can end before the engine records the exit (ExitCode None while it
+    says Running, on a loaded host): read again until it is recorded. A None then read as 1 made a node whose
+    host keys were there look keyless (`sim up`: "no SSH host keys")."""
+
+    def recorded() -> int | None:
+        info = client.exec_inspect(exec_id)
+        if info.get("Running"):
+            raise poll.NotYet("the exec still runs")
+        return info["ExitCode"]
+
+    try:
+        return poll.until(recorded, timeout=30, interval=0.05)
+    except poll.TimedOut:
+        raise SimError(f"{what}: the engine never recorded the command's exit") from None
 
 
 def exec_fed(container: str, argv: list[str], chunks: Iterable[bytes], *, what: str) -> Done:
@@ -119,7 +136,7 @@ def exec_fed(container: str, argv: list[str], chunks: Iterable[bytes], *, what: 
                 said = (said + data)[-2048:]
         finally:
             sock.close()
-        rc = client.exec_inspect(exec_id)["ExitCode"]
+        rc = _exit_code(client, exec_id, what)
     except engine_errors() as exc:
         raise failed(what, exc) from None
     # the output is docker's multiplexed stream: 8-byte frame headers between the text; only its end matters here
