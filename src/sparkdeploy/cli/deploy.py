@@ -109,7 +109,8 @@ class _UpProgress:
 
     def end(self, key: str | None, run: D.Served | None) -> None:
         if run is None:
-            err.print(f"[yellow]skipped: an earlier replica of its service failed; {key} keeps its release[/yellow]")
+            err.print(f"[yellow]skipped: an earlier replica of {key.split('/')[0]} failed; {key} keeps its "
+                      "release[/yellow]")
             self.results[key] = {"healthy": False, "skipped": True, "sentinel": None}
             return
         res = run.result
