@@ -163,14 +163,14 @@ def auto_rollback(cx: Context, failed: int, reason: str, res: UpResult, watchdog
         try:
             cx.scan()
             good = releases.last_healthy({n: cx.rel[n] for n in cx.names}, before=failed)
-        except SparkdeployError as err:
-            res.message = f"{what}; the releases on the nodes could not be read to roll back: {err}"
-            err_node = getattr(err, "node", None)
+        except SparkdeployError as unread:  # `except ... as` unbinds its name at the block's end: keep it in `err`
+            res.message = f"{what}; the releases on the nodes could not be read to roll back: {unread}"
+            err: Exception | None = unread
         else:
             err = back_to_last_good(cx, what, good, res, watchdog_was)
-            err_node = getattr(err, "node", None)
             if not isinstance(err, RemoteError):
                 return
+        err_node = getattr(err, "node", None)
         if last_try or err_node not in cx.names:
             return
         cx.log(f"{err}: waiting up to {REBOOT_WAIT_S} s for {err_node} to answer, then rolling back again")
