@@ -241,7 +241,10 @@ def test_nodes_start_out_holding_a_seeded_image_and_each_keeps_its_own(sim_node_
         assert "seed nodes' Docker volumes" in json.loads(up.stdout)["timings"]
 
         def image_on(node: str, ref: str) -> str:
-            return cluster.run_on(node, f"docker image inspect -f '{{{{.Id}}}}' {ref}", check=False).out.strip()
+            """The image ID `ref` names on the node; "" when it names none (any other failure is the test's)."""
+            done = cluster.run_on(node, f"docker image inspect -f '{{{{.Id}}}}' {ref}", check=False)
+            assert done.rc == 0 or "No such image" in done.err + done.out, f"{node}: {done}"
+            return done.out.strip() if done.rc == 0 else ""
 
         assert {(n, ref): image_on(n, ref) for n in ("node1", "node2") for ref in (sim_serving_image, second)} == \
             {(n, ref): host_id for n in ("node1", "node2") for ref in (sim_serving_image, second)}

@@ -266,6 +266,7 @@ def test_a_fall_allowed_by_the_operator_keeps_the_new_list_and_says_so(live_roll
     r, res, fake, conn = live_rollout
     r.opts.allow_lower_acceptance = True
     fake.accept_per_pos = (0.0, 0.0)
-    assert r._live(res) and res.golden_identical
-    assert any(n.startswith("kept with --allow-lower-acceptance: mean acceptance length fell") for n in res.notes)
+    assert r._live(res) and res.golden_identical, (res.message, res.reason, res.notes)
+    assert any(n.startswith("kept with --allow-lower-acceptance: mean acceptance length fell") for n in res.notes), \
+        (res.acceptance_before, res.acceptance_after, res.notes)
     assert vocab_live.read_state(conn, r.c.lay).content == NEW_SHA and releases.scan(conn, r.c.lay).current == 3
