@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sparkdeploy.errors import SimError
-from sparkdeploy.sim import engine, images
+from sparkdeploy.sim import containers, engine, host_docker, images
 from sparkdeploy.sim.cluster import SimCluster, SimNode, SimState, cluster_name
 from sparkdeploy.sim.containers import pid1_start_ticks, subnet_candidates
 
@@ -18,6 +18,38 @@ STAT = ("1 (systemd) S 0 1 1 0 -1 4194560 3140 81231 74 345 9 15 190 120 20 0 1 
 def test_pid1_start_ticks_reads_field_22_even_with_spaces_in_comm():
     assert pid1_start_ticks(STAT) == 123456
     assert pid1_start_ticks(STAT.replace("(systemd)", "(my init) x)")) == 123456
+
+
+def test_a_node_still_exiting_after_its_kill_is_removed_once_it_has_and_other_refusals_fail_at_once(monkeypatch):
+    """The engine's answer while a killed node has not exited yet (it waits 10 s; under CI's load a node took
+    longer and `sim down` failed) cannot be provoked on demand, so a stand-in for the engine's API gives it."""
+    from docker import errors
+
+    def refusal(code: str, text: str) -> Exception:
+        return errors.APIError(code, explanation=text)
+
+    class Engine:
+        def __init__(self, *answers):
+            self.answers, self.calls = list(answers), 0
+
+        def remove_container(self, name, force, v):
+            assert (name, force) == ("sparkdeploy-sim-t-node1", True)
+            self.calls += 1
+            answer = self.answers.pop(0)
+            if answer is not None:
+                raise answer
+
+    exiting = refusal("500 Server Error", "Could not kill running container 3f1, cannot remove - tried to kill "
+                                          "container, but did not receive an exit event")
+    busy = refusal("409 Conflict", "removal of container 3f1 is already in progress")
+    api = Engine(exiting, busy, None)
+    monkeypatch.setattr(host_docker, "api", lambda *a: api)
+    containers.remove_container("sparkdeploy-sim-t-node1", "docker rm of the sim node node1")
+    assert api.calls == 3
+    api = Engine(refusal("500 Server Error", "driver failed removing its root filesystem"))
+    with pytest.raises(SimError, match="^docker rm of the sim node node1 failed: driver failed removing"):
+        containers.remove_container("sparkdeploy-sim-t-node1", "docker rm of the sim node node1")
+    assert api.calls == 1
 
 
 @pytest.mark.parametrize("bad", ["", "Demo", "a_b", "x" * 25, "-x"])

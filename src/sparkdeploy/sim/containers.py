@@ -126,14 +126,33 @@ def mounted_volumes(names: list[str]) -> list[str]:
     return [m["Name"] for m in mounts if m.get("Name")]
 
 
+# What the engine answers while a killed container has not exited yet: it waits 10 s for the exit, and a node
+# (systemd, its own dockerd and engines) on a loaded host can take longer (CI: `sim down` failed on it).
+STILL_EXITING = ("did not receive an exit event", "is already in progress")
+REMOVE_TIMEOUT = 120.0
+
+
 def remove_container(container: str, what: str, *, volumes: bool = False) -> None:
-    """`docker rm -f` (with `volumes`: and its anonymous volumes); a container already gone is fine."""
+    """`docker rm -f` (with `volumes`: and its anonymous volumes); a container already gone is fine, and one
+    still exiting after its kill is removed once it has."""
+
+    def removed() -> None:
+        try:
+            host_docker.api().remove_container(container, force=True, v=volumes)
+        except host_docker.errors().NotFound:
+            pass
+        except host_docker.errors().APIError as err:
+            if any(s in str(err.explanation or err) for s in STILL_EXITING):
+                raise poll.NotYet(str(err.explanation or err)) from None
+            raise host_docker.failed(what, err) from None
+        except host_docker.engine_errors() as err:
+            raise host_docker.failed(what, err) from None
+
     try:
-        host_docker.api().remove_container(container, force=True, v=volumes)
-    except host_docker.errors().NotFound:
-        pass
-    except host_docker.engine_errors() as err:
-        raise host_docker.failed(what, err) from None
+        poll.until(removed, timeout=REMOVE_TIMEOUT, interval=2)
+    except poll.TimedOut as out:
+        raise SimError(f"{what} failed: the container had not exited {out.elapsed:.0f} s after its kill "
+                       f"({out.last})") from None
 
 
 def remove_volume(volume: str, what: str) -> None:
