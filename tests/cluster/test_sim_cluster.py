@@ -225,6 +225,7 @@ def test_nodes_start_out_holding_a_seeded_image_and_each_keeps_its_own(sim_node_
     whole on the other. A node kept by a later `up` is not seeded again."""
     import subprocess
 
+    from sparkdeploy.sim import containers
     from sparkdeploy.sim.cluster import SimCluster
 
     second = "sparkdeploy/seedtest:second-name"
@@ -233,6 +234,8 @@ def test_nodes_start_out_holding_a_seeded_image_and_each_keeps_its_own(sim_node_
     subprocess.run(["docker", "tag", sim_serving_image, second], check=True)
     env = {**os.environ, "SPARKDEPLOY_SIM_NAME": "seedtest", "SPARKDEPLOY_SIM_STATE_DIR": str(tmp_path)}
     cluster = SimCluster("seedtest", state_dir=tmp_path)
+    for node in ("node1", "node2"):  # a run killed inside this test left them: a kept volume is never seeded
+        containers.remove_volume(f"{cluster.prefix}-{node}-docker", "docker volume rm")
     try:
         up = subprocess.run([sys.executable, "-m", "sparkdeploy", "sim", "up", "--nodes", "2", "--no-engine-image",
                              "--with-image", sim_serving_image, "--with-image", second, "--json"],
