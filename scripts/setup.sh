@@ -65,10 +65,11 @@ if [ ! -x "$VLLM_VENV/bin/python" ] || ! "$VLLM_VENV/bin/python" -c 'import vllm
   # CUDA-linked or useless on CPU; they break `import transformers` model classes.
   "$VLLM_VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton
 fi
-# vLLM's CPU attention uses AMX where the CPU has it but never asks Linux for AMX permission: every Python of
-# the venv asks first (images/sim-engine/amx_permission.py; the sim engine image carries the same two files).
+# The venv runs vLLM as the sim engine image does, from the same files: every Python asks Linux for AMX
+# permission first (vLLM's CPU attention uses AMX where the CPU has it but never asks: amx_permission.py), and
+# vLLM forks its engine core and workers as on a GB10 instead of spawning them (sim_gb10.py).
 vllm_site=$("$VLLM_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-for f in amx_permission.py amx_permission.pth; do
+for f in amx_permission.py amx_permission.pth sim_gb10.py sim_gb10.pth; do
   cmp -s "images/sim-engine/$f" "$vllm_site/$f" || cp "images/sim-engine/$f" "$vllm_site/$f"
 done
 if ! "$VLLM_VENV/bin/python" -c 'import spark_overlays' >/dev/null 2>&1; then

@@ -1,5 +1,5 @@
 """What the sim's CPU vLLM does as vLLM does on a GB10 (loaded by sim_gb10.pth into every Python of the
-serving image's venv).
+serving image's venv, and of the engine tests' vLLM venv: scripts/setup.sh).
 
 Ray. vLLM's CPU platform has no Ray support, and `--distributed-executor-backend ray` on the sim needs two
 things the CUDA platform of a Spark has:

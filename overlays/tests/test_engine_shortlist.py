@@ -84,7 +84,9 @@ def _serve(model, log, shortlist_path, local_argmax=False):
     if local_argmax:
         spec["use_local_argmax_reduction"] = True
     args = [*BASE_ARGS, "--speculative-config", json.dumps(spec), "--additional-config", json.dumps(cfg)]
-    srv = VllmServer(model, args=args, log_path=log, timeout=420)
+    # spawned: each process vLLM starts imports the plugin itself, and its load line per pid shows the entry
+    # point reaches every one (forked, the EngineCore and worker inherit the API server's)
+    srv = VllmServer(model, args=args, log_path=log, timeout=420, env={"SPARKDEPLOY_SIM_SPAWN": "1"})
     with srv:
         for p in PROMPTS:
             srv.completion(p, max_tokens=24)

