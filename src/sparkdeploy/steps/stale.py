@@ -57,5 +57,12 @@ def parse(out: str) -> list[str]:
 
 def diff(conn: Conn, ours: list[str], ports: list[int]) -> list[Action]:
     return [Action(f"stop and disable stale unit {u} (runs vLLM or binds port {'/'.join(map(str, ports))})",
-                   lambda u=u: conn.run(["systemctl", "disable", "--now", u], timeout=120))
+                   lambda u=u: retire(conn, u))
             for u in find(conn, ours, ports)]
+
+
+def retire(conn: Conn, unit: str) -> None:
+    """Stop and disable `unit`, and clear the failed state a stop can leave (an engine that did not exit cleanly,
+    or one caught in a restart loop): a retired unit is inactive, and does not keep the node "degraded"."""
+    conn.run(["systemctl", "disable", "--now", unit], timeout=120)
+    conn.run(["systemctl", "reset-failed", unit], check=False)

@@ -85,5 +85,4 @@ def disable_running(c: Conn, units: list[str], why: str) -> list[Action]:
     """Stop and disable each of `units` that is enabled or active on the node, in the order given."""
     on = [u for u in units if c.query(["sh", "-c", 'systemctl is-enabled --quiet "$1" || systemctl is-active '
                                        '--quiet "$1"', "unit", u], check=False).ok]
-    return [Action(f"stop and disable {u} ({why})", lambda u=u: c.run(["systemctl", "disable", "--now", u],
-                                                                      timeout=120)) for u in on]
+    return [Action(f"stop and disable {u} ({why})", lambda u=u: stale.retire(c, u)) for u in on]
