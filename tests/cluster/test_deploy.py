@@ -253,7 +253,8 @@ def test_dry_run_shows_a_change_without_making_it(deployed, sim_cluster):
 def test_planted_old_stack_unit_is_reported_and_disabled(deployed, sim_cluster):
     # it exits 3 when stopped, as an engine that does not stop cleanly: its unit ends "failed" unless `up` clears it
     unit = ("[Unit]\nDescription=old hand-made vLLM stack\n[Service]\n"
-            "ExecStart=/bin/sh -c 'echo vllm serve /models/old --port 8000; trap \"exit 3\" TERM; sleep infinity & wait'\n"
+            "ExecStart=/bin/sh -c 'echo vllm serve /models/old --port 8000; "
+            "trap \"exit 3\" TERM; sleep infinity & wait'\n"
             "[Install]\nWantedBy=multi-user.target\n")
     sim_cluster.ssh("node2", ["sh", "-c", "printf '%s' \"$1\" > /etc/systemd/system/old-vllm.service && "
                               "systemctl daemon-reload && systemctl enable --now old-vllm.service", "x", unit], check=True)
@@ -265,7 +266,8 @@ def test_planted_old_stack_unit_is_reported_and_disabled(deployed, sim_cluster):
     assert stale["status"] == "changed" and "old-vllm.service" in stale["actions"][0]
     assert not res["restarted"] and not res["new_release"]
     assert sim_cluster.ssh("node2", ["systemctl", "is-enabled", "old-vllm.service"]).out.strip() == "disabled"
-    assert sim_cluster.ssh("node2", ["systemctl", "is-active", "old-vllm.service"]).out.strip() == "inactive"  # not "failed"
+    state = sim_cluster.ssh("node2", ["systemctl", "is-active", "old-vllm.service"]).out.strip()
+    assert state == "inactive", state  # not "failed"
     assert health_json(deployed["inv"])[0] == 0
 
 
