@@ -51,6 +51,21 @@ def test_zombie_worker_after_head_restart_acts_at_once():
     assert a == "restart" and "zombie" in why
 
 
+def test_a_worker_that_served_beside_an_earlier_head_is_a_zombie_however_recent_its_start():
+    """The head rebooted 50 s after the worker last started (within the 60 s skew that once hid it: the grace
+    then ran out before anything acted): this worker served with the old head, so restart now."""
+    _, s, _ = wd.decide({}, dict(OK, head_started=1000.0, worker_started=990.0), CFG, 1020)
+    assert s["served_by"] == [1000.0, 990.0]
+    head_alone = {"probe_ok": False, "health_ok": False, "head_started": 1040.0, "worker_started": 990.0}
+    a, s2, why = wd.decide(s, head_alone, CFG, 1045)
+    assert a == "restart" and "zombie" in why, why
+    # the pair it then restarts (both new) is starting, not a zombie
+    both_new = {"probe_ok": False, "health_ok": False, "head_started": 1060.0, "worker_started": 1055.0}
+    assert wd.decide(s2, both_new, CFG, 1070)[0] == "wait"
+    # both nodes rebooted (worker first, by any amount): not a zombie either
+    assert wd.decide(s, dict(both_new, worker_started=1000.5), CFG, 1070)[0] == "wait"
+
+
 def test_both_rebooted_worker_later_is_not_a_zombie():
     obs = {"probe_ok": False, "health_ok": False, "head_started": 1000.0, "worker_started": 1010.0}
     assert wd.decide({}, obs, CFG, 1030)[0] == "wait"

@@ -60,16 +60,24 @@ def decide(state: dict, obs: dict, cfg: dict, now: float) -> tuple[str, dict, st
     if not obs.get("head_enabled", True):
         return "none", s, "service disabled (down): not supervising"
     busy_low = busy_at_low_power(s, obs.get("gpu"), c, now)
+    hs, ws = obs.get("head_started"), obs.get("worker_started")
     if obs.get("probe_ok") and not busy_low:
         s["failures"] = 0
         s["last_ok"] = now
+        if hs and ws:
+            s["served_by"] = [hs, ws]  # the ranks that formed this serving pair (see `zombie` below)
         if s["restarts"] and now - s.get("last_restart", 0) >= c["stable_s"]:
             s["restarts"] = []
         return "none", s, "probe ok"
     # Not answering a real completion. Is it just starting?
     started = max([t for t in (obs.get("head_started"), s.get("last_restart")) if t] or [0])
-    hs, ws = obs.get("head_started"), obs.get("worker_started")
-    zombie = bool(hs and ws and hs - ws > c["skew_s"] and not obs.get("health_ok") and now - hs > 45)
+    # A worker that served beside an earlier head never rejoins a new one: the head restarted alone (a head
+    # reboot, a crash systemd restarted). Known for certain when this worker served with another head; else
+    # guessed from a head that started well after a still-running worker and is not ready 45 s on.
+    formed_before = s.get("served_by") or [None, None]
+    zombie = bool(hs and ws and not obs.get("health_ok") and (
+        (ws == formed_before[1] and hs != formed_before[0])
+        or (hs - ws > c["skew_s"] and now - hs > 45)))
     if not obs.get("health_ok") and started and now - started < c["start_grace_s"] and not zombie:
         return "wait", s, f"starting ({now - started:.0f} s of {c['start_grace_s']} s grace)"
     s["failures"] += 1
