@@ -16,6 +16,8 @@ import shlex
 import time
 from typing import Callable
 
+import requests
+
 from sparkdeploy import faults
 from sparkdeploy.errors import HealthError, SparkdeployError, describe
 from sparkdeploy.node import probes
@@ -178,6 +180,17 @@ class NotReady(HealthError):
 
 class RankLost(HealthError):
     """A rank stopped, restarted or its node rebooted while its peers waited for it."""
+
+
+def answers(cx: Context) -> bool:
+    """Does the head answer a one-token completion now? Every unit can be active while the pair serves nothing: a
+    head rebooted beside a worker that will never rejoin it, before the watchdog's first tick after the boot."""
+    try:
+        health.generate(cx.plan.api_url, cx.plan.served_name, timeout=cx.opts.probe_timeout, max_tokens=1,
+                        api_key=cx.inv.auth.api_key())
+        return True
+    except (requests.RequestException, ValueError, LookupError):
+        return False
 
 
 def wait_ready(cx: Context, timeout: float, watch: Callable[[], None] | None = None) -> str:

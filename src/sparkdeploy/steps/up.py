@@ -87,6 +87,10 @@ def _up(cx: Context) -> UpResult:
         active = cx.map(lambda c: c.query(["systemctl", "is-active", "--quiet", cx.lay.unit], check=False).ok)
         need_start = res.new_release or not all(v is True for v in active.values()) or any(
             o.step == "retire" and o.status in (CHANGED, WOULD) for o in out)
+        if not need_start and not engine.answers(cx):
+            cx.log(f"release {num}: every unit is active but {cx.plan.api_url} answers no completion: "
+                   "restarting it, workers first")
+            need_start = True
         if need_start and not (num in cx.rel[cx.head].healthy):
             step_launch_check(cx, num, out)  # before anything stops: a refusal leaves the old release serving
         if cx.opts.dry_run:
