@@ -126,6 +126,35 @@ def current(sim, node) -> str:
     return sim.ssh(node, ["readlink", layout.PLAIN.current_link]).out.strip()
 
 
+PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n" \
+         "def fibonacci"
+
+
+def complete(inv: Path, max_tokens: int = 24) -> dict:
+    """A temperature-0 completion of PROMPT from the head, with the inventory's key."""
+    from sparkdeploy.ops.health import bearer
+
+    loaded = I.load(inv)
+    r = requests.post(f"http://{loaded.head.ssh.host}:{loaded.ports.api}/v1/completions", timeout=120,
+                      headers=bearer(loaded.auth.api_key()),
+                      json={"model": "tiny", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0})
+    assert r.status_code == 200, r.text[:500]
+    return r.json()
+
+
+def engine_metrics(sim) -> dict[str, float]:
+    """The head engine's vLLM series, summed over their labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"http://{sim.head.ip}:8000/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("vllm:"):
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
 @pytest.fixture(scope="module")
 def deployed(sim_cluster, sim_engine_image, tmp_path_factory):
     """The sim cluster's inventory (with a reserve that fits a small VM) deployed once for the module."""
@@ -171,6 +200,37 @@ def test_second_up_changes_nothing_and_is_fast(deployed, sim_cluster):
     assert res["changes"] == 0 and not res["new_release"] and not res["restarted"], \
         [(o["step"], o["node"], o["status"], o["detail"], o["actions"]) for o in res["outcomes"] if o["status"] != "ok"]
     assert current(sim_cluster, "node1") == "releases/0001"
+
+
+def test_the_engine_lists_its_model_and_its_speculation_drafts_for_real(deployed, sim_cluster):
+    """The deployed pair is a real two-rank vLLM over gloo with n-gram speculation (the sim-tiny profile): its
+    model listed, real counters, drafts proposed and some accepted. (From test_sim_engine.py, whose hand-started
+    pair proved the same engine once more before any deploy.)"""
+    from sparkdeploy.ops.health import bearer
+
+    key = I.load(deployed["inv"]).auth.api_key()
+    models = requests.get(f"http://{sim_cluster.head.ip}:8000/v1/models", headers=bearer(key), timeout=30).json()
+    assert [m["id"] for m in models["data"]] == ["tiny"] and models["data"][0]["max_model_len"] == 512
+    # the watchdog's probe would be traffic of its own between the two readings
+    sim_cluster.ssh("node1", "systemctl stop sparkdeploy-watchdog.timer", check=True)
+    try:
+        before = engine_metrics(sim_cluster)
+        for name in ("vllm:num_requests_running", "vllm:request_success_total", "vllm:generation_tokens_total",
+                     "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total",
+                     "vllm:prefix_cache_queries_total"):
+            assert name in before, f"{name} missing from /metrics"
+        n = 3
+        for _ in range(n):
+            assert complete(deployed["inv"], 32)["usage"]["completion_tokens"] == 32
+        after = engine_metrics(sim_cluster)
+    finally:
+        sim_cluster.ssh("node1", "systemctl start sparkdeploy-watchdog.timer", check=True)
+    moved = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    assert moved["vllm:request_success_total"] == n and moved["vllm:generation_tokens_total"] == 32 * n, moved
+    drafted = moved["vllm:spec_decode_num_draft_tokens_total"]
+    assert moved["vllm:spec_decode_num_drafts_total"] > 0 and drafted > 0, "n-gram speculation proposed nothing"
+    assert 0 < moved["vllm:spec_decode_num_accepted_tokens_total"] <= drafted, \
+        "a repetitive random model should accept some n-gram drafts"
 
 
 def test_the_heads_exporter_serves_prometheus_from_the_engine_image(deployed, sim_cluster):
@@ -552,6 +612,9 @@ def test_fault_node_rebooted_during_up(deployed, sim_cluster):
 
 @pytest.mark.parametrize("which", [["node2"], ["node1"], ["node1", "node2"]], ids=["worker", "head", "both"])
 def test_reboot_recovers_without_operator(deployed, sim_cluster, which):
+    first = complete(deployed["inv"])
+    assert first["usage"]["completion_tokens"] == 24 and first["choices"][0]["text"]
+    assert first["system_fingerprint"].startswith("vllm-0.32.0")
     sim_cluster.cluster.reboot(which)
     if which == ["node1"]:
         # Every unit is active, but the rebooted head waits for a worker that will never rejoin it: `up` must
@@ -560,6 +623,9 @@ def test_reboot_recovers_without_operator(deployed, sim_cluster, which):
         assert rc == 0 and res["message"].endswith(f"release {res['release']} would be started"), res["message"]
     t = wait_healthy(deployed["inv"], 420)
     TIMES[f"healthy after reboot of {'+'.join(which)}"] = t
+    # greedy output across the ranks' restart: the same text and the same usage (from test_sim_engine.py)
+    again = complete(deployed["inv"])
+    assert (again["choices"][0]["text"], again["usage"]) == (first["choices"][0]["text"], first["usage"])
     print(f"\nreboot {which}: healthy again {t:.0f} s after the nodes were back")
 
 
@@ -567,7 +633,7 @@ def test_worker_crash_loop_stops_with_reason_then_rerun_converges(deployed, sim_
     # A short watchdog grace and one allowed restart for this test only (each failed start costs a grace and
     # a tick or two): the knobs live outside the release (no restart).
     rc, out, err = cli("up", "-i", str(deployed["inv"]), "--json", "--no-sentinel", "--ready-timeout", READY,
-                       "--watchdog-grace", "30",
+                       "--watchdog-grace", "20",
                        "--watchdog-backoff", "10", "--watchdog-cap", "1")
     res = json.loads(out)
     assert rc == 0 and not res["restarted"] and res["changes"] == 1, res["outcomes"]

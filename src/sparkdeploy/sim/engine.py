@@ -2,7 +2,7 @@
 
 Rank >= 1 runs `vllm serve ... --headless` first, rank 0 last and serves the API; every container is
 `--network host --ipc host --init` inside its node's own Docker engine, with `GLOO_SOCKET_IFNAME=eth0` (else gloo
-may bind loopback and the pair hangs). Used by the cluster tests and bench/sim_setup.py; deployments go through
+may bind loopback and the pair hangs). Used by bench/sim_setup.py (the engine-start figure); deployments go through
 plan/render/steps instead.
 """
 
@@ -63,14 +63,6 @@ def start_pair(cluster, image: str, *, speculative: dict | None = None, model: s
 def stop_pair(cluster, *, name: str = CONTAINER) -> None:
     for node in cluster.load_state().nodes:
         cluster.run_on(node.name, f"docker rm -f {shlex.quote(name)} >/dev/null 2>&1; true", timeout=120, check=False)
-
-
-def logs(cluster, *, name: str = CONTAINER, tail: int = 40) -> str:
-    out = []
-    for node in cluster.load_state().nodes:
-        done = cluster.run_on(node.name, f"docker logs --tail {tail} {shlex.quote(name)} 2>&1", check=False)
-        out.append(f"--- {node.name} ---\n{done.out}{done.err}")
-    return "\n".join(out)
 
 
 def wait_healthy(base: str, timeout: float = 420) -> float:
