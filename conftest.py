@@ -5,17 +5,17 @@ is pure code and runs with the unit tests.
 
 `make test` runs two xdist workers (one per core) with `--dist loadscope`. Cluster tests that share a
 simulated cluster run in file order in one scope, and each xdist worker has its own session cluster
-(`sim_cluster`, named per worker). The cluster modules are split into five scopes, handed out first and in this
+(`sim_cluster`, named per worker). The cluster modules are split into six scopes, handed out first and in this
 order (CLUSTER_SCOPES, as CI measured them: scripts/ci_summary.py), each to the next worker that runs low:
-  "cluster"            deploy, doctor, image layers, model fetch, the sim's own tests (~1,800 s)
-  "cluster-vocab"      vocab rollout (the MTP profile) on that worker's pair (~870 s)
+  "cluster"            deploy, doctor, model fetch, the sim's own tests (~1,450 s)
+  "cluster-vocab"      vocab rollout (the MTP profile) on that worker's pair (~900 s)
   "cluster-quad"       the 3-node ring, then the 4-node services module (each a cluster of its own, downed
-                       after; ~1,140 s)
-  "cluster-shortlist"  the shortlisted MTP head at TP=2 (~370 s)
+                       after; ~1,250 s)
+  "cluster-shortlist"  the shortlisted MTP head at TP=2 (~300 s)
   "cluster-c"          the failure matrix (~700 s)
-The first worker runs "cluster", the second "vocab" then "quad"; "shortlist" goes before "c" so that "c" lands on
-the second worker's pair: "cluster" empties the first pair's worker node of images (test_image_layers), and "c"
-would load the serving image back into it first (~60 s).
+  "cluster-layers"     image layers (~280 s), last: it empties its pair's worker node of images, and a module
+                       after it on that pair would wait for the image to come back first (60-95 s of a preload, or
+                       a full pull)
 then every other module, each a scope of its own (a module-scoped vLLM server starts once). Every module deploys
 what it needs onto the pair it finds, so any scope runs on either worker's pair. Measured: one worker
 running every cluster module took 71 min of CI, two halves 57 min. A third worker made it slower: the run is
@@ -40,9 +40,10 @@ CLUSTER_DIR = REPO / "tests" / "cluster"
 # cluster modules that do not run on the first worker's pair: their scope (see the docstring)
 OWN_CLUSTER = {CLUSTER_DIR / "test_ring.py": "cluster-quad", CLUSTER_DIR / "test_services.py": "cluster-quad",
                CLUSTER_DIR / "test_shortlist_tp2.py": "cluster-shortlist",
-               CLUSTER_DIR / "test_vocab_rollout.py": "cluster-vocab", CLUSTER_DIR / "test_failures.py": "cluster-c"}
+               CLUSTER_DIR / "test_vocab_rollout.py": "cluster-vocab", CLUSTER_DIR / "test_failures.py": "cluster-c",
+               CLUSTER_DIR / "test_image_layers.py": "cluster-layers"}
 # handed out first, in this order
-CLUSTER_SCOPES = ("cluster", "cluster-vocab", "cluster-quad", "cluster-shortlist", "cluster-c")
+CLUSTER_SCOPES = ("cluster", "cluster-vocab", "cluster-quad", "cluster-shortlist", "cluster-c", "cluster-layers")
 
 
 @pytest.fixture(scope="session")
