@@ -38,6 +38,7 @@ DEFAULT_USER = "nvidia"  # the login of the shipped inventory.yaml (DGX OS asks 
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+KEYS_WAIT_S = 30  # how long a node's SSH host keys may read as missing before `sim up` says so
 # Run on a node as root with the login name as $1 and our public key as $2: the user DGX OS makes at first
 # boot (home, bash, group sudo, sudo without password), our key its only authorized one. Idempotent.
 _LOGIN_SCRIPT = r"""set -eu
@@ -295,10 +296,20 @@ class SimCluster:
     def _write_known_hosts(self, nodes: list[SimNode]) -> None:
         lines = []
         for node in nodes:
-            keys = containers.exec_in(node, "cat /etc/ssh/ssh_host_*_key.pub")
-            if keys.rc != 0 or not keys.out.strip():
-                raise SimError(f"{node.name}: no SSH host keys in /etc/ssh (sparkdeploy-ssh-hostkeys.service failed?)")
-            for line in keys.out.splitlines():
+            def host_keys(node=node) -> str:
+                """Read again while empty: under load an exec of a node whose keys were there once answered
+                nothing (run29b: a kept node, so no key service was even starting)."""
+                keys = containers.exec_in(node, "cat /etc/ssh/ssh_host_*_key.pub")
+                if keys.rc != 0 or not keys.out.strip():
+                    raise poll.NotYet(f"exit {keys.rc}: {(keys.err or keys.out).strip()[-200:]}")
+                return keys.out
+
+            try:
+                text = poll.until(host_keys, timeout=KEYS_WAIT_S, interval=1)
+            except poll.TimedOut as err:
+                raise SimError(f"{node.name}: no SSH host keys in /etc/ssh (sparkdeploy-ssh-hostkeys.service "
+                               f"failed?): {err.last}") from None
+            for line in text.splitlines():
                 parts = line.split()
                 if len(parts) >= 2:
                     lines.append(f"{node.ip} {parts[0]} {parts[1]}")
