@@ -21,6 +21,7 @@ import pytest
 import requests
 import yaml
 
+from sparkdeploy.bench import metrics
 from sparkdeploy.model import inventory as I
 from sparkdeploy.node import layout
 from sparkdeploy.ops import releases
@@ -142,19 +143,6 @@ def complete(inv: Path, max_tokens: int = 24) -> dict:
     return r.json()
 
 
-def engine_metrics(sim) -> dict[str, float]:
-    """The head engine's vLLM series, summed over their labels."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = requests.get(f"http://{sim.head.ip}:8000/metrics", timeout=30).text
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.startswith("vllm:"):
-                out[sample.name] = out.get(sample.name, 0.0) + sample.value
-    return out
-
-
 @pytest.fixture(scope="module")
 def deployed(sim_cluster, sim_engine_image, tmp_path_factory):
     """The sim cluster's inventory (with a reserve that fits a small VM) deployed once for the module."""
@@ -208,29 +196,27 @@ def test_the_engine_lists_its_model_and_its_speculation_drafts_for_real(deployed
     pair proved the same engine once more before any deploy.)"""
     from sparkdeploy.ops.health import bearer
 
+    head = f"http://{sim_cluster.head.ip}:8000"
     key = I.load(deployed["inv"]).auth.api_key()
-    models = requests.get(f"http://{sim_cluster.head.ip}:8000/v1/models", headers=bearer(key), timeout=30).json()
+    models = requests.get(f"{head}/v1/models", headers=bearer(key), timeout=30).json()
     assert [m["id"] for m in models["data"]] == ["tiny"] and models["data"][0]["max_model_len"] == 512
     # the watchdog's probe would be traffic of its own between the two readings
     sim_cluster.ssh("node1", "systemctl stop sparkdeploy-watchdog.timer", check=True)
     try:
-        before = engine_metrics(sim_cluster)
-        for name in ("vllm:num_requests_running", "vllm:request_success_total", "vllm:generation_tokens_total",
-                     "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total",
-                     "vllm:prefix_cache_queries_total"):
-            assert name in before, f"{name} missing from /metrics"
+        before = metrics.scrape(head)
+        for name in (metrics.RUNNING, metrics.SUCCESS, metrics.GENERATION_TOKENS, metrics.DRAFTS, metrics.ACCEPTED,
+                     metrics.PREFIX_QUERIES):
+            assert before.has(name), f"{name} missing from /metrics"
         n = 3
         for _ in range(n):
             assert complete(deployed["inv"], 32)["usage"]["completion_tokens"] == 32
-        after = engine_metrics(sim_cluster)
+        moved = metrics.Delta(before, metrics.scrape(head))
     finally:
         sim_cluster.ssh("node1", "systemctl start sparkdeploy-watchdog.timer", check=True)
-    moved = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    assert moved["vllm:request_success_total"] == n and moved["vllm:generation_tokens_total"] == 32 * n, moved
-    drafted = moved["vllm:spec_decode_num_draft_tokens_total"]
-    assert moved["vllm:spec_decode_num_drafts_total"] > 0 and drafted > 0, "n-gram speculation proposed nothing"
-    assert 0 < moved["vllm:spec_decode_num_accepted_tokens_total"] <= drafted, \
-        "a repetitive random model should accept some n-gram drafts"
+    assert moved(metrics.SUCCESS) == n and moved(metrics.GENERATION_TOKENS) == 32 * n
+    drafted = moved(metrics.DRAFT_TOKENS)
+    assert moved(metrics.DRAFTS) > 0 and drafted > 0, "n-gram speculation proposed nothing"
+    assert 0 < moved(metrics.ACCEPTED) <= drafted, "a repetitive random model should accept some n-gram drafts"
 
 
 def test_the_heads_exporter_serves_prometheus_from_the_engine_image(deployed, sim_cluster):
