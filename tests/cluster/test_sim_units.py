@@ -61,6 +61,8 @@ def test_host_keys_read_as_missing_once_are_read_again_and_named_when_they_stay_
     node = SimNode(name="node2", ip="10.9.0.12", container="c2", volume="v2", role="worker", links=[])
     answers = [Done(0, "", ""), Done(0, "ssh-ed25519 AAAAkey root@node2\n", "")]
     monkeypatch.setattr(sim_cluster.containers, "exec_in", lambda n, script: answers.pop(0))
+    monkeypatch.setenv("HOME", str(tmp_path))  # known_hosts lives in ~/.ssh, which `sim up` made with the key
+    (tmp_path / ".ssh").mkdir()
     c = SimCluster("t", state_dir=tmp_path)
     c._write_known_hosts([node])
     assert c.known_hosts_path.read_text().splitlines() == ["10.9.0.12 ssh-ed25519 AAAAkey"] and not answers
