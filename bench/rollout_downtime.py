@@ -29,11 +29,11 @@ import time
 import numpy as np
 import requests
 
-from sparkdeploy import rollout
 from sparkdeploy.model import inventory as I
 from sparkdeploy.model import served_tokenizer
 from sparkdeploy.ops import health, vocab_live
 from sparkdeploy.steps import healthcheck
+from sparkdeploy.steps import vocab_rollout as rollout
 from sparkdeploy.steps.context import Context, Options
 
 

@@ -29,13 +29,13 @@ import pytest
 import requests
 import yaml
 
-from sparkdeploy import rollout
 from sparkdeploy.bench import metrics
 from sparkdeploy.model import inventory as I
 from sparkdeploy.model import served_tokenizer
 from sparkdeploy.node.layout import PLAIN
 from sparkdeploy.ops.health import bearer
 from sparkdeploy.steps import deploy as D
+from sparkdeploy.steps import vocab_rollout as rollout
 from sparkdeploy.steps.deploy import Context, Options
 from tests.cluster.test_deploy import cli, health_json, up_json, wait_healthy
 from tests.support.vllm_server import require_venv

@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparkdeploy import cli, rollout
+from sparkdeploy import cli
 from sparkdeploy.model import inventory as I
 from sparkdeploy.model import served_tokenizer
 from sparkdeploy.remote.ssh import connect as _connect
 from sparkdeploy.steps import deploy as D
+from sparkdeploy.steps import vocab_rollout as rollout
 from sparkdeploy.vocab import read_list
 
 MTP_PROFILE = "sim-tiny-next-mtp"

@@ -125,7 +125,7 @@ def test_vocab_rollout_dry_run_lists_the_store_release_and_switch_and_changes_no
     stops and starts the engine."""
     import numpy as np
 
-    from sparkdeploy import rollout
+    from sparkdeploy.steps import vocab_rollout as rollout
 
     cx = Context(I.load(str(nodes / "inventory.yaml")), Options(nodes=1))
     _two_releases(cx, nodes / "node")

@@ -24,9 +24,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("planning core: inventory + facts -> plan -> files (no I/O on nodes)", ("plan",)),
     ("remote: connections", ("remote",)),
     ("node effects and reads", ("ops",)),
-    ("steps: the idempotent remote steps and the verbs built on them", ("steps",)),
-    ("procedures on a deployed cluster", (
-        "rollout", "checks", "bench.client", "bench.run", "bench.probe", "bench.harness", "bench.turn2",
+    ("steps: the idempotent remote steps and every verb that changes a cluster, built on them", ("steps",)),
+    ("checks and the bench on a deployed cluster", (
+        "checks", "bench.client", "bench.run", "bench.probe", "bench.harness", "bench.turn2",
         "bench.context", "bench.sentinel", "bench")),
     ("front: the command line and the simulated cluster", ("cli", "__main__", "sim")),
 ]

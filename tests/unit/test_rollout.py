@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparkdeploy import cli, rollout
+from sparkdeploy import cli
 from sparkdeploy.errors import VocabError
 from sparkdeploy.model import served_tokenizer
 from sparkdeploy.node.layout import ServiceLayout
 from sparkdeploy.ops import health, vocab_live
+from sparkdeploy.steps import vocab_rollout as rollout
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -20,8 +20,8 @@ from sparkdeploy.ops import health, releases, vocab_live
 from sparkdeploy.plan import render
 from sparkdeploy.remote.connection import Target
 from sparkdeploy.remote.ssh import LocalConn
-from sparkdeploy.rollout import live as rollout_live
-from sparkdeploy.rollout.checks import RolloutError
+from sparkdeploy.steps.vocab_rollout import live as rollout_live
+from sparkdeploy.steps.vocab_rollout.checks import RolloutError
 from tests.unit.test_dry_run import nodes as loopback  # noqa: F401 - a fixture: two loopback nodes, PATH stand-ins
 from tests.unit.test_plan import _mtp_with_shortlist
 from tests.unit.test_vocab_live_swap import LINE, Engine
@@ -202,8 +202,8 @@ def live_rollout(loopback):
     does what a rank does at a drafter call: take the list the pointer names and log the report line."""
     import numpy as np
 
-    from sparkdeploy import rollout
     from sparkdeploy.model import inventory as I
+    from sparkdeploy.steps import vocab_rollout as rollout
     from sparkdeploy.steps.deploy import Context, Options
     from tests.unit.bench.fake_vllm import FakeVllm
     from tests.unit.test_dry_run import _two_releases

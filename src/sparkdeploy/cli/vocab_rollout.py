@@ -131,7 +131,7 @@ def rollout_cmd(list_path, dry_run, samples, allow_no_manifest, allow_lower_acce
     """Put LIST live on every node: validate, golden outputs, new release, then a live swap in the running
     engine (where its release and the list's size allow) or a restart workers-first, verify; any failure puts
     the previous list back (live, or by a rollback to the previous release)."""
-    from sparkdeploy import rollout as R
+    from sparkdeploy.steps import vocab_rollout as R
 
     views = _views(inventory)
     opts = R.RolloutOptions(max_tokens=max_tokens, categories=list(categories) or None, samples=list(samples),
@@ -147,7 +147,7 @@ def _roll(path: str, views, candidate, opts, tok, run: Options, what: str, senti
           as_json: bool) -> None:
     """Roll out `candidate(context)` on each view in turn (rollout.service: one that fails, or a signal, ends the
     turn); report each; exit 0, 1, or 3 (live but slower beyond noise, unless --allow-slower)."""
-    from sparkdeploy.rollout.service import rollout_service
+    from sparkdeploy.steps.vocab_rollout.service import rollout_service
 
     measure = (lambda cx, number: speed_after_gate(cx, number, _log)) if sentinel else None
     turns = D.until_one_fails([v.key for v in views],
@@ -184,8 +184,8 @@ class _RollProgress:
 def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, live, inventory, trust_new_hosts, as_json,
                  sentinel, allow_slower):
     """Put a stored list back (VERSION = a sha256 prefix from `vocab history`; default: the one live before)."""
-    from sparkdeploy import rollout as R
     from sparkdeploy.model import served_tokenizer
+    from sparkdeploy.steps import vocab_rollout as R
 
     views = _views(inventory)
     opts = R.RolloutOptions(max_tokens=max_tokens, categories=list(categories) or None, require_golden=False,
@@ -200,7 +200,7 @@ def rollback_cmd(version, spec, ready_timeout, max_tokens, categories, live, inv
 @_common
 def history_cmd(inventory, trust_new_hosts, as_json):
     """Every switch of the live list (rollouts, rollbacks, automatic rollbacks) and the stored versions."""
-    from sparkdeploy import rollout as R
+    from sparkdeploy.steps import vocab_rollout as R
 
     h = R.history(_load(inventory), trust_new_hosts=trust_new_hosts)
     if as_json:

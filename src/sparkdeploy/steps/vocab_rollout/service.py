@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sparkdeploy.rollout import Rollout, RolloutOptions
-from sparkdeploy.rollout.checks import Candidate
 from sparkdeploy.steps.context import Context, Options, load_context
 from sparkdeploy.steps.deploy import Measure, Served, back_in_rotation
 from sparkdeploy.steps.interrupts import interrupt_as_failure
+from sparkdeploy.steps.vocab_rollout import Rollout, RolloutOptions
+from sparkdeploy.steps.vocab_rollout.checks import Candidate
 from sparkdeploy.verdict import Status
 
 

@@ -1,7 +1,7 @@
-"""What a vocab rollout checks and compares, apart from the procedure (`rollout/__init__.py`): the candidate list
-validated against the served tokenizer, the list diff and coverage change, the golden temperature-0 outputs (and
-acceptance per category) captured before and after, the version a `vocab rollback` picks, a list written
-with its manifest, the derived release's files, and the per-rank check that fails a rollout fast."""
+"""What a vocab rollout checks and compares, apart from the procedure (`steps/vocab_rollout/__init__.py`): the
+candidate list validated against the served tokenizer, the list diff and coverage change, the golden temperature-0
+outputs (and acceptance per category) captured before and after, the version a `vocab rollback` picks, a list
+written with its manifest, and the derived release's files. The ranks are watched by `steps/engine.rank_watch`."""
 
 from __future__ import annotations
 

@@ -41,8 +41,10 @@ from sparkdeploy import faults
 from sparkdeploy.errors import SparkdeployError, VocabError, describe
 from sparkdeploy.ops import health, releases, vocab_live
 from sparkdeploy.remote.connection import dry_session, narrate, recording
-from sparkdeploy.rollout import live as rollout_live
-from sparkdeploy.rollout.checks import (
+from sparkdeploy.steps import engine, healthcheck
+from sparkdeploy.steps.context import Context, Options
+from sparkdeploy.steps.vocab_rollout import live as rollout_live
+from sparkdeploy.steps.vocab_rollout.checks import (
     Candidate,
     Failed,
     Golden,
@@ -57,8 +59,6 @@ from sparkdeploy.rollout.checks import (
     pick_version,
     write_list_with_manifest,
 )
-from sparkdeploy.steps import engine, healthcheck
-from sparkdeploy.steps.context import Context, Options
 from sparkdeploy.verdict import Status
 from sparkdeploy.vocab.formats import parse_list
 
@@ -182,6 +182,27 @@ class Rollout:
 
     def _timed(self, res: RolloutResult, name: str, t0: float) -> None:
         res.timings[name] = round(time.monotonic() - t0, 2)
+
+    def _outputs_now(self, metrics: bool = True) -> Golden:
+        """The golden prompts' temperature-0 outputs (and, with `metrics`, acceptance) from the serving API."""
+        return capture(self.exp.api_url, self.exp.served_model, self.prompts, max_tokens=self.opts.max_tokens,
+                       timeout=self.c.opts.probe_timeout, metrics=metrics, api_key=self.exp.api_key)
+
+    def _ask(self, **kw) -> str:
+        return health.generate(self.exp.api_url, self.exp.served_model, timeout=self.c.opts.probe_timeout,
+                               api_key=self.exp.api_key, **kw)
+
+    def _probe_changed(self) -> str | None:
+        old = self.exp.probe_expected
+        if old is not None and old != self.probe:
+            return f"the health probe changed: {old!r} recorded for release {self.prev}, now {self.probe!r}"
+        return None
+
+    def _mark_failed(self, reason: str) -> None:
+        """Why the release this rollout wrote failed, for whoever reads its directory (it never gets a HEALTHY,
+        so no rollback picks it)."""
+        self.c.map(lambda c: c.put(f"{releases.rdir(self.c.lay, self.new_num)}/FAILED", (reason + "\n").encode()),
+                   self.names)
 
     # ------------------------------------------------------------------------------------------ phases
     def run(self, res: RolloutResult | None = None) -> RolloutResult:
@@ -335,9 +356,7 @@ class Rollout:
         self.prompts = golden_prompts(self.opts.categories, self.opts.per_category)
         res.golden_prompts = len(self.prompts)
         try:
-            self.golden = capture(self.exp.api_url, self.exp.served_model, self.prompts,
-                                  max_tokens=self.opts.max_tokens, timeout=self.c.opts.probe_timeout,
-                                  api_key=self.exp.api_key)
+            self.golden = self._outputs_now()
         except (requests.RequestException, ValueError, KeyError) as err:
             if self.opts.require_golden:
                 raise RolloutError(f"the service does not answer now, so no golden outputs can be taken "
@@ -395,8 +414,7 @@ class Rollout:
             res.golden_identical = None
             self._timed(res, "verify", t0)
             return
-        after = capture(self.exp.api_url, self.exp.served_model, self.prompts, max_tokens=self.opts.max_tokens,
-                        timeout=self.c.opts.probe_timeout, api_key=self.exp.api_key)
+        after = self._outputs_now()
         res.acceptance_after = after.acceptance
         res.notes += [f"after: {n}" for n in after.notes]
         bad = mismatches(self.golden.outputs, after.outputs)
@@ -432,8 +450,7 @@ class Rollout:
     def _nudge(self) -> None:
         """An engine looks at the pointer only while it drafts: one short request makes it draft."""
         try:
-            health.generate(self.exp.api_url, self.exp.served_model, timeout=self.c.opts.probe_timeout, max_tokens=4,
-                            api_key=self.exp.api_key)
+            self._ask(max_tokens=4)
         except (requests.RequestException, ValueError, KeyError):
             pass  # the swap's timeout says what did not answer
 
@@ -441,13 +458,12 @@ class Rollout:
         """Golden outputs, acceptance and the health probe after a swap: why the new list must go, or None."""
         try:
             self._verify(res)
-            self.probe = health.generate(self.exp.api_url, self.exp.served_model, timeout=self.c.opts.probe_timeout,
-                                         api_key=self.exp.api_key)
+            self.probe = self._ask()
         except (Failed, requests.RequestException, ValueError, KeyError) as err:
             return str(err) if isinstance(err, Failed) else f"{type(err).__name__}: {str(err)[:200]}"
-        old = self.exp.probe_expected
-        if old is not None and old != self.probe:
-            return f"the health probe changed: {old!r} recorded for release {self.prev}, now {self.probe!r}"
+        changed = self._probe_changed()
+        if changed:
+            return changed
         drop = rollout_live.acceptance_drop(res.acceptance_before, res.acceptance_after)
         if drop and self.opts.allow_lower_acceptance:
             res.notes.append(f"kept with --allow-lower-acceptance: {drop}")
@@ -466,8 +482,7 @@ class Rollout:
     def _live_failed(self, res: RolloutResult, reason: str, swapped_back: bool | None) -> None:
         """Mark the release the swap wrote FAILED, restore the watchdog, say what serves now."""
         res.reason = reason
-        self.c.map(lambda c: c.put(f"{releases.rdir(self.c.lay, self.new_num)}/FAILED", (reason + "\n").encode()),
-                   self.names)
+        self._mark_failed(reason)
         if self.watchdog_was is not None:
             engine.watchdog(self.c, self.watchdog_was)
         if swapped_back is False:
@@ -485,9 +500,9 @@ class Rollout:
 
     def _finish(self, res: RolloutResult) -> None:
         t0 = time.monotonic()
-        old = self.exp.probe_expected
-        if old is not None and old != self.probe:
-            raise Failed(f"the health probe changed: {old!r} recorded for release {self.prev}, now {self.probe!r}")
+        changed = self._probe_changed()
+        if changed:
+            raise Failed(changed)
         engine.record_gate(self.c, self.new_num, self.probe, vocab=self.cand.sha256,
                            golden=self.golden.outputs if self.golden else None)
         entry = {"action": self.opts.action, "sha256": self.cand.sha256, "version": self.cand.version,
@@ -534,13 +549,10 @@ class Rollout:
             engine.serve_again(self.c, self.prev, plan_of_release=False, list_sha=self.old_sha, what="switching back")
             same = None
             if self.golden is not None:
-                again = capture(self.exp.api_url, self.exp.served_model, self.prompts,
-                                max_tokens=self.opts.max_tokens, timeout=self.c.opts.probe_timeout, metrics=False,
-                                api_key=self.exp.api_key)
+                again = self._outputs_now(metrics=False)
                 same = not mismatches(self.golden.outputs, again.outputs)
             engine.watchdog(self.c, self.watchdog_was)
-            self.c.map(lambda c: c.put(f"{releases.rdir(self.c.lay, self.new_num)}/FAILED", (reason + "\n").encode()),
-                       self.names)
+            self._mark_failed(reason)
             entry = {"action": "auto-rollback", "sha256": self.old_sha, "version": res.from_version,
                      "from": self.cand.sha256, "release": self.prev, "failed_release": self.new_num,
                      "reason": reason, "result": "live"}

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from sparkdeploy.node.layout import NODE_PLAN_FILE, ServiceLayout
 from sparkdeploy.ops import releases, vocab_live
 from sparkdeploy.remote.connection import Conn
-from sparkdeploy.rollout.checks import RolloutError
+from sparkdeploy.steps.vocab_rollout.checks import RolloutError
 
 LIVE, RESTART = "live", "restart"
 
