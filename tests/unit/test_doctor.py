@@ -342,11 +342,12 @@ def test_the_image_script_finds_pips_nccl_through_its_links_and_rays_version(tmp
     lib.mkdir(parents=True)
     (lib / "libnccl.so.2.26.2").write_bytes(b"\x7fELF")
     (lib / "libnccl.so.2").symlink_to("libnccl.so.2.26.2")
-    script = probes.image_libs_argv("img:tag")[2].split(" -c ", 1)[1].split("; else", 1)[0]
-
     def run() -> dict:
-        out = subprocess.run(["sh", "-c", f"{venv}/bin/python3 -c {script}"], capture_output=True, text=True,
-                             check=True)
+        """The probe's image section, with the venv's python3 in place of `docker run` of the image."""
+        image = probes.IMAGE_LIBS_SECTIONS["image"]
+        sections = {"image": f"{venv}/bin/python3 -c " + image.split(" -c ", 1)[1].split("; else", 1)[0]}
+        out = subprocess.run(probes.named_probe_argv("image-libs", sections, {"tag": "img:tag"}), capture_output=True,
+                             text=True, check=True)
         return probes.parse_image_libs(out.stdout)
 
     got = run()
@@ -600,3 +601,11 @@ def test_examine_on_a_ring_tries_and_measures_every_link_through_local_connectio
     assert bandwidth.status is Status.FAILED  # no address of the ring is this machine's
     for link in ("node1 eth1 -> node2 eth1: ", "node1 eth2 -> node3 eth2: ", "node2 eth2 -> node3 eth1: "):
         assert link in bandwidth.reason, bandwidth
+
+
+def test_the_image_libs_probe_says_absent_for_an_image_the_engine_lacks():
+    """The whole probe on this machine's shell and Docker engine (or none): no such image reads as absent, and
+    the host's own libnccl (none here) as empty."""
+    out = subprocess.run(probes.image_libs_argv("sparkdeploy-no-such-image:0"), capture_output=True, text=True)
+    got = probes.parse_image_libs(out.stdout)
+    assert out.returncode == 0 and got["image"] == "absent" and got["image_pip"] == "", out.stdout

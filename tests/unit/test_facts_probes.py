@@ -6,19 +6,22 @@ from sparkdeploy.checks import preflight
 from sparkdeploy.node import probes
 from sparkdeploy.ops import gather
 
-TWINS = """@@meminfo
+TWINS = """@@@ meminfo
 MemTotal:       125000000 kB
 MemAvailable:   121000000 kB
-@@ip
+@@@ rc=0
+@@@ ip
 [{"ifname":"enp1s0f1np1","mtu":9000,"operstate":"UP","addr_info":[{"family":"inet","local":"192.168.177.11","prefixlen":24}]},
  {"ifname":"enP2p1s0f1np1","mtu":9000,"operstate":"UP","addr_info":[{"family":"inet","local":"192.168.178.11","prefixlen":24}]}]
-@@gid rocep1s0f1 2 0000:0000:0000:0000:0000:ffff:c0a8:b10b IB/RoCE v1
-@@gid rocep1s0f1 3 0000:0000:0000:0000:0000:ffff:c0a8:b10b RoCE v2
-@@ndev rocep1s0f1 enp1s0f1np1
-@@gid roceP2p1s0f1 2 0000:0000:0000:0000:0000:ffff:c0a8:b20b IB/RoCE v1
-@@gid roceP2p1s0f1 3 0000:0000:0000:0000:0000:ffff:c0a8:b20b RoCE v2
-@@ndev roceP2p1s0f1 enP2p1s0f1np1
-@@end
+@@@ rc=0
+@@@ roce
+gid rocep1s0f1 2 0000:0000:0000:0000:0000:ffff:c0a8:b10b IB/RoCE v1
+gid rocep1s0f1 3 0000:0000:0000:0000:0000:ffff:c0a8:b10b RoCE v2
+ndev rocep1s0f1 enp1s0f1np1
+gid roceP2p1s0f1 2 0000:0000:0000:0000:0000:ffff:c0a8:b20b IB/RoCE v1
+gid roceP2p1s0f1 3 0000:0000:0000:0000:0000:ffff:c0a8:b20b RoCE v2
+ndev roceP2p1s0f1 enP2p1s0f1np1
+@@@ rc=0
 """
 
 

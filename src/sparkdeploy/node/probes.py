@@ -3,7 +3,7 @@
 Nothing here touches a node. The callers run the scripts and hand the text back:
   - `probe_argv()` (doctor's full probe: sections `@@@ name` ... `@@@ rc=N`, split by `split_sections`),
     run by `doctor.examine()`;
-  - `gather_argv()` (the planner's facts: `@@name` sections, split by `split_gather`), run by `gather.gather()`;
+  - `gather_argv()` (the planner's facts, the same sections), run by `gather.gather()`;
   - `HOST_STATE_SCRIPT` (what host setup reads, in the `@@@` format), run by `hostsetup.read_state()`;
   - `bandwidth_receive_argv()` / `bandwidth_send_argv()` (one pair's TCP stream over the data plane, read by
     `parse_bandwidth`), run by `doctor.measure_bandwidth()`.
@@ -286,7 +286,7 @@ def parse_speeds(text: str) -> dict[str, int]:
 #: and the image's own system library (ldconfig). torch loads its pip copy first and vLLM's dlopen of
 #: libnccl.so.2 then gets the same one, so pip's copy is the one the engine uses when it is there. Also Ray's
 #: version (a `backend: ray` service's ranks start with `ray start`).
-_IMAGE_SCRIPT = r"""
+IMAGE_SCRIPT = r"""
 import glob, os, shutil, site, subprocess
 from importlib import metadata
 pip = sorted({os.path.realpath(p) for d in site.getsitepackages()
@@ -302,14 +302,18 @@ except metadata.PackageNotFoundError:
 """
 
 
+IMAGE_LIBS_SECTIONS = {
+    "host": "h=$(ldconfig -p 2>/dev/null | awk '/libnccl\\.so/ {print $NF; exit}'); echo host=${h:+$(readlink -f \"$h\")}",
+    "image": ('if docker image inspect "$tag" >/dev/null 2>&1; then '
+              f'docker run --rm --network none --entrypoint python3 "$tag" -c {shlex.quote(IMAGE_SCRIPT)}; '
+              "else echo image=absent; fi"),
+}
+
+
 def image_libs_argv(image_tag: str) -> list[str]:
     """On a node: its own libnccl (ldconfig), then what the serving image holds: its NCCL libraries and its Ray
     (`image=absent` if the node does not have the image yet). One container for both."""
-    host = "h=$(ldconfig -p 2>/dev/null | awk '/libnccl\\.so/ {print $NF; exit}'); echo host=${h:+$(readlink -f \"$h\")}"
-    image = (f"if docker image inspect {shlex.quote(image_tag)} >/dev/null 2>&1; then "
-             f"docker run --rm --network none --entrypoint python3 {shlex.quote(image_tag)} -c {shlex.quote(_IMAGE_SCRIPT)}; "
-             "else echo image=absent; fi")
-    return ["sh", "-c", f"{host}; {image}"]
+    return named_probe_argv("image-libs", IMAGE_LIBS_SECTIONS, {"tag": image_tag})
 
 
 def nccl_version(path: str) -> str:
@@ -321,7 +325,8 @@ def nccl_version(path: str) -> str:
 def parse_image_libs(out: str) -> dict[str, str]:
     """{host, image_pip, image_system, image_ray, image}: NCCL paths and Ray's version ("" for none); image is
     "absent" when the node lacks it."""
-    got = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    sec = split_sections(out)
+    got = {**parse_kv(section_text(sec, "host")), **parse_kv(section_text(sec, "image"))}
     return {"host": got.get("host", ""), "image_pip": got.get("image_pip", ""),
             "image_system": got.get("image_system", ""), "image_ray": got.get("image_ray", ""),
             "image": got.get("image", "present")}
@@ -715,46 +720,27 @@ class HostFacts:
 
 
 # ------------------------------------------------------------------------------------ the planner's gather
-# $1.. are the node's RoCE devices (from the inventory, passed as argv, never spliced into the script).
-GATHER_SCRIPT = r"""
-echo '@@meminfo'; cat /proc/meminfo
-echo '@@ip'; ip -j addr 2>/dev/null || echo '[]'
-echo '@@gpu'; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
-echo '@@docker'; docker version --format '{{.Server.Version}}' 2>/dev/null
-echo '@@units'; for l in /etc/systemd/system/*.wants/* /etc/systemd/system/*.requires/*; do [ -e "$l" ] && echo "${l##*/}"; done | sort -u
-for dev in "$@"; do
-  p=/sys/class/infiniband/$dev/ports/1
-  [ -d "$p" ] || continue
-  for g in "$p"/gids/*; do
-    i=${g##*/}; t=$(cat "$p/gid_attrs/types/$i" 2>/dev/null) || continue
-    printf '@@gid %s %s %s %s\n' "$dev" "$i" "$(cat "$g" 2>/dev/null)" "$t"
-  done
-  nd=$(ls "$p/gid_attrs/ndevs" >/dev/null 2>&1 && cat "$p"/gid_attrs/ndevs/0 2>/dev/null)
-  printf '@@ndev %s %s\n' "$dev" "$nd"
-done
-echo '@@end'
-"""
-
-
-def split_gather(text: str) -> dict[str, list[str]]:
-    """The gather script's output -> {section: lines}; `@@gid` / `@@ndev` lines are kept whole under "gid" / "ndev"."""
-    out: dict[str, list[str]] = {}
-    key = None
-    for line in text.splitlines():
-        if line.startswith("@@gid ") or line.startswith("@@ndev "):
-            out.setdefault(line.split()[0][2:], []).append(line)
-            continue
-        if line.startswith("@@"):
-            key = line[2:].strip()
-            out.setdefault(key, [])
-            continue
-        if key:
-            out[key].append(line)
-    return out
+#: What the planner reads, in the probe's `@@@` sections; "$@" are the node's RoCE devices (from the inventory,
+#: passed as argv, never spliced into the script). `roce` prints `gid DEV INDEX GID TYPE` and `ndev DEV NETDEV`.
+GATHER_SECTIONS: dict[str, str] = {
+    "meminfo": SECTIONS["meminfo"],
+    "ip": "ip -j addr 2>/dev/null || echo '[]'",
+    "gpu": "nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1",
+    "docker": "docker version --format '{{.Server.Version}}' 2>/dev/null; true",
+    "units": ('for l in /etc/systemd/system/*.wants/* /etc/systemd/system/*.requires/*; do [ -e "$l" ] && '
+              'echo "${l##*/}"; done | sort -u'),
+    "roce": (
+        'for dev in "$@"; do p=/sys/class/infiniband/$dev/ports/1; [ -d "$p" ] || continue; '
+        'for g in "$p"/gids/*; do i=${g##*/}; t=$(cat "$p/gid_attrs/types/$i" 2>/dev/null) || continue; '
+        'printf \'gid %s %s %s %s\\n\' "$dev" "$i" "$(cat "$g" 2>/dev/null)" "$t"; done; '
+        'nd=$(ls "$p/gid_attrs/ndevs" >/dev/null 2>&1 && cat "$p"/gid_attrs/ndevs/0 2>/dev/null); '
+        'printf \'ndev %s %s\\n\' "$dev" "$nd"; done'
+    ),
+}
 
 
 def gather_argv(hca: Sequence[str]) -> list[str]:
-    return ["sh", "-c", GATHER_SCRIPT, "gather", *hca]
+    return ["sh", "-c", probe_script(GATHER_SECTIONS), "gather", *hca]
 
 
 # ------------------------------------------------------------------------------------------- host setup

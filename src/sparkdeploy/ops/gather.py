@@ -1,7 +1,7 @@
 """Read a node's facts (memory, GPU, driver, netdevs, RoCE GIDs, docker, units) and turn them into `NodeFacts`.
 
-One round trip per node: `probes.GATHER_SCRIPT` prints tagged sections; the pure parsers in `probes` read them
-(the same meminfo parser and GID rule doctor uses).
+One round trip per node: `probes.GATHER_SECTIONS`, in the probe's one `@@@` grammar; the pure parsers in `probes`
+read them (the same meminfo parser and GID rule doctor uses).
 For a node that is this machine the same script runs through the local connection; memory comes from
 psutil (the same MemAvailable the kernel reports).
 """
@@ -21,20 +21,24 @@ from sparkdeploy.remote.ssh import LocalConn
 
 def parse_gather(node: Any, text: str, *, mem_available: int | None = None) -> F.NodeFacts:
     """Turn the gather script's output into NodeFacts for inventory node `node` (pure)."""
-    sec = probes.split_gather(text)
-    mem = probes.parse_meminfo("\n".join(sec.get("meminfo", [])))
-    netdevs = probes.parse_ip_addr_json("\n".join(sec.get("ip", [])) or "[]")
-    gpus = probes.parse_nvidia_smi("\n".join(sec.get("gpu", [])))[:1]  # the script keeps nvidia-smi's first line
+    sec = probes.split_sections(text)
+
+    def lines(name: str) -> list[str]:
+        return probes.section_text(sec, name).splitlines()
+
+    mem = probes.parse_meminfo(probes.section_text(sec, "meminfo"))
+    netdevs = probes.parse_ip_addr_json(probes.section_text(sec, "ip") or "[]")
+    gpus = probes.parse_nvidia_smi(probes.section_text(sec, "gpu"))[:1]  # the script keeps nvidia-smi's first line
     gpu_name, driver = (gpus[0].name, gpus[0].driver or None) if gpus else (None, None)
-    docker_version = next((l.strip() for l in sec.get("docker", []) if l.strip()), None)
-    units = tuple(l.strip() for l in sec.get("units", []) if l.strip())
+    docker_version = next((l.strip() for l in lines("docker") if l.strip()), None)
+    units = tuple(l.strip() for l in lines("units") if l.strip())
+    roce_lines = [l.split(None, 4) for l in lines("roce")]
     gids: dict[str, tuple[dict[int, str], dict[int, str]]] = {}
-    for line in sec.get("gid", []):
-        parts = line.split(None, 4)
-        if len(parts) == 5 and parts[2].isdigit():
+    for parts in roce_lines:
+        if len(parts) == 5 and parts[0] == "gid" and parts[2].isdigit():
             g, t = gids.setdefault(parts[1], ({}, {}))
             g[int(parts[2])], t[int(parts[2])] = parts[3], parts[4]
-    ndev_of = {p[1]: p[2] for p in (l.split() for l in sec.get("ndev", [])) if len(p) >= 3}
+    ndev_of = {p[1]: p[2] for p in roce_lines if len(p) >= 3 and p[0] == "ndev"}
     ipv4_of = {d.name: d.ipv4 for d in netdevs}
     roce = tuple(  # each link's HCAs, their GID judged by that link's own address (a ring node has two)
         F.RoceDev(dev, netdev, 1,
@@ -79,11 +83,12 @@ def checkpoint_facts(conn: Conn, host_dir: str | None) -> Checkpoint | None:
     """What the checkpoint on the head says about its own format (None: no host dir, or no config.json there)."""
     if not host_dir:
         return None
-    script = 'cat "$1/config.json" 2>/dev/null || exit 3; echo; echo @@hf_quant; cat "$1/hf_quant_config.json" 2>/dev/null'
-    res = conn.query(["sh", "-c", script, "checkpoint", host_dir], check=False, timeout=30)
-    if res.rc == 3:
+    sections = {"config": 'cat "$dir/config.json"', "hf_quant": 'cat "$dir/hf_quant_config.json" 2>/dev/null; true'}
+    sec = probes.split_sections(conn.query(probes.named_probe_argv("checkpoint", sections, {"dir": host_dir}),
+                                           check=False, timeout=30).stdout)
+    if "config" not in sec or sec["config"].rc != 0:
         return None
-    config_text, _, quant_text = res.stdout.partition("\n@@hf_quant\n")
+    config_text, quant_text = sec["config"].text, probes.section_text(sec, "hf_quant")
     try:
         config = json.loads(config_text)
         quant = json.loads(quant_text) if quant_text.strip() else None

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 from sparkdeploy import poll as polling
 from sparkdeploy.errors import RemoteError
+from sparkdeploy.node import probes
 from sparkdeploy.node.layout import ServiceLayout
 from sparkdeploy.remote.connection import Conn
 
@@ -78,15 +79,14 @@ class LiveVocab:
         return dict(asdict(self), version=self.version, problem=self.problem())
 
 
-# One round trip. $1 = the vocab dir, $2 = the service's `current` link. `node_plan` is the release's
-# node-plan.json on one line, read by `configured_sha`.
-_STATE = r"""
-d=$1
+#: One section of a probe (`probes.named_probe_argv`): $d the vocab dir, $cur the service's `current` link.
+#: `node_plan` is the release's node-plan.json on one line, read by `configured_sha`.
+STATE = r"""
 echo "pointer $(readlink "$d/current.txt" 2>/dev/null)"
 echo "content $(sha256sum "$d/current.txt" 2>/dev/null | cut -d' ' -f1)"
 echo "stored $(cd "$d" 2>/dev/null && ls 2>/dev/null | grep -E '^[0-9a-f]{64}\.txt$' | cut -c1-64 | tr '\n' ' ')"
-echo "release $(readlink "$2" 2>/dev/null)"
-echo "node_plan $(tr -d '\n' < "$2/node-plan.json" 2>/dev/null)"
+echo "release $(readlink "$cur" 2>/dev/null)"
+echo "node_plan $(tr -d '\n' < "$cur/node-plan.json" 2>/dev/null)"
 """
 
 
@@ -131,8 +131,9 @@ def loads_or_empty(text: str | bytes | None) -> dict:
 
 
 def read_state(conn: Conn, lay: ServiceLayout) -> LiveVocab:
-    out = conn.query(["sh", "-c", _STATE, "vocab", lay.vocab_host_dir, lay.current_link], check=False, timeout=30).stdout
-    return parse_state(conn.name, out)
+    argv = probes.named_probe_argv("vocab", {"vocab": STATE}, {"d": lay.vocab_host_dir, "cur": lay.current_link})
+    out = conn.query(argv, check=False, timeout=30).stdout
+    return parse_state(conn.name, probes.section_text(probes.split_sections(out), "vocab"))
 
 
 def read_list(conn: Conn, lay: ServiceLayout, sha: str | None = None) -> bytes | None:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sparkdeploy.errors import SparkdeployError
+from sparkdeploy.node import probes
 from sparkdeploy.node.layout import CAPTURE_SCHEDULER, PLAIN, ServiceLayout
 from sparkdeploy.remote.connection import Conn
 from sparkdeploy.steps.base import Action, Outcome, run_step
@@ -44,18 +45,21 @@ class NodeCapture:
         return asdict(self)
 
 
-# One round trip: is the current release wired, is the switch there, which counts files (size path).
+#: One section of a probe (`probes.named_probe_argv`): is the current release wired, is the switch there, which
+#: counts files (size path).
 _READ = r'''
-grep -qF "$1" "$2/node-plan.json" 2>/dev/null && echo wired
-test -e "$3" && echo on
-find "$4" -maxdepth 1 -type f -name "$5" -printf 'file %s %p\n' 2>/dev/null
+grep -qF "$scheduler" "$cur/node-plan.json" 2>/dev/null && echo wired
+test -e "$switch" && echo on
+find "$dir" -maxdepth 1 -type f -name "$glob" -printf 'file %s %p\n' 2>/dev/null
 true
 '''
 
 
 def read(conn: Conn, lay: ServiceLayout) -> NodeCapture:
-    out = conn.query(["sh", "-c", _READ, "read-capture", CAPTURE_SCHEDULER, lay.current_link, lay.capture_switch,
-                      lay.capture_dir, COUNTS_GLOB]).stdout.splitlines()
+    argv = probes.named_probe_argv("read-capture", {"capture": _READ}, {
+        "scheduler": CAPTURE_SCHEDULER, "cur": lay.current_link, "switch": lay.capture_switch, "dir": lay.capture_dir,
+        "glob": COUNTS_GLOB})
+    out = probes.section_text(probes.split_sections(conn.query(argv).stdout), "capture").splitlines()
     files = {}
     for line in out:
         if line.startswith("file "):
