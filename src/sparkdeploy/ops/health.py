@@ -117,8 +117,7 @@ NODE_SECTIONS: dict[str, str] = {
     "node_plan": f'cat "$current/{NODE_PLAN_FILE}" 2>/dev/null',  # the release's configured list (vocab_live)
     "healthy": f'cat "$current/{HEALTHY_MARK}" 2>/dev/null',  # the probe recorded at the release's gate
     "sentinel": f'cat "$current/{SENTINEL_RECORD}" 2>/dev/null',  # the head's speed record of the release
-    # the engine ranks' reports of the list each serves (vocab_live.reports), in log order
-    "vocab_reports": "docker logs \"$ctr\" 2>&1 | grep 'spark_overlays: shortlist .*sha256=' | tail -n 64",
+    "vocab_reports": vocab_live.REPORTS,  # the list each engine rank serves (vocab_live.reports)
 }
 
 

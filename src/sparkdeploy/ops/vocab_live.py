@@ -296,10 +296,15 @@ def reports(log: str) -> list[Served]:
             for m in _REPORT.finditer(log)]
 
 
+#: One section of a probe: the engine ranks' reports of the list each serves, in log order ($ctr: its container;
+#: the newest 64, far more than the ranks of a node report between two looks). `health` reads it too.
+REPORTS = "docker logs \"$ctr\" 2>&1 | grep 'spark_overlays: shortlist .*sha256=' | tail -n 64"
+
+
 def engine_reports(conn: Conn, lay: ServiceLayout) -> str:
     """The report lines of the node's engine container (empty when it is not running)."""
-    script = 'docker logs "$1" 2>&1 | grep "spark_overlays: shortlist .*sha256="'
-    return conn.query(["sh", "-c", script, "reports", lay.container], check=False, timeout=60).stdout
+    argv = probes.named_probe_argv("reports", {"reports": REPORTS}, {"ctr": lay.container})
+    return probes.section_text(probes.split_sections(conn.query(argv, check=False, timeout=60).stdout), "reports")
 
 
 def served(conn: Conn, lay: ServiceLayout, logs: Callable[[Conn, ServiceLayout], str] = engine_reports
