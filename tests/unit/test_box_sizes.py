@@ -13,7 +13,7 @@ from sparkdeploy import paths
 from sparkdeploy.cli import main
 from sparkdeploy.errors import PlanError
 from sparkdeploy.model import inventory
-from sparkdeploy.node.facts import load_facts_file
+from sparkdeploy.model.facts_file import load_facts_file
 from sparkdeploy.plan import plan
 
 FIXTURES = Path(__file__).parent / "fixtures"

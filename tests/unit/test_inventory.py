@@ -262,3 +262,18 @@ def test_sentinel_settings_default_to_every_category_and_a_bad_one_names_its_fie
         with pytest.raises(InventoryError) as err:
             inventory.load(_write(tmp_path, yaml.safe_dump(dict(_sim(), sentinel=bad))))
         assert field in str(err.value) and words in str(err.value), (bad, str(err.value))
+
+
+def test_the_one_declaration_gives_the_json_schema_and_the_loader_refuses_what_it_says(tmp_path, capsys):
+    """`sparkdeploy schema inventory` prints the shape `inventory.load` reads: a key the schema lacks is refused
+    by the loader too, and a range the schema states is the loader's."""
+    assert main(["schema", "inventory"]) == 0
+    shape = json.loads(capsys.readouterr().out)
+    ports = shape["$defs"]["Ports"]["properties"]
+    assert shape["required"] == ["nodes"] and ports["api"]["maximum"] == 65535 and ports["api"]["default"] == 8000
+    assert shape["additionalProperties"] is False and "nodez" not in shape["properties"]
+    data = dict(_sim(), ports={"api": ports["api"]["maximum"] + 1})
+    with pytest.raises(InventoryError, match="out of range; expected a port 1..65535"):
+        inventory.load(_write(tmp_path, yaml.safe_dump(data)))
+    for name in ("profile", "facts"):
+        assert main(["schema", name]) == 0 and json.loads(capsys.readouterr().out)["type"] == "object"

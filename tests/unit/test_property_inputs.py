@@ -23,7 +23,7 @@ from spark_overlays import vocab_list
 from sparkdeploy import paths
 from sparkdeploy.cli import main
 from sparkdeploy.model import engine_args
-from sparkdeploy.model.profile import SECRET_ENV_RE
+from sparkdeploy.model.schema import SECRET_ENV_RE
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_VOCAB = 4032  # deploy/tokenizers.yaml: sparkdeploy/tiny-qwen3

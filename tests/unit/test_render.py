@@ -20,7 +20,7 @@ from sparkdeploy import paths, plan
 from sparkdeploy.cli import main
 from sparkdeploy.errors import InventoryError
 from sparkdeploy.model import inventory
-from sparkdeploy.node import facts
+from sparkdeploy.model.facts_file import load_facts_file
 from sparkdeploy.plan import render
 
 HERE = Path(__file__).parent
@@ -30,7 +30,7 @@ COMMIT = "0" * 40
 
 
 def _plan(inv_path: Path, nodes=None, facts_path: Path | None = None) -> plan.Plan:
-    given_facts = facts.load_facts_file(facts_path) if facts_path else None
+    given_facts = load_facts_file(facts_path) if facts_path else None
     return plan.plan(inventory.load(inv_path), given_facts, nodes, git_commit=COMMIT, overlays_digest="test")
 
 

@@ -155,7 +155,7 @@ def test_malformed_links_exit_2_naming_the_field(tmp_path, capsys, mutate, field
 
 
 def test_facts_must_show_every_link_of_a_node(tmp_path):
-    from sparkdeploy.node.facts import load_facts_file
+    from sparkdeploy.model.facts_file import load_facts_file
 
     path = _write(tmp_path, _services(_ring(), {"left": ["spark1", "spark2"]}))
     facts = {"nodes": {"spark1": {"mem_total_gib": 119.7, "gpu_name": "NVIDIA GB10",

@@ -206,13 +206,13 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
 
     from sparkdeploy import plan as plan_mod
     from sparkdeploy.errors import SparkdeployError
-    from sparkdeploy.node import facts as facts_mod
+    from sparkdeploy.model.facts_file import load_facts_file
     from sparkdeploy.remote.ssh import Pool, target_of
 
     t0 = time.monotonic()
     ckpt = checkpoint_dir or inv.profile.host_dir
     specs = [spec_of(n, ckpt) for n in inv.nodes]
-    given = facts_mod.load_facts_file(facts_file) if facts_file else {}
+    given = load_facts_file(facts_file) if facts_file else {}
     own = pool is None
     names = {n.name for n in inv.nodes}
     router = inv.router.node if inv.router is not None and inv.router.node.name not in names else None

@@ -27,8 +27,8 @@ from typing import Mapping, Sequence
 
 from sparkdeploy.checks.preflight import GB10_NAME
 from sparkdeploy.errors import InputError
-from sparkdeploy.model.inventory import NAME_RE
 from sparkdeploy.model.profile import find_profile, load_profile
+from sparkdeploy.model.schema import NAME_RE
 from sparkdeploy.node import probes
 from sparkdeploy.node.facts import GIB
 

@@ -13,7 +13,7 @@ from sparkdeploy import paths
 from sparkdeploy import plan as plan_mod
 from sparkdeploy.cli.options import chosen_service, inventory_option, selected_services
 from sparkdeploy.model import inventory as inventory_mod
-from sparkdeploy.node import facts as facts_mod
+from sparkdeploy.model.facts_file import load_facts_file
 from sparkdeploy.node import layout
 from sparkdeploy.plan import render as render_mod
 from sparkdeploy.plan.router import ROUTER_VERSION, plan_router, router_files
@@ -31,7 +31,7 @@ def build_plans(inventory_file: str | Path | None, facts_file: Path | None,
     """Load inventory (+ facts file) and plan each selected service (--service's, else every one), by its key
     (`NAME/R` for a replica); shared by commands that need plans without touching nodes."""
     services = selected_services(inventory_file)
-    given = facts_mod.load_facts_file(facts_file) if facts_file else {}
+    given = load_facts_file(facts_file) if facts_file else {}
     unknown = sorted(set(given) - {n.name for inv in inventory_mod.load_services(inventory_file or
                                                                                  paths.default_inventory())
                                    for n in inv.nodes})

@@ -1,9 +1,12 @@
 """Load and validate `inventory.yaml` (and the model profile it names) into immutable, typed objects.
 
-Every error is an `InventoryError` naming the file, the field path (`nodes[1].data_ip`) and what was expected.
-Unknown keys are errors: a typo must never pass silently. Values that later reach shell or unit text are
-checked here (no control characters anywhere; strict patterns for names, interfaces, hosts, image refs)
-and are *also* quoted by the renderer, so validation is a second wall, not the only one.
+The file's shape (each key's type, range, pattern and default) is declared once, in `model/schema.py`; this
+module reads the file against it and checks what spans keys (one head, unique addresses, links or the shorthand,
+ports across services, the profile and list a service names). Every error is an `InventoryError` naming the
+file, the field path (`nodes[1].data_ip`) and what was expected. Unknown keys are errors: a typo must never pass
+silently. Values that later reach shell or unit text are checked (no control characters anywhere; strict
+patterns for names, interfaces, hosts, image refs) and are *also* quoted by the renderer, so validation is a
+second wall, not the only one.
 
 Inventory shape (see the top-level `inventory.yaml` and `tests/unit/fixtures/inventory.sim.yaml`):
 
@@ -55,21 +58,19 @@ the inventory's `image:` overrides key by key.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from sparkdeploy import paths, yamlfile
-from sparkdeploy.bench.prompts import SENTINEL_CATEGORIES
 from sparkdeploy.errors import InventoryError, RemoteError
 from sparkdeploy.model import credentials, engine_args, sshconfig, topology
 from sparkdeploy.model.credentials import Auth
-from sparkdeploy.model.fields import Fields, path_text, short
+from sparkdeploy.model.fields import at, read, short
 from sparkdeploy.model.profile import (
-    SERVED_RE,
     ImageConfig,
     Profile,
     Speculative,
@@ -78,22 +79,22 @@ from sparkdeploy.model.profile import (
     image_part,
     load_profile,
 )
+from sparkdeploy.model.schema import (  # the sections of the file are the inventory's types too
+    AuthFiles,
+    InventoryFile,
+    LinkEntry,
+    MemoryConfig,
+    NodeEntry,
+    Patches,
+    Ports,
+    SentinelConfig,
+    ServiceKeys,
+    WatchdogConfig,
+)
 from sparkdeploy.model.topology import DEFAULT_PREFIX, Link
-from sparkdeploy.node import layout
 from sparkdeploy.node.layout import ServiceLayout
 
-FEATURES = ("shortlist", "skinny_gemm", "fp8_gdn", "prefix_align")
-GPU_KINDS = ("gb10", "none")
-MAX_NODES = 64  # nodes, services and a service's nodes (a Spark cluster is a handful)
-MAX_HCA = 16  # RoCE devices per node (a GB10 lists two to four)
-MAX_LINKS = 8  # data links per node (a GB10 has two CX-7 ports, each with its twin netdev)
 ROLES = ("head", "worker")
-
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-IFNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$")  # Linux IFNAMSIZ - 1
-HCA_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.:_-]{0,252})$")
-USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
 # ------------------------------------------------------------------------------------------------ types
@@ -131,56 +132,10 @@ class Node:
 
 
 @dataclass(frozen=True)
-class Patches:
-    shortlist: bool = True
-    skinny_gemm: bool = True
-    fp8_gdn: bool = True
-    prefix_align: bool = True
-
-    def enabled(self) -> tuple[str, ...]:
-        return tuple(f for f in FEATURES if getattr(self, f))
-
-
-@dataclass(frozen=True)
 class Vocab:
     path: Path  # absolute host path of the source list (stored on every node, bind-mounted read-only into the engine)
     sha256: str
     size: int  # number of ids
-
-
-@dataclass(frozen=True)
-class Ports:
-    api: int = 8000
-    master: int = 29501
-    metrics: int = layout.EXPORTER_PORT  # the head's Prometheus exporter; 0 = none
-
-
-@dataclass(frozen=True)
-class MemoryConfig:
-    reserve_gib: float = 28.0
-    gpu_memory_utilization: float | None = None
-
-
-@dataclass(frozen=True)
-class WatchdogConfig:
-    """When the watchdog takes a busy GPU at low power for a hung kernel (where nvidia-smi answers): utilization
-    at or above `wedge_util_pct` at under `wedge_power_w` for `wedge_for_s`. Defaults from the field report
-    (a hung GB10 kernel reads ~95 % at 16-27 W, a healthy one ~45 W: eugr/spark-vllm-docker#260)."""
-    wedge_util_pct: float = 90.0
-    wedge_power_w: float = 30.0
-    wedge_for_s: float = 120.0
-
-
-@dataclass(frozen=True)
-class SentinelConfig:
-    """What the speed sentinel measures after a release's gate (bench/sentinel.py `check_release`): `runs` kept
-    repeats, after `warmup`, of `tokens` tokens for each prompt category. The defaults take a few seconds a category
-    on a GB10; fewer categories make it shorter, and the noise it judges against comes from the runs (at least 2).
-    Two records compare only where they share categories and settings."""
-    categories: tuple[str, ...] = SENTINEL_CATEGORIES
-    tokens: int = 32
-    runs: int = 3
-    warmup: int = 1
 
 
 @dataclass(frozen=True)
@@ -243,150 +198,117 @@ class Inventory:
 
 
 # ------------------------------------------------------------------------------------------- sections
-_LINK_SHORTHAND = ("data_ip", "netdev", "hca")
-_NODE_KEYS = ("name", "role", "ssh", *_LINK_SHORTHAND, "links", "gpu")
-_LINK_KEYS = ("netdev", "ip", "prefix", "hca", "peer")
-_SSH_KEYS = ("host", "user", "port", "key", "known_hosts")
+class _Where:
+    """Where a part of the file is (`nodes[1]`, `services[0]`, "" for the top level), for errors found across keys."""
+
+    def __init__(self, file: str, path: str = ""):
+        self.file, self.path = file, path
+
+    def fail(self, key: str, message: str) -> NoReturn:
+        raise InventoryError(message, file=self.file, field=at(self.path, key))
+
+    def under(self, key: str) -> "_Where":
+        return _Where(self.file, at(self.path, key))
 
 
-_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
-# `render --out` writes these next to the per-node directories (plan/render.py's layout): no node may be named so
-_RENDER_TOP_LEVEL = ("plan.json", "image")
-def _node(raw: Any, index: int, file: str, *, in_services: bool) -> Node:
+def _node(entry: NodeEntry, where: _Where, *, in_services: bool) -> Node:
     """One entry of `nodes:`. With `services:` a node has no role of its own: each service's first node is
     its head (role is given to the service's view of the node)."""
-    f = Fields(raw, f"nodes[{index}]", file, allowed=_NODE_KEYS)
-    name = f.text("name", NAME_RE, what="a node name (letters, digits, '.', '_', '-'; up to 63)")
-    if name in _RENDER_TOP_LEVEL:
-        f.fail("name", f"{name!r} is reserved (render writes {' and '.join(_RENDER_TOP_LEVEL)} beside the node "
-                       "directories); choose another node name")
     if in_services:
-        if f.has("role"):
-            f.fail("role", "with services:, each service's first node is its head; remove role")
+        if entry.role is not None:
+            where.fail("role", "with services:, each service's first node is its head; remove role")
         role = "worker"
+    elif entry.role is None:
+        where.fail("role", "missing; expected head or worker")
+    elif entry.role not in ROLES:
+        where.fail("role", f"{entry.role!r} is not head or worker")
     else:
-        role = f.text("role", None, what="head or worker")
-        if role not in ROLES:
-            f.fail("role", f"{role!r} is not head or worker")
-    s = f.sub("ssh", _SSH_KEYS)
+        role = entry.role
     # As on the ssh command line: the inventory's values win, then ~/.ssh/config's for the host (a Host alias
     # resolves to its HostName, which the head's watchdog needs too), then root on port 22. Key paths stay as
     # written (`~/.ssh/...`: plans do not depend on who runs the kit); remote expands `~` and `$VAR` at connect.
-    host = s.text("host", HOST_RE, what="a host name, IP address or ~/.ssh/config Host alias")
+    s = entry.ssh
     try:
-        cfg = sshconfig.ssh_config(host)
+        cfg = sshconfig.ssh_config(s.host)
         cfg_port = int(cfg.get("port", 22))
     except (RemoteError, ValueError) as err:
-        s.fail("host", f"~/.ssh/config for {host!r}: {err}")
-    ssh = SshTarget(
-        host=cfg["hostname"],
-        user=s.text("user", USER_RE, None, what="a login name") or cfg.get("user") or "root",
-        port=s.integer("port", 1, 65535, None, what="a port 1..65535") or cfg_port,
-        key=path_text(s, "key", None) or sshconfig.identity_of(cfg),
-        known_hosts=path_text(s, "known_hosts", None),
-        proxy_jump=cfg.get("proxyjump"),
-    )
-    shorthand = [key for key in _LINK_SHORTHAND if f.has(key)]
-    if f.has("links"):
+        where.fail("ssh.host", f"~/.ssh/config for {s.host!r}: {err}")
+    ssh = SshTarget(host=cfg["hostname"], user=s.user or cfg.get("user") or "root", port=s.port or cfg_port,
+                    key=s.key or sshconfig.identity_of(cfg), known_hosts=s.known_hosts, proxy_jump=cfg.get("proxyjump"))
+    shorthand = [key for key in _LINK_SHORTHAND if getattr(entry, key) is not None]
+    if entry.links is not None:
         if shorthand:
-            f.fail(shorthand[0], "give links: or the one-link shorthand (data_ip, netdev, hca), not both; move "
-                                 f"{', '.join(shorthand)} into an entry of links:")
-        raw_links = f.items("links", MAX_LINKS, what="a list of data links ({netdev, ip, prefix, hca, peer})")
-        if not raw_links:
-            f.fail("links", "must list at least one data link ({netdev, ip, prefix, hca, peer})")
-        links = tuple(_link(Fields(raw, f.at(f"links[{i}]"), file, allowed=_LINK_KEYS)) for i, raw in
-                      enumerate(raw_links))
-        _check_own_links(f, name, links)
-    elif not shorthand:
-        f.fail("data_ip", "missing; give the node's data link as data_ip, netdev and hca, or its links as "
-                          "links: [{netdev, ip, prefix, hca, peer}, ...]")
+            where.fail(shorthand[0], "give links: or the one-link shorthand (data_ip, netdev, hca), not both; move "
+                                     f"{', '.join(shorthand)} into an entry of links:")
+        if not entry.links:
+            where.fail("links", "must list at least one data link ({netdev, ip, prefix, hca, peer})")
+        links = tuple(_link(e) for e in entry.links)
+        _check_own_links(where, entry.name, links)
+    elif entry.data_ip is None:
+        where.fail("data_ip", "missing; give the node's data link as data_ip, netdev and hca, or its links as "
+                              "links: [{netdev, ip, prefix, hca, peer}, ...]")
+    elif entry.netdev is None:
+        where.fail("netdev", "missing; expected a network interface name (1-15 of letters, digits, '.', '_', '-')")
     else:
-        links = (_link(f, ip_key="data_ip"),)
-    gpu = f.text("gpu", None, "gb10", what="gb10 or none")
-    if gpu not in GPU_KINDS:
-        f.fail("gpu", f"{gpu!r} is not one of {', '.join(GPU_KINDS)}")
+        links = (Link(netdev=entry.netdev, ip=_address(entry.data_ip), prefix=DEFAULT_PREFIX, hca=entry.hca or ()),)
     first = links[0]
-    return Node(name=name, role=role, ssh=ssh, data_ip=first.ip, netdev=first.netdev, hca=first.hca, gpu=gpu,
-                links=links)
+    return Node(name=entry.name, role=role, ssh=ssh, data_ip=first.ip, netdev=first.netdev, hca=first.hca,
+                gpu=entry.gpu, links=links)
 
 
-def _link(f: Fields, ip_key: str = "ip") -> Link:
-    """One data link: an entry of `links:` (ip, prefix, peer) or a node's shorthand (data_ip, netdev, hca)."""
-    ip = f.text(ip_key, None, what="an IPv4 address")
-    try:
-        address = ipaddress.IPv4Address(ip)
-    except ValueError:
-        f.fail(ip_key, f"{short(ip)} is not an IPv4 address")
-    if address.is_unspecified or address.is_loopback or address.is_multicast or address == _BROADCAST:
-        f.fail(ip_key, f"{address} is not a node's own address; expected the IPv4 address of this node on the "
-                       "data network (the other ranks connect to it), not 0.0.0.0, loopback, multicast or broadcast")
-    netdev = f.text("netdev", IFNAME_RE, what="a network interface name (1-15 of letters, digits, '.', '_', '-')")
-    prefix = f.integer("prefix", 8, 31, DEFAULT_PREFIX, what="a subnet prefix length 8..31") if ip_key == "ip" \
-        else DEFAULT_PREFIX
-    hca_raw = f.items("hca", MAX_HCA, [], what="a list of RoCE device names")
-    hca: dict[str, None] = {}  # insertion-ordered, so a repeat is found in constant time
-    for i, dev in enumerate(hca_raw):
-        if not isinstance(dev, str) or not HCA_RE.fullmatch(dev):
-            f.fail(f"hca[{i}]", f"{short(dev)} is not a RoCE device name")
-        if dev in hca:
-            f.fail(f"hca[{i}]", f"{dev!r} listed twice")
-        hca[dev] = None
-    peer = f.text("peer", NAME_RE, None, what="the name of the node at the other end") if ip_key == "ip" else None
-    return Link(netdev=netdev, ip=str(address), prefix=prefix, hca=tuple(hca), peer=peer)
+def _address(ip: str) -> str:
+    return str(ipaddress.IPv4Address(ip))
 
 
-def _check_own_links(f: Fields, node: str, links: tuple[Link, ...]) -> None:
+def _link(entry: LinkEntry) -> Link:
+    return Link(netdev=entry.netdev, ip=_address(entry.ip), prefix=entry.prefix, hca=entry.hca, peer=entry.peer)
+
+
+def _check_own_links(where: _Where, node: str, links: tuple[Link, ...]) -> None:
     """A node's links are distinct ports: each netdev, and each subnet, once (two links on one subnet would leave
     the choice of port to the routing table, not to the plan)."""
     for i, link in enumerate(links):
         for j, other in enumerate(links[:i]):
             if link.netdev == other.netdev:
-                f.fail(f"links[{i}].netdev", f"{link.netdev!r} is also links[{j}] of node {node}: one entry per port")
+                where.fail(f"links[{i}].netdev", f"{link.netdev!r} is also links[{j}] of node {node}: one entry per "
+                                                 "port")
             if link.subnet == other.subnet:
-                f.fail(f"links[{i}].ip", f"{link.describe()} is on {link.subnet}, like links[{j}] "
-                                         f"({other.describe()}): each link of a node is its own subnet")
+                where.fail(f"links[{i}].ip", f"{link.describe()} is on {link.subnet}, like links[{j}] "
+                                             f"({other.describe()}): each link of a node is its own subnet")
         if link.peer == node:
-            f.fail(f"links[{i}].peer", f"{node!r} is this node; peer names the node at the link's other end")
+            where.fail(f"links[{i}].peer", f"{node!r} is this node; peer names the node at the link's other end")
 
 
 # ------------------------------------------------------------------------------------------------ load
-_TOP_KEYS = ("cluster", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
-             "auth", "services", "served_name", "router", "backend", "watchdog", "sentinel")
-# One service: at the top level of an inventory without `services:`, else in each entry of `services:`
-_SERVICE_KEYS = ("name", "profile", "nodes", "image", "patches", "vocab", "ports", "memory", "speculative_tokens",
-                 "served_name", "backend", "watchdog", "sentinel", "replicas")
-MAX_REPLICAS = 8
-BACKENDS = ("mp", "ray")
+_LINK_SHORTHAND = ("data_ip", "netdev", "hca")
 
 
-def _auth(f: Fields, inventory_file: Path) -> Auth:
+def _auth(files: AuthFiles, inventory_file: Path) -> Auth:
     """Secret files are local paths (`~`, `$VAR` expanded, relative to the inventory), read now so a bad one exits 2."""
-    a = f.sub("auth", ("api_key_file", "hf_token_file"), required=False)
     found: dict[str, Path] = {}
     for key in ("api_key_file", "hf_token_file"):
-        ref = path_text(a, key, None)
+        ref = getattr(files, key)
         if ref is None:
             continue
         path = Path(sshconfig.local_path(ref))
         path = path if path.is_absolute() else inventory_file.parent / path
         try:
-            credentials.read_secret(path, a.at(key))
+            credentials.read_secret(path, f"auth.{key}")
         except InventoryError as err:
-            raise InventoryError(err.reason, file=str(inventory_file), field=a.at(key)) from None
+            raise InventoryError(err.reason, file=str(inventory_file), field=f"auth.{key}") from None
         found[key] = path
     return Auth(**found)
 
 
-def _vocab(f: Fields, inventory_file: Path, required: bool, vocab_size: int | None) -> Vocab | None:
+def _vocab(ref: str | None, where: _Where, inventory_file: Path, required: bool, vocab_size: int | None) -> Vocab | None:
     """The draft list, read by the one reader the engine uses (spark_overlays.vocab_list: format, bounds,
     sorted, unique) and checked against the served tokenizer's vocabulary size when it is recorded."""
     from spark_overlays import vocab_list
 
-    if not f.has("vocab"):
+    if ref is None:
         if required:
-            f.fail("vocab", "missing; patches.shortlist is on, so a draft vocab list (one id per line) is needed")
+            where.fail("vocab", "missing; patches.shortlist is on, so a draft vocab list (one id per line) is needed")
         return None
-    ref = path_text(f, "vocab")
     path = Path(sshconfig.local_path(ref))
     if not path.is_absolute():
         path = inventory_file.parent / path
@@ -394,9 +316,9 @@ def _vocab(f: Fields, inventory_file: Path, required: bool, vocab_size: int | No
         data = vocab_list.read_bytes(path)
         ids = vocab_list.parse_text(data, str(path), vocab_size)
     except vocab_list.VocabListError as err:
-        f.fail("vocab", str(err))
+        where.fail("vocab", str(err))
     if not ids.size:
-        f.fail("vocab", f"{path} holds no token ids")
+        where.fail("vocab", f"{path} holds no token ids")
     return Vocab(path=path.resolve(), sha256=hashlib.sha256(data).hexdigest(), size=int(ids.size))
 
 
@@ -436,46 +358,40 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
     inventory_file = Path(path)
     file = str(inventory_file)
     raw = yamlfile.load(inventory_file, "inventory")
-    f = Fields(raw, "", file, allowed=_TOP_KEYS)
-    cluster = f.text("cluster", NAME_RE, "sparkdeploy", what="a cluster name (letters, digits, '.', '_', '-')")
-    in_services = f.has("services")
-
-    nodes_raw = f.items("nodes", MAX_NODES, what="a list of nodes")
-    if not nodes_raw:
-        f.fail("nodes", "must list at least one node")
-    nodes = tuple(_node(raw_node, i, file, in_services=in_services) for i, raw_node in enumerate(nodes_raw))
-    _check_unique(nodes, [isinstance(r, dict) and "links" in r for r in nodes_raw], file)
-    auth = _auth(f, inventory_file)
+    top = _Where(file)
+    if isinstance(raw, dict) and raw.get("services") is not None:  # before the shape: these name the fix
+        for key in (f.name for f in dataclasses.fields(ServiceKeys)):
+            if key not in ("image",) and key in raw:
+                top.fail(key, f"with services:, {key} belongs to each service (services[N].{key})")
+    f = read(InventoryFile, raw, "", file)
+    in_services = f.services is not None
+    if not f.nodes:
+        top.fail("nodes", "must list at least one node")
+    nodes = tuple(_node(entry, top.under(f"nodes[{i}]"), in_services=in_services) for i, entry in enumerate(f.nodes))
+    _check_unique(nodes, [entry.links is not None for entry in f.nodes], file)
+    auth = _auth(f.auth, inventory_file)
+    index = {n.name: i for i, n in enumerate(nodes)}
+    shared_image = image_part(f.image, file, "image")
     if not in_services:
-        if f.has("router"):
-            f.fail("router", "a router fronts several services; it needs `services:` (one service is its own endpoint)")
+        if f.router is not None:
+            top.fail("router", "a router fronts several services; it needs `services:` (one service is its own endpoint)")
         heads = [i for i, n in enumerate(nodes) if n.role == "head"]
         if len(heads) != 1:
             where = "nodes" if not heads else f"nodes[{heads[1]}].role"
             raise InventoryError(f"exactly one node must have role: head, found {len(heads)}", file=file, field=where)
-        return (_service(f, cluster, nodes, inventory_file, auth, raw.get("image"), {n.name: i for i, n in
-                                                                                   enumerate(nodes)}),)
+        return (_service(f, top, f.cluster, nodes, inventory_file, auth, shared_image, index),)
 
-    for key in _SERVICE_KEYS:
-        if key not in ("name", "nodes", "image") and key in raw:
-            f.fail(key, f"with services:, {key} belongs to each service (services[N].{key})")
-    services_raw = f.items("services", MAX_NODES, what="a list of services")
-    if not services_raw:
-        f.fail("services", "must list at least one service")
-    index = {n.name: i for i, n in enumerate(nodes)}
+    if not f.services:
+        top.fail("services", "must list at least one service")
     views: list[Inventory] = []
-    for si, service_raw in enumerate(services_raw):
-        s = Fields(service_raw, f"services[{si}]", file, allowed=_SERVICE_KEYS)
-        name = s.text("name", NAME_RE, what="a service name (letters, digits, '.', '_', '-'; up to 63)")
-        if any(v.service == name for v in views):
-            s.fail("name", f"{name!r} names two services")
-        if name == "router":
-            s.fail("name", "'router' names the router in reports (health, up --json); choose another name")
-        listed = s.items("nodes", MAX_NODES, what="a list of node names, its head first")
+    for si, entry in enumerate(f.services):
+        s = top.under(f"services[{si}]")
+        if any(v.service == entry.name for v in views):
+            s.fail("name", f"{entry.name!r} names two services")
+        listed = entry.nodes
         if not listed:
             s.fail("nodes", "must list at least one node, its head first")
-        replicas = s.integer("replicas", 1, MAX_REPLICAS, 1,
-                             what=f"an integer 1..{MAX_REPLICAS} (copies of the service, each on its own nodes)")
+        replicas = entry.replicas
         if len(listed) % replicas:
             s.fail("nodes", f"{len(listed)} nodes do not split into {replicas} replicas of one size: list "
                             f"{replicas} groups of equal size, each group's head first")
@@ -487,16 +403,14 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
             if any(m.name == node_name for m in members):
                 s.fail(f"nodes[{ni}]", f"node {node_name!r} is twice in this service: one rank per node")
             members.append(_replace(nodes[index[node_name]], role="head" if ni % size == 0 else "worker"))
-        shared, own = raw.get("image"), service_raw.get("image")  # the service's keys win, key by key
-        image_raw = {**shared, **own} if isinstance(shared, dict) and isinstance(own, dict) else \
-            (shared if own is None else own)
+        image = {**shared_image, **image_part(entry.image, file, f"{s.path}.image")}  # the service's keys win
         for r in range(replicas):
-            view = _service(s, f"{cluster}.{name}", tuple(members[r * size:(r + 1) * size]), inventory_file, auth,
-                            image_raw, index, service=name)
+            view = _service(entry, s, f"{f.cluster}.{entry.name}", tuple(members[r * size:(r + 1) * size]),
+                            inventory_file, auth, image, index, service=entry.name)
             views.append(_replace(view, replica=r + 1 if replicas > 1 else 0))
     names = tuple(dict.fromkeys(str(v.service) for v in views))
-    tenants = _tenants(f, nodes, views, names)
-    router = _router(f, nodes, views, names)
+    tenants = _tenants(top, nodes, views, names)
+    router = _router(f, top, nodes, views, names)
 
     def outside(v: Inventory) -> tuple[Node, ...]:
         """The nodes no copy of v's service runs on (another replica's nodes run the same units)."""
@@ -506,7 +420,7 @@ def load_services(path: str | Path) -> tuple[Inventory, ...]:
     return tuple(_replace(v, router=router, services=names, tenants=tenants, elsewhere=outside(v)) for v in views)
 
 
-def _tenants(f: Fields, nodes: tuple[Node, ...], views: list[Inventory],
+def _tenants(top: _Where, nodes: tuple[Node, ...], views: list[Inventory],
              names: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The nodes several services share, with those services. Each service has its own names there
     (`layout.ServiceLayout`) and an equal part of the memory (`memory.budget`). A service binds its ports on its
@@ -524,115 +438,73 @@ def _tenants(f: Fields, nodes: tuple[Node, ...], views: list[Inventory],
                 if not port:
                     continue
                 if port in taken:
-                    f.fail(f"services[{si}].ports.{key}", f"{port} is already {taken[port]} on node {node.name}, "
-                           "the head of both: give services whose heads share a node their own ports")
+                    top.fail(f"services[{si}].ports.{key}", f"{port} is already {taken[port]} on node {node.name}, "
+                             "the head of both: give services whose heads share a node their own ports")
                 taken[port] = f"service {v.service}'s ports.{key}"
         if len(on) > 1:
             tenants.append((node.name, tuple(v.service for _, v in on)))
     return tuple(tenants)
 
 
-def _router(f: Fields, nodes: tuple[Node, ...], views: list[Inventory], names: tuple[str, ...]) -> RouterConfig | None:
+def _router(f: InventoryFile, top: _Where, nodes: tuple[Node, ...], views: list[Inventory],
+            names: tuple[str, ...]) -> RouterConfig | None:
     """`router: {node, port}`: on a listed node, its port free of that node's service ports, and behind the API
     key (its admin API, which adds and removes workers, is otherwise open to whoever reaches the port)."""
-    if not f.has("router"):
+    if f.router is None:
         return None
-    r = f.sub("router", ("node", "port"))
-    name = r.text("node", NAME_RE, what="the name of the node the router runs on")
+    r, name, port = top.under("router"), f.router.node, f.router.port
     node = next((n for n in nodes if n.name == name), None)
     if node is None:
         r.fail("node", f"no node named {short(name)} in nodes: ({', '.join(n.name for n in nodes)})")
-    port = r.integer("port", 1, 65535, 8080, what="a port 1..65535")
     by_name: dict[str, Inventory] = {}
     for v in views:
         si = names.index(str(v.service))
         other = by_name.setdefault(v.profile.served_name, v)
         if other.profile.name != v.profile.name:
-            f.fail(f"services[{si}].served_name", f"{v.profile.served_name!r} is also service {other.service}'s model "
-                   "name, with another profile: the router sends a model's requests to every service serving that "
-                   "name, so give each model its own (services[].served_name)")
+            top.fail(f"services[{si}].served_name", f"{v.profile.served_name!r} is also service {other.service}'s "
+                     "model name, with another profile: the router sends a model's requests to every service serving "
+                     "that name, so give each model its own (services[].served_name)")
     for v in views:
         if any(n.name == name for n in v.nodes) and port in (v.ports.api, v.ports.master, v.ports.metrics):
             r.fail("port", f"{port} is already service {v.service}'s port on {name} (services[].ports)")
     if views[0].auth.api_key_file is None:
-        f.fail("router", "the router needs auth.api_key_file: its admin API adds and removes workers, so it only "
-                         "answers requests that carry the services' API key")
+        top.fail("router", "the router needs auth.api_key_file: its admin API adds and removes workers, so it only "
+                           "answers requests that carry the services' API key")
     return RouterConfig(node=node, port=port)
 
 
-def _service(f: Fields, cluster: str, nodes: tuple[Node, ...], inventory_file: Path, auth: Auth, image_raw: Any,
-             index: dict[str, int], service: str | None = None) -> Inventory:
-    """What one service is: profile, patches, MTP depth, image, ports, memory and draft list read from `f` (the
-    top level, or one entry of `services:`), checked against the nodes it runs on."""
+def _service(f: ServiceKeys, where: _Where, cluster: str, nodes: tuple[Node, ...], inventory_file: Path, auth: Auth,
+             image_set: dict[str, Any], index: dict[str, int], service: str | None = None) -> Inventory:
+    """What one service is: profile, patches, MTP depth, image, ports, memory and draft list from `f` (the top
+    level, or one entry of `services:`), checked against the nodes it runs on."""
     file = str(inventory_file)
-    profile_ref = sshconfig.local_path(f.text("profile", re.compile(r"^[A-Za-z0-9_./~${}-]+$"),
-                                              what="a profile name or path"))
-    if len(profile_ref) > 1024 or any(len(part) > 250 for part in profile_ref.split("/")):
-        f.fail("profile", "too long; expected a profile name or path (at most 250 characters per path component)")
+    if f.profile is None:
+        where.fail("profile", "missing; expected a profile name or path")
+    profile_ref = sshconfig.local_path(f.profile)
     profile_path = find_profile(profile_ref, inventory_file)
     if not profile_path.exists():  # a FIFO or a device exists: the YAML loader refuses it without reading
         available = sorted(p.stem for p in paths.profiles_dir().glob("*.yaml")) if paths.profiles_dir().is_dir() else []
-        f.fail("profile", f"no profile {profile_ref!r} ({profile_path}); available: {', '.join(available) or 'none'}")
+        where.fail("profile", f"no profile {profile_ref!r} ({profile_path}); available: {', '.join(available) or 'none'}")
     profile, profile_image, raw_engine_args = load_profile(profile_path, name=profile_path.stem)
-
-    pt = f.sub("patches", FEATURES, required=False)
-    patches = Patches(**{feat: pt.flag(feat, True) for feat in FEATURES})
-
-    served_name = f.text("served_name", SERVED_RE, None, what="a served model name (what requests ask for)")
-    if served_name is not None:
-        profile = _replace(profile, served_name=served_name)
-
-    backend = f.text("backend", None, "mp", what="mp or ray")
-    if backend not in BACKENDS:
-        f.fail("backend", f"{short(backend)} is not one of {', '.join(BACKENDS)} (mp: vLLM's own multi-node "
-                          "launcher, the default; ray: a Ray cluster across the service's nodes)")
-
-    depth = f.integer("speculative_tokens", 0, 8, None, what="an integer 0..8 (MTP depth; 0 = off)")
-    if depth is not None:
+    if f.served_name is not None:
+        profile = _replace(profile, served_name=f.served_name)
+    if f.speculative_tokens is not None:
         spec = profile.speculative
-        profile = _replace(profile, speculative=Speculative(spec.method, depth, spec.extra))
-
-    image = image_config(profile_image, image_part(image_raw, f.at("image"), file), file, f.at("image"))
+        profile = _replace(profile, speculative=Speculative(spec.method, f.speculative_tokens, spec.extra))
+    image = image_config(profile_image, image_set, file, where.under("image").path)
     profile = _replace(profile, engine_args=engine_args.to_argv(raw_engine_args, _series(image, file),
                                                                 file=profile.file))
-
-    po = f.sub("ports", ("api", "master", "metrics"), required=False)
-    ports = Ports(api=po.integer("api", 1, 65535, 8000, what="a port 1..65535"),
-                  master=po.integer("master", 1, 65535, 29501, what="a port 1..65535"),
-                  metrics=po.integer("metrics", 0, 65535, layout.EXPORTER_PORT,
-                                     what="a port 1..65535 for the head's Prometheus exporter, or 0 for none"))
-    if ports.api == ports.master:
-        po.fail("master", f"must differ from ports.api ({ports.api})")
-    if ports.metrics in (ports.api, ports.master):
-        po.fail("metrics", f"must differ from ports.api ({ports.api}) and ports.master ({ports.master})")
-
-    me = f.sub("memory", ("reserve_gib", "gpu_memory_utilization"), required=False)
-    memory = MemoryConfig(
-        reserve_gib=me.number("reserve_gib", 1.0, 512.0, 28.0, what="GiB kept for the host, 1..512"),
-        gpu_memory_utilization=me.number("gpu_memory_utilization", 0.05, 0.99, None,
-                                         what="a fraction 0.05..0.99 (or null to derive it)"),
-    )
-
-    wd = f.sub("watchdog", ("wedge_util_pct", "wedge_power_w", "wedge_for_s"), required=False)
-    watchdog = WatchdogConfig(
-        wedge_util_pct=wd.number("wedge_util_pct", 1.0, 100.0, 90.0, what="a GPU utilization in % (1..100)"),
-        wedge_power_w=wd.number("wedge_power_w", 1.0, 1000.0, 30.0,
-                                what="watts (1..1000): busy under this draw is a hung kernel"),
-        wedge_for_s=wd.number("wedge_for_s", 10.0, 86400.0, 120.0, what="seconds (10..86400) busy at low power"),
-    )
-
-    sentinel = _sentinel(f)
     if len(nodes) > 1 and profile.world_size != len(nodes):  # one node listed: the single-box layout
         raise InventoryError(
             f"profile {profile.name!r} needs tp x pp x dp = {profile.tp} x {profile.pp} x {profile.dp} = "
             f"{profile.world_size} node(s) (one GPU each) but {'the service' if service else 'the inventory'} "
-            f"lists {len(nodes)} (1 = single box)", file=file, field=f.at("nodes"))
+            f"lists {len(nodes)} (1 = single box)", file=file, field=at(where.path, "nodes"))
     try:  # the service's view of each node: the link its group shares
         nodes = tuple(n.using(link) for n, link in zip(nodes, topology.group_links(nodes)))
     except topology.TopologyError as err:
-        raise InventoryError(str(err), file=file, field=f.at("nodes")) from None
+        raise InventoryError(str(err), file=file, field=at(where.path, "nodes")) from None
     if any(n.has_gpu for n in nodes) != all(n.has_gpu for n in nodes):
-        raise InventoryError("mixing gpu: none and GPU nodes is not supported", file=file, field=f.at("nodes"))
+        raise InventoryError("mixing gpu: none and GPU nodes is not supported", file=file, field=at(where.path, "nodes"))
     if nodes[0].has_gpu != profile.gpus:
         kind = "GPU" if profile.gpus else "CPU (gpu: none)"
         raise InventoryError(f"profile {profile.name!r} is for {kind} nodes but node {nodes[0].name} has gpu: "
@@ -640,27 +512,11 @@ def _service(f: Fields, cluster: str, nodes: tuple[Node, ...], inventory_file: P
 
     from sparkdeploy.model.served_tokenizer import known_vocab_size
 
-    vocab = _vocab(f, inventory_file, required=patches.shortlist, vocab_size=known_vocab_size(profile.model_id))
-    return Inventory(file=file, cluster=cluster, nodes=nodes, profile=profile, image=image, patches=patches,
-                     vocab=vocab, ports=ports, memory=memory, auth=auth, watchdog=watchdog, sentinel=sentinel,
-                     service=service, backend=backend)
-
-
-def _sentinel(f: Fields) -> SentinelConfig:
-    se = f.sub("sentinel", ("categories", "tokens", "runs", "warmup"), required=False)
-    cats = se.items("categories", len(SENTINEL_CATEGORIES), SENTINEL_CATEGORIES,
-                    what=f"a non-empty list of prompt categories from {', '.join(SENTINEL_CATEGORIES)}")
-    for i, cat in enumerate(cats):
-        if cat not in SENTINEL_CATEGORIES:
-            se.fail(f"categories[{i}]", f"{cat!r} is not a category the sentinel measures (one of: "
-                                        f"{', '.join(SENTINEL_CATEGORIES)})")
-    if not cats or len(set(cats)) != len(cats):
-        se.fail("categories", "a non-empty list, each category once")
-    return SentinelConfig(
-        categories=tuple(cats),
-        tokens=se.integer("tokens", 2, 4096, 32, what="tokens per request, 2..4096"),
-        runs=se.integer("runs", 2, 20, 3, what="kept runs per category, 2..20 (the noise is measured from them)"),
-        warmup=se.integer("warmup", 0, 10, 1, what="warm-up runs per category, 0..10"))
+    vocab = _vocab(f.vocab, where, inventory_file, required=f.patches.shortlist,
+                   vocab_size=known_vocab_size(profile.model_id))
+    return Inventory(file=file, cluster=cluster, nodes=nodes, profile=profile, image=image, patches=f.patches,
+                     vocab=vocab, ports=f.ports, memory=f.memory, auth=auth, watchdog=f.watchdog, sentinel=f.sentinel,
+                     service=service, backend=f.backend)
 
 
 def _series(image: ImageConfig, file: str) -> str:

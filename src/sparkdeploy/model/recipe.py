@@ -36,7 +36,8 @@ from sparkdeploy import yamlfile
 from sparkdeploy.errors import InventoryError
 from sparkdeploy.model import checkpoint, engine_args
 from sparkdeploy.model.fields import CONTROL_RE
-from sparkdeploy.model.profile import DIGEST_REF_RE, KV_DTYPES, MODEL_STORE, SERVED_RE, env_items
+from sparkdeploy.model.profile import DIGEST_REF_RE, env_items
+from sparkdeploy.model.schema import KV_DTYPES, MODEL_STORE, SERVED_RE
 
 # vLLM's short spellings (its parser adds them beside the long flags the catalogue lists)
 SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size",

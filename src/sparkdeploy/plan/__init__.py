@@ -34,7 +34,8 @@ from sparkdeploy.errors import PlanError
 from sparkdeploy.model import checkpoint as checkpoint_mod
 from sparkdeploy.model import engine_args
 from sparkdeploy.model.checkpoint import Checkpoint
-from sparkdeploy.model.inventory import FEATURES, Inventory, Node, SshTarget
+from sparkdeploy.model.inventory import Inventory, Node, SshTarget
+from sparkdeploy.model.schema import FEATURES
 from sparkdeploy.node.facts import GIB, NodeFacts, facts_for
 from sparkdeploy.node.layout import (
     CACHE_HOST_DIR,

@@ -233,7 +233,7 @@ def test_check_release_keeps_the_record_with_its_verdict_against_the_last_health
     """`up`'s probe after the gate, against the fake vLLM; the head's release files in memory."""
     from types import SimpleNamespace
 
-    from sparkdeploy.model.inventory import SentinelConfig
+    from sparkdeploy.model.schema import SentinelConfig
     from sparkdeploy.ops import releases
     from sparkdeploy.remote.connection import Conn, Target
 
