@@ -20,7 +20,7 @@ import requests
 
 from sparkdeploy import poll, timing
 from sparkdeploy.node import memguard, probes
-from sparkdeploy.node.layout import HEALTHY_MARK, NODE_PLAN_FILE, SENTINEL_RECORD, ServiceLayout
+from sparkdeploy.node.layout import HEALTHY_MARK, SENTINEL_RECORD, ServiceLayout
 from sparkdeploy.ops import vocab_live
 from sparkdeploy.verdict import Status
 
@@ -102,7 +102,7 @@ class Report:
 # ------------------------------------------------------------------------------------------- node side
 #: What health reads on a node, each a section of one probe (`probes.probe_script`, run by steps/healthcheck in
 #: one round trip with its other reads). Shell variables (the service's layout): unit, ctr, current, wd_state,
-#: vocab; "$@" holds the extra units to read.
+#: vocab_dir; "$@" holds the extra units to read.
 _UNIT_PROPERTIES = ("Id", "UnitFileState", "ActiveState")
 NODE_SECTIONS: dict[str, str] = {
     "docker": "docker info --format '{{.ServerVersion}}' 2>/dev/null || echo DOWN",
@@ -112,9 +112,7 @@ NODE_SECTIONS: dict[str, str] = {
     "meminfo": "cat /proc/meminfo",
     "current": 'readlink "$current" 2>/dev/null',
     "watchdog": 'cat "$wd_state" 2>/dev/null',
-    "vocab": ('echo "pointer=$(readlink "$vocab" 2>/dev/null)"; '
-              'echo "content=$(sha256sum "$vocab" 2>/dev/null | cut -c1-64)"'),
-    "node_plan": f'cat "$current/{NODE_PLAN_FILE}" 2>/dev/null',  # the release's configured list (vocab_live)
+    "vocab": vocab_live.STATE,  # the live list and the one the release is configured with
     "healthy": f'cat "$current/{HEALTHY_MARK}" 2>/dev/null',  # the probe recorded at the release's gate
     "sentinel": f'cat "$current/{SENTINEL_RECORD}" 2>/dev/null',  # the head's speed record of the release
     "vocab_reports": vocab_live.REPORTS,  # the list each engine rank serves (vocab_live.reports)
@@ -123,8 +121,7 @@ NODE_SECTIONS: dict[str, str] = {
 
 def node_values(lay: ServiceLayout) -> dict[str, str]:
     """The shell variables NODE_SECTIONS read."""
-    return {"unit": lay.unit, "ctr": lay.container, "current": lay.current_link, "wd_state": lay.watchdog_state,
-            "vocab": lay.vocab_pointer}
+    return {"unit": lay.unit, "ctr": lay.container, "wd_state": lay.watchdog_state, **vocab_live.state_values(lay)}
 
 
 def snapshot(sections: dict[str, probes.Section], unit: str, extra_units: tuple[str, ...] = ()) -> dict:
@@ -138,7 +135,7 @@ def snapshot(sections: dict[str, probes.Section], unit: str, extra_units: tuple[
         st = states.get(u, {})
         return st.get("UnitFileState") or missing, st.get("ActiveState", "")
 
-    vocab = probes.parse_kv(text("vocab"))
+    vocab = vocab_live.parse_state("", text("vocab"))
     docker_enabled, _ = state("docker.service", "unknown")
     unit_enabled, unit_active = state(unit, "missing")
     # docker's answer is its last line: the version (the state line), or DOWN (absent) after a failing one's words
@@ -148,8 +145,8 @@ def snapshot(sections: dict[str, probes.Section], unit: str, extra_units: tuple[
             "container": (text("container").strip().splitlines() or [""])[-1],
             "mem": str(probes.parse_meminfo(text("meminfo")).get("MemAvailable", "")),
             "current": text("current").strip(), "watchdog": text("watchdog").replace("\n", ""),
-            "vocab_pointer": vocab.get("pointer", ""), "vocab_content": vocab.get("content", ""),
-            "vocab_configured": vocab_live.configured_sha(record(sections, "node_plan") or {}) or "",
+            "vocab_pointer": vocab.pointer or "", "vocab_content": vocab.content or "",
+            "vocab_configured": vocab.configured or "",
             "vocab_reports": [line for line in text("vocab_reports").splitlines() if line.strip()]}
 
 

@@ -79,15 +79,21 @@ class LiveVocab:
         return dict(asdict(self), version=self.version, problem=self.problem())
 
 
-#: One section of a probe (`probes.named_probe_argv`): $d the vocab dir, $cur the service's `current` link.
-#: `node_plan` is the release's node-plan.json on one line, read by `configured_sha`.
+#: One section of a probe (`probes.named_probe_argv`; variables from `state_values`): the live list and the one
+#: the current release is configured with (`node_plan`: its node-plan.json on one line, read by `configured_sha`).
+#: `health` reads it in its own probe.
 STATE = r"""
-echo "pointer $(readlink "$d/current.txt" 2>/dev/null)"
-echo "content $(sha256sum "$d/current.txt" 2>/dev/null | cut -d' ' -f1)"
-echo "stored $(cd "$d" 2>/dev/null && ls 2>/dev/null | grep -E '^[0-9a-f]{64}\.txt$' | cut -c1-64 | tr '\n' ' ')"
-echo "release $(readlink "$cur" 2>/dev/null)"
-echo "node_plan $(tr -d '\n' < "$cur/node-plan.json" 2>/dev/null)"
+echo "pointer $(readlink "$vocab_dir/current.txt" 2>/dev/null)"
+echo "content $(sha256sum "$vocab_dir/current.txt" 2>/dev/null | cut -d' ' -f1)"
+echo "stored $(cd "$vocab_dir" 2>/dev/null && ls 2>/dev/null | grep -E '^[0-9a-f]{64}\.txt$' | cut -c1-64 | tr '\n' ' ')"
+echo "release $(readlink "$current" 2>/dev/null)"
+echo "node_plan $(tr -d '\n' < "$current/node-plan.json" 2>/dev/null)"
 """
+
+
+def state_values(lay: ServiceLayout) -> dict[str, str]:
+    """The shell variables STATE reads."""
+    return {"vocab_dir": lay.vocab_host_dir, "current": lay.current_link}
 
 
 def parse_state(node: str, out: str) -> LiveVocab:
@@ -131,7 +137,7 @@ def loads_or_empty(text: str | bytes | None) -> dict:
 
 
 def read_state(conn: Conn, lay: ServiceLayout) -> LiveVocab:
-    argv = probes.named_probe_argv("vocab", {"vocab": STATE}, {"d": lay.vocab_host_dir, "cur": lay.current_link})
+    argv = probes.named_probe_argv("vocab", {"vocab": STATE}, state_values(lay))
     out = conn.query(argv, check=False, timeout=30).stdout
     return parse_state(conn.name, probes.section_text(probes.split_sections(out), "vocab"))
 
