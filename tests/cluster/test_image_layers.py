@@ -76,14 +76,31 @@ def layered(sim_cluster, sim_engine_image, tmp_path_factory):
     os.environ["SPARKDEPLOY_ROOT"] = str(root)
     try:  # put the root back even when the deploy fails: later modules on this worker render from it
         inv = _inventory(sim_cluster.inventory, tmp, "base")
+        _, _, tag = up(inv, dry_run=True)
+        if not _in_registry(inv, tag):
+            _lose_images(sim_cluster, sim_cluster.worker)
         res, _, tag = up(inv)
         assert res.healthy, res.message
+        assert _in_registry(inv, tag), f"the head's registry does not hold {tag}"
         yield {"inv": inv, "tmp": tmp, "root": root, "tag": tag}
     finally:
         if saved is None:
             os.environ.pop("SPARKDEPLOY_ROOT", None)
         else:
             os.environ["SPARKDEPLOY_ROOT"] = saved
+
+
+def _in_registry(inv: Path, tag: str) -> bool:
+    """Whether the head's registry holds `tag`. The tests below need the base image to have reached the worker
+    through it: `up` sends an image only to a node that lacks it, and the session pair starts with every node
+    holding the serving image loaded from the host, whose layers a pull cannot recognize (run30a: the worker of a
+    pair that had sent nothing pulled the whole image for an overlays-only change)."""
+    c = Context(I.load(inv), Options())
+    try:
+        c.connect([])
+        return bool(registry.layer_sizes(c.conn(c.head), tag))
+    finally:
+        c.close()
 
 
 def test_list_only_change_builds_and_ships_nothing(layered, sim_cluster):
