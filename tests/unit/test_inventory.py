@@ -277,3 +277,6 @@ def test_the_one_declaration_gives_the_json_schema_and_the_loader_refuses_what_i
         inventory.load(_write(tmp_path, yaml.safe_dump(data)))
     for name in ("profile", "facts"):
         assert main(["schema", name]) == 0 and json.loads(capsys.readouterr().out)["type"] == "object"
+    assert main(["schema", "profile"]) == 0  # mappings the kit keeps as pairs are mappings in the file
+    profile = json.loads(capsys.readouterr().out)["properties"]
+    assert profile["env"]["type"] == profile["speculative"]["type"] == "object"

@@ -15,7 +15,7 @@ import posixpath
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
 
 from sparkdeploy.bench.prompts import SENTINEL_CATEGORIES
 from sparkdeploy.model.checkpoint import KNOWN_FORMATS
@@ -206,7 +206,9 @@ def _speculative(raw: Any) -> tuple[tuple[str, Any], ...]:
 
 
 # ------------------------------------------------------------------------------------------------ leaves
-Env = Annotated[tuple, BeforeValidator(_env), Field(description="a mapping of NAME: value")]
+# Read as a mapping, kept as sorted pairs: the JSON Schema says what the file holds.
+Env = Annotated[tuple, BeforeValidator(_env), Field(description="a mapping of NAME: value"),
+                WithJsonSchema({"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}})]
 NodeName = Text("a node name (letters, digits, '.', '_', '-'; up to 63)", NAME_RE, check=_node_name)
 IPv4 = Text("an IPv4 address", check=_ipv4)
 Netdev = Text("a network interface name (1-15 of letters, digits, '.', '_', '-')", IFNAME_RE)
@@ -441,7 +443,8 @@ class ProfileFile:
     model: ModelEntry
     parallel: ParallelEntry
     speculative: Annotated[tuple, BeforeValidator(_speculative),
-                           Field(description="a mapping: method, num_speculative_tokens, and vLLM's other keys")] = None
+                           Field(description="a mapping: method, num_speculative_tokens, and vLLM's other keys"),
+                           WithJsonSchema({"type": "object", "required": ["method", "num_speculative_tokens"]})] = None
     engine: EngineEntry
     engine_args: Any = None  # checked against the pinned vLLM once the image is known (model/engine_args.py)
     checkpoint: CheckpointEntry = CheckpointEntry()
