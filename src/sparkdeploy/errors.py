@@ -35,7 +35,15 @@ class InventoryError(InputError):
 
 
 class PlanError(InputError):
-    """The inventory is valid but cannot be planned safely (e.g. a memory budget below the reserve)."""
+    """The inventory is valid but cannot be planned safely (e.g. a node's facts lack a declared netdev)."""
+
+    def __init__(self, message: str, *, node: str | None = None):
+        self.node = node
+        super().__init__(message)
+
+
+class BudgetError(PlanError):
+    """A node's memory budget cannot keep the reserve (doctor reports it on that node's memory line)."""
 
 
 class VocabError(InputError):

@@ -310,6 +310,8 @@ def test_examine_end_to_end_on_local_connections():
             ("cluster", "data-plane-bandwidth")} <= set(by)
     mem = by[("node1", "memory")]
     assert "reserve 4.0" in mem.reason or "reserve_gib" in mem.reason  # the plan's budget, not a local guess
+    # the plan runs on this machine's netdevs, which lack the sim's addresses: `up` would refuse, and says why
+    assert by[("node1", "plan")].status is Status.FAILED and "nodes[0]." in by[("node1", "plan")].reason
     assert json.loads(json.dumps(exam.to_dict()))["status"] in ("ok", "warn", "failed")
 
 
@@ -609,3 +611,27 @@ def test_the_image_libs_probe_says_absent_for_an_image_the_engine_lacks():
     out = subprocess.run(probes.image_libs_argv("sparkdeploy-no-such-image:0"), capture_output=True, text=True)
     got = probes.parse_image_libs(out.stdout)
     assert out.returncode == 0 and got["image"] == "absent" and got["image_pip"] == "", out.stdout
+
+
+def test_doctor_plans_on_the_facts_up_gathers_and_says_a_refusal_on_its_own_line():
+    """Doctor used to give the planner /proc/meminfo alone, so a node whose RoCE twin was missing passed doctor's
+    plan while `up` (which plans on the gathered netdevs and GIDs) refused it. Now both plan on `from_probe`'s
+    facts: the refusal is a "plan" line naming the field, and the memory lines still carry the budget."""
+    from sparkdeploy import paths
+    from sparkdeploy.model import inventory
+    from sparkdeploy.node.facts import from_probe
+
+    inv = inventory.load(paths.repo_root() / "inventory.yaml")
+    spark1 = inv.node("spark1")
+    budgets, _, budget_error, refusal = d.plan_verdict(inv, {"spark1": from_probe(spark1, facts())})
+    assert refusal is None and budget_error is None and set(budgets) == {"spark1", "spark2"}
+
+    one_twin = "\n".join(l for l in HEALTHY["rdma"].splitlines() if "roceP2p1s0f1" not in l)
+    budgets, _, budget_error, refusal = d.plan_verdict(inv, {"spark1": from_probe(spark1, facts(rdma=one_twin))})
+    assert refusal.check == "plan" and refusal.node == "spark1" and refusal.status is Status.FAILED
+    assert "nodes[0].hca[1]" in refusal.reason and "'roceP2p1s0f1' (has: rocep1s0f1)" in refusal.reason
+    assert budget_error is None and set(budgets) == {"spark1", "spark2"}
+
+    short = "MemTotal: 127535896 kB\nMemAvailable: 20000000 kB\n"
+    budgets, _, budget_error, refusal = d.plan_verdict(inv, {"spark1": from_probe(spark1, facts(meminfo=short))})
+    assert refusal is None and budgets == {} and budget_error.startswith("node spark1: ")

@@ -6,8 +6,8 @@ each worker, each service head's API port from the router's node), the clock sam
 bandwidth of each data link (each pair of nodes over each subnet they share, and a ring's cables to nodes outside
 the service; `measure_bandwidth`: `ib_write_bw` where both ends have it, else
 parallel TCP streams), the NCCL libraries of the host and of the serving image and the image's Ray
-(`probes.image_libs_argv`), asks the planner for each node's memory budget on the measured /proc/meminfo, and
-hands everything to `preflight`.
+(`probes.image_libs_argv`), plans on the measured facts (`facts.from_probe`, the facts `up` gathers: a refusal
+`up` would make is its own "plan" line, the budget judges the memory line), and hands everything to `preflight`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from sparkdeploy.checks.preflight import GIB, Measured, NodeSpec, check_api_key, check_nccl, check_ray, run_checks
 from sparkdeploy.errors import SparkdeployError
 from sparkdeploy.model.topology import Link, LinkPair, link_pairs
+from sparkdeploy.node.facts import from_probe
 from sparkdeploy.node.layout import ENV_FILE
 from sparkdeploy.node.memguard import memory_margin, serving_margin
 from sparkdeploy.node.probes import (
@@ -157,14 +158,30 @@ def reach_targets(inv) -> dict[str, list[str]]:
     return {k: list(dict.fromkeys(v)) for k, v in out.items()}
 
 
-def planner_facts(node, hf: HostFacts):
-    """The planner's NodeFacts from the probe's /proc/meminfo (memory only: the other checks judge the rest)."""
-    from sparkdeploy.node.facts import NodeFacts
+def plan_verdict(inv, measured) -> tuple[dict, dict, str | None, Result | None]:
+    """Each node's memory budget and engine name from the planner on the measured facts, the planner's memory
+    refusal, and a refusal about anything else (a netdev, an address, an RoCE device, the GPU, the profile) as
+    its own "plan" line: `up` would stop the same way. After such a refusal the budgets come from the same facts
+    without the links and with the declared GPU, so the memory line still judges the memory."""
+    from dataclasses import replace
 
-    mem = parse_meminfo(hf.text("meminfo"))
-    if "MemTotal" not in mem:
-        return None
-    return NodeFacts(node.name, mem["MemTotal"], mem.get("MemAvailable"), node.has_gpu, source="ssh")
+    from sparkdeploy import plan as plan_mod
+    from sparkdeploy.errors import BudgetError, PlanError
+
+    refused = None
+    for facts in (measured, {k: replace(f, netdevs=(), roce=(), has_gpu=inv.node(k).has_gpu)
+                             for k, f in measured.items()}):
+        try:
+            pl = plan_mod.plan(inv, facts)
+            return ({n.name: n.memory for n in pl.nodes}, {n.name: n.container_name for n in pl.nodes}, None,
+                    refused)
+        except BudgetError as err:
+            return {}, {}, str(err), refused
+        except PlanError as err:
+            refused = refused or Result("plan", err.node or "cluster", Status.FAILED, f"up would refuse: {err}",
+                                        "the field the message names (inventory.yaml or the profile), or the node "
+                                        "(see its own lines)")
+    return {}, {}, None, refused
 
 
 @dataclass
@@ -204,8 +221,6 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
     """Probe every node of the inventory (in parallel) and run every check."""
     import time
 
-    from sparkdeploy import plan as plan_mod
-    from sparkdeploy.errors import SparkdeployError
     from sparkdeploy.model.facts_file import load_facts_file
     from sparkdeploy.remote.ssh import Pool, target_of
 
@@ -245,18 +260,10 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
             pool.close()
 
 
-    # memory: the planner's own budget on the measured facts (never recomputed here)
-    measured = {n.name: planner_facts(n, facts[n.name]) for n in inv.nodes if not facts[n.name].error}
-    measured = {k: v for k, v in measured.items() if v is not None}
-    budget_error = None
-    budgets, engines = {}, {}
-    if measured:
-        try:
-            pl = plan_mod.plan(inv, measured)
-            budgets = {np.name: np.memory for np in pl.nodes}
-            engines = {np.name: np.container_name for np in pl.nodes}
-        except SparkdeployError as err:
-            budget_error = str(err)
+    # the planner on the measured facts (the same facts `up` gathers): its budgets are never recomputed here
+    measured = {n.name: from_probe(n, facts[n.name]) for n in inv.nodes if not facts[n.name].error}
+    measured = {k: v for k, v in measured.items() if v.mem_total_bytes}
+    budgets, engines, budget_error, refusal = plan_verdict(inv, measured) if measured else ({}, {}, None, None)
     head_present = int(facts[inv.head.name].kv("disk").get("ckpt_present") or 0) if not facts[inv.head.name].error else 0
     checkpoint_bytes = max(head_present, int(inv.profile.weights_gib * GIB)) if ckpt else 0
     ports = (inv.ports.api, inv.ports.master)
@@ -269,7 +276,10 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
         if r.check == "memory" and not facts[r.node].error:
             mem = parse_meminfo(facts[r.node].text("meminfo"))
             b = budgets.get(r.node)
-            if budget_error and f"node {r.node}:" not in budget_error and re.search(r"\bnode \S+:", budget_error):
+            if refusal and b is None and not budget_error:
+                r = Result("memory", r.node, Status.SKIPPED,
+                           "budget not computed here: the plan stopped before it (see the plan line)")
+            elif budget_error and f"node {r.node}:" not in budget_error and re.search(r"\bnode \S+:", budget_error):
                 r = Result("memory", r.node, Status.SKIPPED,
                        "budget not computed here: the plan stopped at another node (see its memory line)")
             elif budget_error:
@@ -285,6 +295,7 @@ def examine(inv, *, facts_file: str | None = None, checkpoint_dir: str | None = 
                 r = memory_margin("memory", r.node, mem["MemAvailable"], int(b.engine_gib * GIB),
                                   int(b.reserve_gib * GIB), total=mem.get("MemTotal"))
         results.append(r)
+    results += [refusal] if refusal else []
     results += [check_nccl(n, got if isinstance(got, dict) else str(got), tag) for n, got in sorted(libs.items())]
     if inv.backend == "ray" and len(inv.nodes) > 1:
         results += [check_ray(n, got if isinstance(got, dict) else str(got), tag) for n, got in sorted(libs.items())]

@@ -2,9 +2,9 @@
 
 `NodeFacts` is filled three ways: `nominal(node)` (a built-in nominal GB10 or simulated node, the default so
 `plan` works with no node reachable), `model/facts_file.load_facts_file(path)` (YAML, `plan --facts FILE`, shaped
-by `model/schema.FactsFile`), or by `gather`
-reading the node over SSH and feeding the raw text to the parsers in `probes` (`/proc/meminfo`, `ip -j addr`,
-`/sys/class/infiniband/<dev>/ports/1/gids/*` + `gid_attrs/types/*`).
+by `model/schema.FactsFile`), or `from_probe(node, host_facts)` from a node's probe sections (`probes.SECTIONS`:
+`/proc/meminfo`, `ip -o link`/`ip -o -4 addr`, the RoCE ports' GIDs, nvidia-smi, docker, enabled units), which
+`gather` (for `up` and `plan`) and `doctor` both read, so both plan on the same facts.
 Memory is kept in bytes (`mem_total_bytes`, `mem_available_bytes`); `*_gib` properties convert.
 
 Facts file shape:
@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
-from sparkdeploy.node.probes import NetDev  # the parsers of raw node output are in probes, one per fact
+from sparkdeploy.node import probes
+from sparkdeploy.node.probes import HostFacts, NetDev  # the parsers of raw node output are in probes
 
 GIB = 1 << 30
 
@@ -123,3 +124,43 @@ def facts_for(nodes: Iterable[Any], given: Mapping[str, NodeFacts] | None = None
     """Facts for every inventory node: the given ones where present, nominal ones for the rest."""
     given = given or {}
     return {n.name: given.get(n.name) or nominal(n) for n in nodes}
+
+
+# ------------------------------------------------------------------------------------------- probed
+def from_probe(node: Any, probed: HostFacts, *, mem_available: int | None = None) -> NodeFacts:
+    """NodeFacts for inventory node `node` from its probe sections (pure). Each RoCE device's GID is judged by
+    the addresses of its own netdev (a ring node's second link, a CX-7 twin's own /24), falling back to the
+    address of the inventory link that names it; the inventory's HCAs come first, in link order."""
+    mem = probes.parse_meminfo(probed.text("meminfo"))
+    addrs = probes.parse_ip_addr(probed.text("addrs"))
+    netdevs = tuple(NetDev(name, tuple(addrs.get(name, ())), link.mtu, link.up)
+                    for name, link in probes.parse_ip_link(probed.text("links")).items())
+    gpus = probed.gpus[:1]
+    ports = probes.parse_rdma(probed.text("rdma"))
+    ipv4_of = {d.name: d.ipv4 for d in netdevs}
+    link_ip = {dev: ip for _, ip, hca in _links(node) for dev in hca}
+    named = [dev for dev in link_ip if dev in ports]
+    roce = tuple(
+        RoceDev(dev, ports[dev].netdev, ports[dev].port,
+                probes.port_gid_index(ports[dev], probes.twin_addresses(ports[dev].netdev, ipv4_of, link_ip.get(dev))))
+        for dev in (*named, *sorted(set(ports) - set(named))))
+    return NodeFacts(
+        node=node.name,
+        mem_total_bytes=mem.get("MemTotal", 0),
+        mem_available_bytes=mem_available if mem_available is not None else mem.get("MemAvailable"),
+        has_gpu=bool(gpus),
+        gpu_name=gpus[0].name if gpus else None,
+        driver=(gpus[0].driver or None) if gpus else None,
+        docker_version=probed.kv("docker").get("server") or None,
+        netdevs=netdevs,
+        roce=roce,
+        units=tuple(probes.parse_units(probed.text("units"))),
+        source="ssh" if mem_available is None else "local",
+    )
+
+
+def _links(node: Any) -> list[tuple[str | None, str | None, tuple[str, ...]]]:
+    """(netdev, address, HCAs) of each data link of an inventory node (or of anything with data_ip/netdev/hca)."""
+    if hasattr(node, "data_links"):
+        return [(link.netdev, link.ip, link.hca) for link in node.data_links()]
+    return [(getattr(node, "netdev", None), getattr(node, "data_ip", None), tuple(getattr(node, "hca", ())))]

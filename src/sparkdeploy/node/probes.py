@@ -720,27 +720,13 @@ class HostFacts:
 
 
 # ------------------------------------------------------------------------------------ the planner's gather
-#: What the planner reads, in the probe's `@@@` sections; "$@" are the node's RoCE devices (from the inventory,
-#: passed as argv, never spliced into the script). `roce` prints `gid DEV INDEX GID TYPE` and `ndev DEV NETDEV`.
-GATHER_SECTIONS: dict[str, str] = {
-    "meminfo": SECTIONS["meminfo"],
-    "ip": "ip -j addr 2>/dev/null || echo '[]'",
-    "gpu": "nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1",
-    "docker": "docker version --format '{{.Server.Version}}' 2>/dev/null; true",
-    "units": ('for l in /etc/systemd/system/*.wants/* /etc/systemd/system/*.requires/*; do [ -e "$l" ] && '
-              'echo "${l##*/}"; done | sort -u'),
-    "roce": (
-        'for dev in "$@"; do p=/sys/class/infiniband/$dev/ports/1; [ -d "$p" ] || continue; '
-        'for g in "$p"/gids/*; do i=${g##*/}; t=$(cat "$p/gid_attrs/types/$i" 2>/dev/null) || continue; '
-        'printf \'gid %s %s %s %s\\n\' "$dev" "$i" "$(cat "$g" 2>/dev/null)" "$t"; done; '
-        'nd=$(ls "$p/gid_attrs/ndevs" >/dev/null 2>&1 && cat "$p"/gid_attrs/ndevs/0 2>/dev/null); '
-        'printf \'ndev %s %s\\n\' "$dev" "$nd"; done'
-    ),
-}
+#: What the planner reads (`facts.from_probe`): doctor's own sections, so `up` and `doctor` plan on the same facts.
+GATHER_SECTIONS: dict[str, str] = {k: SECTIONS[k]
+                                   for k in ("meminfo", "links", "addrs", "gpu", "rdma", "docker", "units")}
 
 
-def gather_argv(hca: Sequence[str]) -> list[str]:
-    return ["sh", "-c", probe_script(GATHER_SECTIONS), "gather", *hca]
+def gather_argv() -> list[str]:
+    return ["sh", "-c", probe_script(GATHER_SECTIONS), "gather"]
 
 
 # ------------------------------------------------------------------------------------------- host setup

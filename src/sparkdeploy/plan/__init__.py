@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 
 from spark_overlays.compat import series
 from sparkdeploy import __version__
-from sparkdeploy.errors import PlanError
+from sparkdeploy.errors import BudgetError, PlanError
 from sparkdeploy.model import checkpoint as checkpoint_mod
 from sparkdeploy.model import engine_args
 from sparkdeploy.model.checkpoint import Checkpoint
@@ -384,7 +384,8 @@ def _check_facts(node: Node, index: int, facts: NodeFacts) -> None:
     """The node's facts show its GPU, and every data link of it: the netdev, its address, its RoCE devices."""
     where = f"nodes[{index}]"
     if node.has_gpu and not facts.has_gpu:
-        raise PlanError(f"{where}.gpu: node {node.name} is declared {node.gpu} but its facts show no GPU")
+        raise PlanError(f"{where}.gpu: node {node.name} is declared {node.gpu} but its facts show no GPU",
+                        node=node.name)
     links = node.data_links()
     for li, link in enumerate(links):
         at, ip_field = (f"{where}.links[{li}].", "ip") if len(links) > 1 else (f"{where}.", "data_ip")
@@ -392,15 +393,17 @@ def _check_facts(node: Node, index: int, facts: NodeFacts) -> None:
             dev = facts.netdev(link.netdev)
             if dev is None:
                 have = ", ".join(d.name for d in facts.netdevs)
-                raise PlanError(f"{at}netdev: node {node.name} has no interface {link.netdev!r} (has: {have})")
+                raise PlanError(f"{at}netdev: node {node.name} has no interface {link.netdev!r} (has: {have})",
+                                node=node.name)
             if dev.ipv4 and link.ip not in dev.addresses():
                 raise PlanError(f"{at}{ip_field}: {link.ip} is not on "
-                                f"{node.name}'s {link.netdev} ({', '.join(dev.ipv4)})")
+                                f"{node.name}'s {link.netdev} ({', '.join(dev.ipv4)})", node=node.name)
         if facts.roce:
             for i, hca in enumerate(link.hca):
                 if facts.roce_dev(hca) is None:
                     have = ", ".join(d.name for d in facts.roce)
-                    raise PlanError(f"{at}hca[{i}]: node {node.name} has no RoCE device {hca!r} (has: {have})")
+                    raise PlanError(f"{at}hca[{i}]: node {node.name} has no RoCE device {hca!r} (has: {have})",
+                                    node=node.name)
 
 
 def _gid_index(node: Node, facts: NodeFacts) -> tuple[int | None, str | None]:
@@ -610,11 +613,12 @@ def _each_node(nodes: tuple[Node, ...], budget_of: Callable[[Node], MemoryBudget
     for node in nodes:
         try:
             budgets[node.name] = budget_of(node)
-        except PlanError as err:
-            refused.append(str(err))
+        except BudgetError as err:
+            refused.append(err)
+    if len(refused) == 1:
+        raise refused[0]
     if refused:
-        raise PlanError(refused[0] if len(refused) == 1 else
-                        f"{len(refused)} nodes do not fit:\n  " + "\n  ".join(refused))
+        raise BudgetError(f"{len(refused)} nodes do not fit:\n  " + "\n  ".join(map(str, refused)))
     return budgets
 
 
@@ -655,10 +659,11 @@ def plan(inventory: Inventory, facts_by_node: Mapping[str, NodeFacts] | None = N
                           cpu_kv_space_gib=float(cpu_kv) if cpu_kv and cpu_kv.replace(".", "", 1).isdigit() else None,
                           draft_head_gib=shortlist_head_gib(shortlist.capacity if shortlist else 0, tp),
                           shared_by=inv.shared_by(node.name), min_kv_gib=p.max_model_len * kv_bytes / GIB)
-        except PlanError as err:
+        except BudgetError as err:
             if inv.service is None:
                 raise
-            raise PlanError(f"service {inv.service} (services[{inv.services.index(inv.service)}]): {err}") from None
+            raise BudgetError(f"service {inv.service} (services[{inv.services.index(inv.service)}]): {err}",
+                              node=err.node) from None
 
     for node in chosen:
         _check_facts(node, inv.nodes.index(node), facts[node.name])

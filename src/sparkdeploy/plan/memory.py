@@ -37,7 +37,7 @@ derived GMUs, and any explicit one that passes, sum to at most what the node has
 
 With the nominal facts of a 128 GB GB10 (MemAvailable 116, MemTotal 119.7; `facts.nominal_gb10`, used only
 when nothing was measured) and the default reserve this gives GMU 0.73:
-0.68 (known good) < 0.73 < 0.78 (1.8 GiB left). An explicit GMU is refused (PlanError, not a warning) when
+0.68 (known good) < 0.73 < 0.78 (1.8 GiB left). An explicit GMU is refused (BudgetError, not a warning) when
 `base - GMU x MemTotal < reserve`: with the default reserve 0.78 and 0.835 are refused and 0.68 passes.
 
 Simulated (gpu: none) nodes run vLLM's CPU backend: no GMU; the KV pool is VLLM_CPU_KVCACHE_SPACE GiB and
@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sparkdeploy.errors import PlanError
+from sparkdeploy.errors import BudgetError
 from sparkdeploy.node.facts import GIB, NodeFacts
 
 CPU_ENGINE_OVERHEAD_GIB = 3.0  # one vLLM CPU server with a tiny model (measured about 3 GB RSS)
@@ -123,7 +123,7 @@ def budget(
     shared_by: int = 1,
     min_kv_gib: float = 0.0,
 ) -> MemoryBudget:
-    """The memory budget of one service on one node; raise PlanError when it cannot keep `reserve_gib` for the
+    """The memory budget of one service on one node; raise BudgetError when it cannot keep `reserve_gib` for the
     host. On a node `shared_by` several services, each may take an equal part of what the reserve leaves of
     MemTotal (MemAvailable there is read while the other services run, so it would count them twice): its base
     is the reserve plus (MemTotal - reserve) / shared_by, and the services' budgets sum to the node's.
@@ -141,9 +141,9 @@ def budget(
         engine = weights_gib + draft_head_gib + activation_gib + kv + CPU_ENGINE_OVERHEAD_GIB
         left = base - engine
         if left < reserve_gib:
-            raise PlanError(
+            raise BudgetError(
                 f"node {node}: memory.reserve_gib: the CPU engine needs about {engine:.1f} GiB, leaving "
-                f"{left:.1f} GiB of {base_name} {base:.1f} GiB, below the reserve {reserve_gib:.1f} GiB")
+                f"{left:.1f} GiB of {base_name} {base:.1f} GiB, below the reserve {reserve_gib:.1f} GiB", node=node)
         return MemoryBudget(node, False, _r(total), None if available is None else _r(available), base_name,
                             _r(base), reserve_gib, None, "cpu", _r(engine), _r(weights_gib), _r(activation_gib),
                             _r(kv), _r(draft_head_gib), None, _r(left))
@@ -154,10 +154,10 @@ def budget(
         left = base - engine
         if left < reserve_gib:
             safe = math.floor((base - reserve_gib) / total * 100) / 100
-            raise PlanError(
+            raise BudgetError(
                 f"node {node}: memory.gpu_memory_utilization {gmu:.3g} gives vLLM {engine:.1f} GiB and leaves "
                 f"{left:.1f} GiB of {base_name} {base:.1f} GiB, less than memory.reserve_gib {reserve_gib:.1f}; "
-                f"the highest safe value is {safe:.2f} (or remove it to derive one)")
+                f"the highest safe value is {safe:.2f} (or remove it to derive one)", node=node)
     else:
         gmu, source = math.floor((base - reserve_gib) / total * 100) / 100, "derived"
         engine = gmu * total
@@ -169,12 +169,12 @@ def budget(
         how = ("raise memory.gpu_memory_utilization (up to the highest safe value) or remove it" if source == "explicit"
                else f"a node with {short:.1f} GiB more MemAvailable, a memory.reserve_gib that much lower, or a "
                     "profile with fewer weights per rank (more nodes) or a shorter engine.max_model_len")
-        raise PlanError(
+        raise BudgetError(
             f"node {node}: short by {short:.1f} GiB: with {base_name} {base:.1f} GiB of MemTotal {total:.1f} GiB and "
             f"memory.reserve_gib {reserve_gib:.1f}, vLLM may take {max(engine, 0):.1f} GiB, but needs {need:.1f} GiB "
             f"({weights_gib + draft_head_gib:.1f} GiB of weights + {activation_gib:.1f} GiB of activations + "
             + (f"{min_kv_gib:.1f} GiB of KV for one max_model_len sequence" if min_kv_gib else "a KV pool")
-            + f"); {how}")
+            + f"); {how}", node=node)
     tokens = int(kv * GIB // kv_bytes_per_token) if kv_bytes_per_token > 0 else None
     return MemoryBudget(node, True, _r(total), None if available is None else _r(available), base_name, _r(base),
                         reserve_gib, gmu, source, _r(engine), _r(weights_gib), _r(activation_gib), _r(kv),
