@@ -60,7 +60,7 @@ HEALTHY = {
         "docker_df=/dev/nvme0n1p2 3936818905088 1000000000000 2936818905088 26% /\n"
     ),
     "docker": "server=28.3.3\nruntimes=io.containerd.runc.v2 nvidia runc \ndefault_runtime=runc",
-    "units": "ExecStart={ path=/usr/bin/dockerd ; argv[]=/usr/bin/dockerd -H fd:// ; ignore_errors=no }\nId=docker.service\n\n"
+    "enabled_units": "ExecStart={ path=/usr/bin/dockerd ; argv[]=/usr/bin/dockerd -H fd:// ; ignore_errors=no }\nId=docker.service\n\n"
              "ExecStartPre={ path=/usr/sbin/sshd ; argv[]=/usr/sbin/sshd -t ; ignore_errors=no }\n"
              "ExecStart={ path=/usr/sbin/sshd ; argv[]=/usr/sbin/sshd -D $SSHD_OPTS ; ignore_errors=no }\nId=ssh.service\n\n"
              "ExecStartPre=\nExecStart={ path=/usr/bin/docker ; argv[]=/usr/bin/docker run --name sparkdeploy-vllm img "
@@ -121,9 +121,9 @@ PLANTED = [
      "free space"),
     ("docker", {"docker": "server=28.3.3\nruntimes=io.containerd.runc.v2 runc \ndefault_runtime=runc"}, "nvidia-ctk"),
     ("gpu-processes", {"gpu_procs": "4242, /usr/bin/python3, 30000 MiB"}, "stop them"),
-    ("stale-units", {"units": HEALTHY["units"] + "\nExecStart={ path=/usr/local/bin/start-vllm.sh ; argv[]=/usr/local/bin/start-vllm.sh }\nId=old-vllm.service\n"},
+    ("stale-units", {"enabled_units": HEALTHY["enabled_units"] + "\nExecStart={ path=/usr/local/bin/start-vllm.sh ; argv[]=/usr/local/bin/start-vllm.sh }\nId=old-vllm.service\n"},
      "systemctl disable --now old-vllm.service"),
-    ("stale-units", {"units": HEALTHY["units"] + "\nExecStart={ path=/usr/bin/docker ; argv[]=/usr/bin/docker run -p 8000:8000 x }\nExecStartPre=\nId=api.service\n"},
+    ("stale-units", {"enabled_units": HEALTHY["enabled_units"] + "\nExecStart={ path=/usr/bin/docker ; argv[]=/usr/bin/docker run -p 8000:8000 x }\nExecStartPre=\nId=api.service\n"},
      "api.service"),
     ("memory", {"meminfo": "MemTotal: 127535896 kB\nMemAvailable: 20000000 kB\n"}, "gpu_memory_utilization"),
     ("timesync", {"timesync": "ntp=no"}, "set-ntp"),
@@ -255,7 +255,7 @@ def test_units_ignore_pids_that_look_like_ports():
     text = ("Id=web.service\nExecStart={ path=/usr/bin/nginx ; argv[]=/usr/bin/nginx -g daemon off; ; "
             "ignore_errors=no ; start_time=[n/a] ; pid=8000 ; code=(null) ; status=0/0 }\n")
     assert probes.parse_units(text) == {"web.service": ["ExecStart=/usr/bin/nginx -g daemon off"]}
-    assert pf.check_stale_units(SPEC, facts(units=text), ports=(8000,)).status is Status.OK
+    assert pf.check_stale_units(SPEC, facts(enabled_units=text), ports=(8000,)).status is Status.OK
 
 
 def test_parsers():
@@ -626,11 +626,15 @@ def test_doctor_plans_on_the_facts_up_gathers_and_says_a_refusal_on_its_own_line
     budgets, _, budget_error, refusal = d.plan_verdict(inv, {"spark1": from_probe(spark1, facts())})
     assert refusal is None and budget_error is None and set(budgets) == {"spark1", "spark2"}
 
-    one_twin = "\n".join(l for l in HEALTHY["rdma"].splitlines() if "roceP2p1s0f1" not in l)
+    one_twin = "\n".join(line for line in HEALTHY["rdma"].splitlines() if "roceP2p1s0f1" not in line)
     budgets, _, budget_error, refusal = d.plan_verdict(inv, {"spark1": from_probe(spark1, facts(rdma=one_twin))})
     assert refusal.check == "plan" and refusal.node == "spark1" and refusal.status is Status.FAILED
     assert "nodes[0].hca[1]" in refusal.reason and "'roceP2p1s0f1' (has: rocep1s0f1)" in refusal.reason
     assert budget_error is None and set(budgets) == {"spark1", "spark2"}
+
+    # a facts file renames doctor's GPU for its checks; the plan keeps nvidia-smi's answer, as `up` would
+    no_smi = facts(gpu="nvidia-smi: not found", _rcs={"gpu": 127}, _overrides={"gpu_name": "NVIDIA GB10"})
+    assert no_smi.gpus and not from_probe(spark1, no_smi).has_gpu
 
     short = "MemTotal: 127535896 kB\nMemAvailable: 20000000 kB\n"
     budgets, _, budget_error, refusal = d.plan_verdict(inv, {"spark1": from_probe(spark1, facts(meminfo=short))})

@@ -3,8 +3,7 @@
 from types import SimpleNamespace
 
 from sparkdeploy.checks import preflight
-from sparkdeploy.node import probes
-from sparkdeploy.node import facts
+from sparkdeploy.node import facts, probes
 from sparkdeploy.node.probes import HostFacts
 from sparkdeploy.ops import gather
 

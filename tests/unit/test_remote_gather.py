@@ -25,7 +25,7 @@ server=28.3.3
 runtimes=io.containerd.runc.v2 nvidia runc
 default_runtime=runc
 @@@ rc=0
-@@@ units
+@@@ enabled_units
 Id=docker.service
 
 Id=sparkdeploy-engine.service
@@ -67,10 +67,10 @@ def test_parse_gather_reads_every_links_hcas_each_by_its_own_address():
     links = (Link("enp1s0f1np1", "192.168.177.11", 24, ("rocep1s0f1",)),
              Link("enp1s0f0np0", "192.168.10.1", 24, ("rocep1s0f0",)))
     node = SimpleNamespace(name="spark1", data_links=lambda: links)
-    ring = OUT.replace("@@@ rc=0\n@@@ gpu", "2: enp1s0f0np0    inet 192.168.10.1/24 scope global enp1s0f0np0\n"
-                       "@@@ rc=0\n@@@ gpu")
-    ring = ring.replace("@@@ rc=0\n@@@ addrs", "2: enp1s0f0np0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000 state UP\n"
-                        "@@@ rc=0\n@@@ addrs")
+    ring = OUT.replace("@@@ rc=0\n@@@ gpu",
+                       "2: enp1s0f0np0    inet 192.168.10.1/24 scope global enp1s0f0np0\n@@@ rc=0\n@@@ gpu")
+    ring = ring.replace("@@@ rc=0\n@@@ addrs",
+                        "2: enp1s0f0np0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000 state UP\n@@@ rc=0\n@@@ addrs")
     ring = ring.removesuffix("@@@ rc=0\n") + ("port rocep1s0f0 1 enp1s0f0np0 4: ACTIVE\n"
                                        "gid rocep1s0f0 1 4 0000:0000:0000:0000:0000:ffff:c0a8:0a01 enp1s0f0np0 RoCE v2\n"
                                        "gid rocep1s0f0 1 5 0000:0000:0000:0000:0000:ffff:c0a8:b10b enp1s0f0np0 RoCE v2\n"

@@ -11,7 +11,6 @@ each twin's addresses), so doctor passes exactly the NCCL_IB_GID_INDEX the plan 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -31,6 +30,7 @@ from sparkdeploy.node.probes import (
     parse_speeds,
     parse_units,
     port_gid_index,
+    stale_units,
     twin_addresses,
 )
 from sparkdeploy.ops.hostsetup import DATA_PLANE_MTU, EARLYOOM_AVOID, EARLYOOM_PREFER
@@ -406,20 +406,10 @@ def check_gpu_processes(spec: NodeSpec, facts: HostFacts, *, ours: Iterable[str]
     return _r("gpu-processes", spec.name, Status.OK, "no other process on the GPU")
 
 
-_STALE_RE = re.compile(r"vllm|sglang|llama[-_.]?server|tensorrt|trtllm|\bray start\b", re.I)
-
-
 def check_stale_units(spec: NodeSpec, facts: HostFacts, *, own_prefix: str = "sparkdeploy",
                       ports: Iterable[int] = ()) -> Result:
-    units = parse_units(facts.text("units"))
-    port_res = [re.compile(rf"(?<![0-9]){p}(?![0-9])") for p in ports]
-    stale = []
-    for unit, execs in units.items():
-        if unit.startswith(own_prefix):
-            continue
-        text = " ".join(execs)
-        if _STALE_RE.search(text) or any(r.search(text) for r in port_res):
-            stale.append(unit)
+    units = parse_units(facts.text("enabled_units"))
+    stale = stale_units(units, ports, lambda u: u.startswith(own_prefix))
     if stale:
         return _r("stale-units", spec.name, Status.FAILED,
                   f"enabled at boot and would start another inference stack: {', '.join(stale)}",

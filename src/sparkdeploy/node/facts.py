@@ -135,7 +135,7 @@ def from_probe(node: Any, probed: HostFacts, *, mem_available: int | None = None
     addrs = probes.parse_ip_addr(probed.text("addrs"))
     netdevs = tuple(NetDev(name, tuple(addrs.get(name, ())), link.mtu, link.up)
                     for name, link in probes.parse_ip_link(probed.text("links")).items())
-    gpus = probed.gpus[:1]
+    gpus = probes.parse_nvidia_smi(probed.text("gpu"))[:1] if probed.rc("gpu") == 0 else []
     ports = probes.parse_rdma(probed.text("rdma"))
     ipv4_of = {d.name: d.ipv4 for d in netdevs}
     link_ip = {dev: ip for _, ip, hca in _links(node) for dev in hca}
@@ -154,7 +154,7 @@ def from_probe(node: Any, probed: HostFacts, *, mem_available: int | None = None
         docker_version=probed.kv("docker").get("server") or None,
         netdevs=netdevs,
         roce=roce,
-        units=tuple(probes.parse_units(probed.text("units"))),
+        units=tuple(probes.parse_units(probed.text("enabled_units"))),
         source="ssh" if mem_available is None else "local",
     )
 

@@ -21,7 +21,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 # ----------------------------------------------------------------------------------------------- probe
 #: What the clock/thermal check reads (GB10 reports these; `[N/A]` where a field is not supported).
@@ -89,7 +89,7 @@ SECTIONS: dict[str, str] = {
         "echo \"runtimes=$(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' 2>/dev/null)\"; "
         "echo \"default_runtime=$(docker info --format '{{.DefaultRuntime}}' 2>/dev/null)\""
     ),
-    "units": (
+    "enabled_units": (
         # enabled = linked into a .wants/.requires dir under /etc (what boots); `systemctl list-unit-files`
         # would say the same but takes seconds on a busy box
         "u=$(for f in /etc/systemd/system/*.wants/*.service /etc/systemd/system/*.requires/*.service; do "
@@ -682,6 +682,19 @@ def parse_units(text: str) -> dict[str, list[str]]:
     return {u["Id"]: u.commands() for u in parse_unit_states(text) if u.get("Id")}
 
 
+#: The commands of another inference stack (or of a Ray of its own) in an enabled unit.
+OTHER_STACK = re.compile(r"vllm|sglang|llama[-_.]?server|tensorrt|trtllm|\bray start\b", re.I)
+
+
+def stale_units(units: Mapping[str, Sequence[str]], ports: Iterable[int], ours: Callable[[str], bool]) -> list[str]:
+    """THE stale-unit rule (doctor reports, `up` disables, health fails on the same units): an enabled unit, not
+    ours, whose commands run another inference stack or publish or serve one of our ports (`:8000`,
+    `--port 8000`; a pid or a length that happens to be 8000 is not a port)."""
+    port = re.compile("|".join(rf"(?::|--port[= ]){p}(?![0-9])" for p in ports) or "(?!)")
+    return sorted(u for u, execs in units.items()
+                  if not ours(u) and (OTHER_STACK.search(" ".join(execs)) or port.search(" ".join(execs))))
+
+
 # ----------------------------------------------------------------------------------- one node, parsed
 @dataclass
 class HostFacts:
@@ -722,7 +735,7 @@ class HostFacts:
 # ------------------------------------------------------------------------------------ the planner's gather
 #: What the planner reads (`facts.from_probe`): doctor's own sections, so `up` and `doctor` plan on the same facts.
 GATHER_SECTIONS: dict[str, str] = {k: SECTIONS[k]
-                                   for k in ("meminfo", "links", "addrs", "gpu", "rdma", "docker", "units")}
+                                   for k in ("meminfo", "links", "addrs", "gpu", "rdma", "docker", "enabled_units")}
 
 
 def gather_argv() -> list[str]:

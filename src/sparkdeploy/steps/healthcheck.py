@@ -50,9 +50,9 @@ def _expect(cx: Context, healthy: dict | None) -> health.ServiceExpect:
 def _probe_argv(cx: Context) -> list[str]:
     """Everything health reads on a node, one probe: its releases, health's node sections (the extra units of
     any role: each node's check keeps those it expects) and the stale units."""
-    sections = {"releases": releases.SCAN, **health.NODE_SECTIONS, "stale": stale.FIND}
+    sections = {"releases": releases.SCAN, **health.NODE_SECTIONS, **stale.SECTIONS}
     values = {**releases.scan_values(cx.lay), **health.node_values(cx.lay),
-              **stale.values(cx.inv.our_units(), [cx.inv.ports.api, cx.inv.ports.master])}
+              **stale.values([cx.inv.ports.api, cx.inv.ports.master])}
     return probes.named_probe_argv("health", sections, values, (cx.lay.watchdog_timer, cx.lay.exporter_unit))
 
 
@@ -102,7 +102,7 @@ def check(cx: Context) -> health.Report:
             continue
         rep.add("ssh", True, "connected", e.name)
         health.check_node(rep, e, health.snapshot(r, cx.lay.unit, e.extra_units),
-                          stale.parse(probes.section_text(r, "stale")))
+                          stale.parse(r, cx.inv.our_units(), [cx.inv.ports.api, cx.inv.ports.master]))
     health.check_api(rep, exp, probe_timeout=cx.opts.probe_timeout)
     speed = health.record(read[cx.head], "sentinel") or {}
     if isinstance(speed.get("verdict"), dict):  # the sentinel's last word on this release (bench/sentinel.py)

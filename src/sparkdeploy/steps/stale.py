@@ -1,4 +1,4 @@
-"""Stale units: any other enabled unit that runs a vLLM container or binds our ports.
+"""Stale units: any other enabled unit that runs another inference stack, publishes our ports or owns them.
 
 The seed's reboot bug: the old stack's unit stayed enabled while the running one was disabled, so a reboot
 brought back the wrong engine. `up` finds such units, stops and disables them, and says which.
@@ -10,53 +10,44 @@ from sparkdeploy.node import probes
 from sparkdeploy.remote.connection import Conn
 from sparkdeploy.steps.base import Action
 
-#: One section of a probe (`probes.named_probe_argv`; variables from `values`): $ours the units that are ours,
-#: $ports our ports (both space separated). Prints one unit per line (`parse`).
-FIND = r"""
+#: Who owns our ports: each enabled unit that owns a listener on one of $ports (space separated), one per line;
+#: docker's own units and containers' scopes are not units of their own stack.
+PORT_OWNERS = r"""
 exec 2>/dev/null
-ours=" $ours "
-pat='vllm'
-for p in $ports; do pat="$pat|:$p([^0-9]|\$)|--port[= ]$p([^0-9]|\$)"; done
-# Enabled = linked from a .wants/.requires directory (reading links is instant; `systemctl list-unit-files`
-# takes seconds on a loaded host).
-for link in /etc/systemd/system/*.wants/*.service /etc/systemd/system/*.requires/*.service; do
-  [ -e "$link" ] || continue
-  u=${link##*/}
-  case "$ours" in *" $u "*) continue ;; esac
-  f=$(readlink -f "$link")
-  if cat "$f" /etc/systemd/system/"$u".d/*.conf 2>/dev/null | grep -E '^[[:space:]]*Exec' | grep -qiE "$pat"; then
-    echo "$u"
-  fi
-done | sort -u
 for p in $ports; do
-  for pid in $(ss -ltnpH "sport = :$p" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
-    u=$(ps -o unit= -p "$pid" 2>/dev/null | tr -d ' ')
+  for pid in $(ss -ltnpH "sport = :$p" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+    u=$(ps -o unit= -p "$pid" | tr -d ' ')
     case "$u" in ""|docker-*.scope|docker.service|containerd.service|*.scope) continue ;; esac
-    case "$ours" in *" $u "*) continue ;; esac
-    [ "$(systemctl is-enabled "$u" 2>/dev/null)" = enabled ] && echo "$u"
+    [ "$(systemctl is-enabled "$u")" = enabled ] && echo "$u"
   done
 done
 """
+#: What `up` and health read (one probe's sections): the enabled units' commands, doctor's own section and rule
+#: (`probes.stale_units`), and the owners of our ports.
+SECTIONS = {"enabled_units": probes.SECTIONS["enabled_units"], "port_owners": PORT_OWNERS}
 
 
-def values(ours: list[str], ports: list[int]) -> dict[str, str]:
-    """The shell variables FIND reads."""
-    return {"ours": " ".join(ours), "ports": " ".join(map(str, ports))}
+def values(ports: list[int]) -> dict[str, str]:
+    """The shell variables SECTIONS read."""
+    return {"ports": " ".join(map(str, ports))}
 
 
 def find(conn: Conn, ours: list[str], ports: list[int]) -> list[str]:
-    out = conn.query(probes.named_probe_argv("stale", {"stale": FIND}, values(ours, ports)), timeout=60,
-                     check=False).stdout
-    return parse(probes.section_text(probes.split_sections(out), "stale"))
+    out = conn.query(probes.named_probe_argv("stale", SECTIONS, values(ports)), timeout=60, check=False).stdout
+    return parse(probes.split_sections(out), ours, ports)
 
 
-def parse(out: str) -> list[str]:
-    """FIND's output -> the stale units, sorted."""
-    return sorted({line.strip() for line in out.splitlines() if line.strip()})
+def parse(sections: dict[str, probes.Section], ours: list[str], ports: list[int]) -> list[str]:
+    """The stale units, sorted: by the one rule, plus the owners of our ports that are not ours."""
+    by_rule = probes.stale_units(probes.parse_units(probes.section_text(sections, "enabled_units")), ports,
+                                 ours.__contains__)
+    owners = {u for u in probes.section_text(sections, "port_owners").split() if u not in ours}
+    return sorted(set(by_rule) | owners)
 
 
 def diff(conn: Conn, ours: list[str], ports: list[int]) -> list[Action]:
-    return [Action(f"stop and disable stale unit {u} (runs vLLM or binds port {'/'.join(map(str, ports))})",
+    held = "/".join(map(str, ports))
+    return [Action(f"stop and disable stale unit {u} (runs another inference stack or holds port {held})",
                    lambda u=u: retire(conn, u))
             for u in find(conn, ours, ports)]
 
