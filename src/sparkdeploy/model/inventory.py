@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NoReturn
@@ -250,18 +249,14 @@ def _node(entry: NodeEntry, where: _Where, *, in_services: bool) -> Node:
     elif entry.netdev is None:
         where.fail("netdev", "missing; expected a network interface name (1-15 of letters, digits, '.', '_', '-')")
     else:
-        links = (Link(netdev=entry.netdev, ip=_address(entry.data_ip), prefix=DEFAULT_PREFIX, hca=entry.hca or ()),)
+        links = (Link(netdev=entry.netdev, ip=entry.data_ip, prefix=DEFAULT_PREFIX, hca=entry.hca or ()),)
     first = links[0]
     return Node(name=entry.name, role=role, ssh=ssh, data_ip=first.ip, netdev=first.netdev, hca=first.hca,
                 gpu=entry.gpu, links=links)
 
 
-def _address(ip: str) -> str:
-    return str(ipaddress.IPv4Address(ip))
-
-
 def _link(entry: LinkEntry) -> Link:
-    return Link(netdev=entry.netdev, ip=_address(entry.ip), prefix=entry.prefix, hca=entry.hca, peer=entry.peer)
+    return Link(netdev=entry.netdev, ip=entry.ip, prefix=entry.prefix, hca=entry.hca, peer=entry.peer)
 
 
 def _check_own_links(where: _Where, node: str, links: tuple[Link, ...]) -> None:
