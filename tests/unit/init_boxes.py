@@ -1,10 +1,10 @@
-"""Init probe outputs of DGX Sparks in the `@@@` grammar, built from the formats a GB10 prints (DGX OS 7: `ip -j
-addr`, /sys/class/infiniband GID tables, /sys/class/net/*/speed); shared by test_init and its sshd test."""
+"""Init probe outputs of DGX Sparks in the `@@@` grammar, built from the formats a GB10 prints (DGX OS 7: `ip -o
+link`, `ip -o -4 addr`, /sys/class/infiniband GID tables, /sys/class/net/*/speed); shared by test_init and its sshd
+test."""
 
 from __future__ import annotations
 
 import ipaddress
-import json
 
 # The CX-7's four netdevs and their RoCE devices: two ports, each seen twice (a twin per PCIe root).
 TWINS = {"enp1s0f0np0": "rocep1s0f0", "enP2p1s0f0np0": "roceP2p1s0f0",
@@ -16,6 +16,20 @@ def gid_of(ip: str) -> str:
     """The IPv4-mapped GID text of `ip` (as in /sys/class/infiniband/*/ports/1/gids/N)."""
     h = ipaddress.IPv4Address(ip).packed.hex()
     return f"0000:0000:0000:0000:0000:ffff:{h[:4]}:{h[4:]}"
+
+
+def ip_sections(entries: list[dict]) -> dict[str, str]:
+    """The `links` and `addrs` sections (`ip -o link show`, `ip -o -4 addr show`) of interfaces given as
+    {ifname, mtu, operstate, addr_info: [{family, local, prefixlen}]}."""
+    links, addrs = [], []
+    for i, e in enumerate(entries, 1):
+        flags = "LOOPBACK,UP,LOWER_UP" if e["ifname"] == "lo" else \
+            "BROADCAST,MULTICAST,UP,LOWER_UP" if e["operstate"] == "UP" else "NO-CARRIER,BROADCAST,MULTICAST,UP"
+        links.append(f"{i}: {e['ifname']}: <{flags}> mtu {e['mtu']} qdisc mq state {e['operstate']} mode DEFAULT "
+                     "group default qlen 1000\\    link/ether 4c:bb:47:00:00:01")
+        addrs += [f"{i}: {e['ifname']}    inet {a['local']}/{a['prefixlen']} scope global {e['ifname']}\\       "
+                  "valid_lft forever" for a in e["addr_info"] if a["family"] == "inet"]
+    return {"links": "\n".join(links), "addrs": "\n".join(addrs)}
 
 
 def sections(hostname: str, n: int, ports: dict[str, str], *, gpu: str = "NVIDIA GB10, 580.95.05",
@@ -46,7 +60,7 @@ def sections(hostname: str, n: int, ports: dict[str, str], *, gpu: str = "NVIDIA
             rdma.append(f"gid {hca} 1 {gid_index} {g} {netdev} RoCE v2")
     return {"hostname": hostname, "uname": "6.17.0-1032-nvidia",
             "meminfo": f"MemTotal:       {mem_kb} kB\nMemAvailable:   {mem_kb - 5_000_000} kB",
-            "gpu": gpu, "ip": json.dumps(ip_json), "rdma": "\n".join(rdma), "speed": "\n".join(speeds),
+            "gpu": gpu, **ip_sections(ip_json), "rdma": "\n".join(rdma), "speed": "\n".join(speeds),
             "network": network}
 
 
@@ -56,8 +70,8 @@ def output(secs: dict[str, str]) -> str:
 
 def write_root(root, n: int, ports: dict[str, str], netplan: str = "") -> None:
     """A Spark's files as init's probe reads them, under `root` (the probe's $SPARKDEPLOY_PROBE_ROOT), with
-    `root/bin` holding stand-ins for the two commands the probe runs that read no file: `ip -j addr` (the
-    recorded JSON of `sections`) and GB10's `nvidia-smi`."""
+    `root/bin` holding stand-ins for the commands the probe runs that read no file: `ip -o link show` and
+    `ip -o -4 addr show` (the recorded lines of `sections`) and GB10's `nvidia-smi`."""
     import os
 
     secs = sections(f"spark{n}", n, ports)
@@ -65,8 +79,10 @@ def write_root(root, n: int, ports: dict[str, str], netplan: str = "") -> None:
     (root / "proc" / "meminfo").write_text(secs["meminfo"] + "\n")
     bin_dir = root / "bin"
     bin_dir.mkdir()
-    (root / "ip.json").write_text(secs["ip"] + "\n")
-    for name, body in (("ip", f'[ "$1 $2" = "-j addr" ] || exit 9; cat {root}/ip.json'),
+    (root / "ip-link").write_text(secs["links"] + "\n")
+    (root / "ip-addr").write_text(secs["addrs"] + "\n")
+    for name, body in (("ip", f'case "$*" in "-o link show") cat {root}/ip-link;; "-o -4 addr show") '
+                              f'cat {root}/ip-addr;; *) exit 9;; esac'),
                        ("nvidia-smi", f"echo '{secs['gpu']}'")):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         os.chmod(bin_dir / name, 0o755)

@@ -13,7 +13,7 @@ from sparkdeploy import plan
 from sparkdeploy.checks import init as I
 from sparkdeploy.errors import InputError
 from sparkdeploy.model import inventory
-from tests.unit.init_boxes import output, sections
+from tests.unit.init_boxes import ip_sections, output, sections
 
 NOW = datetime(2026, 12, 5, 18, 0, tzinfo=timezone.utc)
 SYNC_NETPLAN = "netplan /etc/netplan/60-nvsync-cx7.yaml network version ethernets enp1s0f1np1 enP2p1s0f1np1"
@@ -122,9 +122,10 @@ def test_sim_like_boxes_without_rdma_use_their_plain_interface(tmp_path):
     secs = [sections(f"node{n}", n, {}, gpu="nvidia-smi: not found") for n in (1, 2)]
     for n, s in enumerate(secs, 1):
         s["rdma"] = ""
-        s["ip"] = ('[{"ifname":"lo","mtu":65536,"operstate":"UNKNOWN","addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8}]},'
-                   '{"ifname":"docker0","mtu":1500,"operstate":"UP","addr_info":[{"family":"inet","local":"172.17.0.1","prefixlen":16}]},'
-                   f'{{"ifname":"eth0","mtu":9000,"operstate":"UP","addr_info":[{{"family":"inet","local":"172.30.97.1{n}","prefixlen":24}}]}}]')
+        s.update(ip_sections(json.loads(
+            '[{"ifname":"lo","mtu":65536,"operstate":"UNKNOWN","addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8}]},'
+            '{"ifname":"docker0","mtu":1500,"operstate":"UP","addr_info":[{"family":"inet","local":"172.17.0.1","prefixlen":16}]},'
+            f'{{"ifname":"eth0","mtu":9000,"operstate":"UP","addr_info":[{{"family":"inet","local":"172.30.97.1{n}","prefixlen":24}}]}}]')))
     boxes = [I.parse_box(f"172.30.97.1{n}", output(s)) for n, s in enumerate(secs, 1)]
     assert [b.name for b in boxes] == ["node1", "node2"]  # an address is no name: the box's hostname is
     lay = I.work_out(boxes)
@@ -142,8 +143,8 @@ def sim_ring_box(n: int) -> I.Box:
     ifaces = [("eth0", f"172.30.97.1{n}")] + [(f"eth{i}", ip) for i, ip in enumerate(cables, 1)]
     s = sections(f"node{n}", n, {}, gpu="nvidia-smi: not found")
     s["rdma"] = ""
-    s["ip"] = json.dumps([{"ifname": dev, "mtu": 1500, "operstate": "UP",
-                           "addr_info": [{"family": "inet", "local": ip, "prefixlen": 24}]} for dev, ip in ifaces])
+    s.update(ip_sections([{"ifname": dev, "mtu": 1500, "operstate": "UP",
+                           "addr_info": [{"family": "inet", "local": ip, "prefixlen": 24}]} for dev, ip in ifaces]))
     return I.parse_box(f"172.30.97.1{n}", output(s), reached_at=f"172.30.97.1{n}")
 
 

@@ -1,7 +1,8 @@
 """`sparkdeploy init HOST...`: read each box once over SSH and write the inventory that describes it.
 
-Per box one round trip (`probes.INIT_SECTIONS`, the doctor probe's `@@@` grammar): MemTotal, GPU and driver,
-kernel, every interface with its IPv4/prefix, MTU and state (`ip -j addr`), link speed, the RDMA devices on each
+Per box one round trip (`probes.INIT_SECTIONS`, the doctor probe's own sections where they overlap): MemTotal,
+GPU and driver, kernel, every interface with its IPv4/prefix, MTU and state (`ip -o link`, `ip -o -4 addr`, read
+by `probes.parse_netdevs` as for `up` and doctor), link speed, the RDMA devices on each
 netdev and their RoCE v2 IPv4 GID index (the planner's rule, `probes.roce_v2_ipv4_gid_index`), and which netplan
 or NetworkManager files configured the data ports (NVIDIA Sync's Cluster Assistant writes them: read and reported,
 never rewritten).
@@ -105,7 +106,7 @@ def parse_box(host: str, output: str, reached_at: str | None = None) -> Box:
         if port.netdev:
             hca_of.setdefault(port.netdev, []).append(port)
     ports, others = [], []
-    for dev in probes.parse_ip_addr_json(hf.text("ip") or "[]"):
+    for dev in probes.parse_netdevs(hf.text("links"), hf.text("addrs")):
         if not dev.up or dev.name.startswith(NOT_DATA):
             continue
         for addr in dev.ipv4:

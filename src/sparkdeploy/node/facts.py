@@ -132,9 +132,7 @@ def from_probe(node: Any, probed: HostFacts, *, mem_available: int | None = None
     the addresses of its own netdev (a ring node's second link, a CX-7 twin's own /24), falling back to the
     address of the inventory link that names it; the inventory's HCAs come first, in link order."""
     mem = probes.parse_meminfo(probed.text("meminfo"))
-    addrs = probes.parse_ip_addr(probed.text("addrs"))
-    netdevs = tuple(NetDev(name, tuple(addrs.get(name, ())), link.mtu, link.up)
-                    for name, link in probes.parse_ip_link(probed.text("links")).items())
+    netdevs = probes.parse_netdevs(probed.text("links"), probed.text("addrs"))
     gpus = probes.parse_nvidia_smi(probed.text("gpu"))[:1] if probed.rc("gpu") == 0 else []
     ports = probes.parse_rdma(probed.text("rdma"))
     ipv4_of = {d.name: d.ipv4 for d in netdevs}

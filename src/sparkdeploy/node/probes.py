@@ -3,13 +3,14 @@
 Nothing here touches a node. The callers run the scripts and hand the text back:
   - `probe_argv()` (doctor's full probe: sections `@@@ name` ... `@@@ rc=N`, split by `split_sections`),
     run by `doctor.examine()`;
-  - `gather_argv()` (the planner's facts, the same sections), run by `gather.gather()`;
+  - `gather_argv()` (the planner's facts, the same sections), run by `gather.gather()`; `init_probe_argv()`
+    (what `init` reads of a box, the same sections where they overlap);
   - `HOST_STATE_SCRIPT` (what host setup reads, in the `@@@` format), run by `hostsetup.read_state()`;
   - `bandwidth_receive_argv()` / `bandwidth_send_argv()` (one pair's TCP stream over the data plane, read by
     `parse_bandwidth`), run by `doctor.measure_bandwidth()`.
 
 One parser per fact, shared by all three: `parse_meminfo` (/proc/meminfo), `parse_ip_link` / `parse_ip_addr`
-(`ip -o link` / `ip -o -4 addr`), `parse_ip_addr_json` (`ip -j addr`), `parse_rdma` (the probe's port/GID
+(`ip -o link` / `ip -o -4 addr`, together `parse_netdevs`), `parse_rdma` (the probe's port/GID
 lines), `parse_nvidia_smi`, `parse_df_line`, `parse_unit_states` (every `systemctl show`, run as
 `unit_show_argv`), `parse_kv`, `has_cap_sys_resource`; and ONE GID rule, `roce_v2_ipv4_gid_index` (the index the planner puts in NCCL_IB_GID_INDEX, which doctor checks).
 """
@@ -17,7 +18,6 @@ lines), `parse_nvidia_smi`, `parse_df_line`, `parse_unit_states` (every `systemc
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -96,7 +96,7 @@ SECTIONS: dict[str, str] = {
         "[ -e \"$f\" ] || [ -L \"$f\" ] && echo \"${f##*/}\"; done | sort -u); "
         "[ -z \"$u\" ] || systemctl show --no-pager -p Id -p ExecStart -p ExecStartPre $u"
     ),
-    "meminfo": "cat /proc/meminfo",
+    "meminfo": "cat $R/proc/meminfo",
     "containers": "docker ps --format '{{.Names}}' 2>/dev/null",
     "gpu_clocks": (
         "command -v nvidia-smi >/dev/null 2>&1 || exit 127; "
@@ -138,9 +138,10 @@ SECTIONS: dict[str, str] = {
 INIT_SECTIONS: dict[str, str] = {
     "hostname": "hostname",
     "uname": SECTIONS["uname"],
-    "meminfo": "cat $R/proc/meminfo",
+    "meminfo": SECTIONS["meminfo"],
     "gpu": SECTIONS["gpu"],
-    "ip": "ip -j addr",
+    "links": SECTIONS["links"],
+    "addrs": SECTIONS["addrs"],
     "rdma": SECTIONS["rdma"],
     "speed": SECTIONS["speed"],
     "network": (
@@ -429,7 +430,7 @@ def has_cap_sys_resource(capbnd_hex: str) -> bool:
 
 @dataclass(frozen=True)
 class NetDev:
-    """One interface as the planner sees it (`ip -j addr`)."""
+    """One interface as the planner and init see it (`ip -o link` and `ip -o -4 addr`, `parse_netdevs`)."""
 
     name: str
     ipv4: tuple[str, ...] = ()  # "a.b.c.d/prefix"
@@ -438,17 +439,6 @@ class NetDev:
 
     def addresses(self) -> tuple[str, ...]:
         return tuple(a.split("/", 1)[0] for a in self.ipv4)
-
-
-def parse_ip_addr_json(text: str) -> tuple[NetDev, ...]:
-    """`ip -j addr` -> NetDevs with IPv4/prefix, MTU and operstate (loopback kept; callers pick by name)."""
-    out = []
-    for entry in json.loads(text or "[]"):
-        addrs = tuple(f"{a['local']}/{a.get('prefixlen', 32)}" for a in entry.get("addr_info", ())
-                      if a.get("family") == "inet" and "local" in a)
-        state = entry.get("operstate")
-        out.append(NetDev(entry["ifname"], addrs, entry.get("mtu"), None if state is None else state == "UP"))
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -481,6 +471,14 @@ def parse_ip_addr(text: str) -> dict[str, list[str]]:
         if m:
             out.setdefault(m.group(1).split("@")[0], []).append(m.group(2))
     return out
+
+
+def parse_netdevs(links_text: str, addrs_text: str) -> tuple[NetDev, ...]:
+    """The `links` and `addrs` sections -> every interface with its IPv4/prefix, MTU and state (loopback kept;
+    callers pick by name)."""
+    addrs = parse_ip_addr(addrs_text)
+    return tuple(NetDev(name, tuple(addrs.get(name, ())), link.mtu, link.up)
+                 for name, link in parse_ip_link(links_text).items())
 
 
 @dataclass(frozen=True)

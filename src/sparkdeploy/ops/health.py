@@ -109,7 +109,7 @@ NODE_SECTIONS: dict[str, str] = {
     "units": shlex.join(probes.unit_show_argv(["docker.service"], _UNIT_PROPERTIES)) + ' "$unit" "$@" 2>/dev/null',
     "container": ("docker inspect -f '{{.State.Status}} {{.Image}} {{.State.StartedAt}} {{.RestartCount}}' \"$ctr\""
                   " 2>/dev/null || echo absent"),
-    "meminfo": "cat /proc/meminfo",
+    "meminfo": probes.SECTIONS["meminfo"],
     "current": 'readlink "$current" 2>/dev/null',
     "watchdog": 'cat "$wd_state" 2>/dev/null',
     "vocab": vocab_live.STATE,  # the live list and the one the release is configured with
