@@ -175,3 +175,15 @@ def test_a_ring_nodes_netplan_lists_each_link_with_its_own_subnet():
     assert all(cfg["mtu"] == 9000 for cfg in written.values())
     done = after(fresh(), hs.plan_items("spark2", fresh(), **kw))
     assert {i.name: i for i in hs.plan_items("spark2", done, **kw)}["netplan"].status == "ok"
+
+
+def test_the_host_state_probe_runs_on_a_real_shell_and_reads_this_machines_tools():
+    """host setup's read, run here: doctor's earlyoom/sshd/rdma sections and the tools it installs or uses."""
+    import shutil
+
+    from sparkdeploy.remote.ssh import LocalConn, Target
+
+    st = hs.read_state(LocalConn(Target("local", "127.0.0.1", local=True)))
+    assert (st.earlyoom_installed, st.rsync_installed, st.apt_available, st.netplan_available) == tuple(
+        shutil.which(t) is not None for t in ("earlyoom", "rsync", "apt-get", "netplan"))
+    assert st.ssh_unit in ("ssh", "sshd") and st.twin_netdevs == ()

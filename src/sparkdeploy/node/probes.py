@@ -5,7 +5,8 @@ Nothing here touches a node. The callers run the scripts and hand the text back:
     run by `doctor.examine()`;
   - `gather_argv()` (the planner's facts, the same sections), run by `gather.gather()`; `init_probe_argv()`
     (what `init` reads of a box, the same sections where they overlap);
-  - `HOST_STATE_SCRIPT` (what host setup reads, in the `@@@` format), run by `hostsetup.read_state()`;
+  - `host_state_argv()` (what host setup reads: doctor's sections and its tools), run by
+    `hostsetup.read_state()`;
   - `bandwidth_receive_argv()` / `bandwidth_send_argv()` (one pair's TCP stream over the data plane, read by
     `parse_bandwidth`), run by `doctor.measure_bandwidth()`.
 
@@ -741,27 +742,13 @@ def gather_argv() -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------- host setup
-#: What `host setup` reads (same `@@@` sections as the probe; the rdma section is the probe's own).
-HOST_STATE_SCRIPT = ROOT_PREAMBLE + r"""
-echo "@@@ pkg"; command -v earlyoom >/dev/null 2>&1 && echo installed=yes || echo installed=no
-command -v rsync >/dev/null 2>&1 && echo rsync=yes || echo rsync=no
-command -v apt-get >/dev/null 2>&1 && echo apt=yes || echo apt=no
-command -v netplan >/dev/null 2>&1 && echo netplan=yes || echo netplan=no
-echo "@@@ rc=0"
-echo "@@@ earlyoom"
-echo "enabled=$(systemctl is-enabled earlyoom 2>/dev/null)"; echo "active=$(systemctl is-active earlyoom 2>/dev/null)"
-pid=$(systemctl show -p MainPID --value earlyoom 2>/dev/null)
-if [ -n "$pid" ] && [ "$pid" != 0 ]; then echo "cmdline=$(tr '\0' ' ' < /proc/$pid/cmdline)"; fi
-echo "@@@ rc=0"
-echo "@@@ sshd"
-u=ssh; systemctl cat ssh.service >/dev/null 2>&1 || u=sshd; echo unit=$u
-pid=$(systemctl show -p MainPID --value $u 2>/dev/null); echo pid=$pid
-echo "live_adj=$(cat /proc/$pid/oom_score_adj 2>/dev/null)"
-echo "capbnd=$(awk '/^CapBnd:/{print $2}' /proc/1/status 2>/dev/null)"
-echo "@@@ rc=0"
-echo "@@@ rdma"
-""" + SECTIONS["rdma"] + "\necho \"@@@ rc=0\"\n"
+#: What `host setup` reads: the tools it may install or use, and doctor's own earlyoom, sshd and rdma sections.
+HOST_STATE_SECTIONS: dict[str, str] = {
+    "pkg": ("for t in earlyoom rsync apt-get netplan; do "
+            "if command -v $t >/dev/null 2>&1; then echo \"$t=yes\"; else echo \"$t=no\"; fi; done"),
+    **{k: SECTIONS[k] for k in ("earlyoom", "sshd", "rdma")},
+}
 
 
 def host_state_argv() -> list[str]:
-    return ["sh", "-c", HOST_STATE_SCRIPT]
+    return ["sh", "-c", probe_script(HOST_STATE_SECTIONS), "host-state"]

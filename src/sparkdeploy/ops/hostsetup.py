@@ -244,8 +244,8 @@ def read_state(conn, hca: Sequence[str] = (), *, sudo: Sequence[str] = ()) -> Ho
     pkg, eo, ssh = (probes.parse_kv(sec.get(k, probes.Section(0, "")).text) for k in ("pkg", "earlyoom", "sshd"))
     ports = probes.parse_rdma(sec.get("rdma", probes.Section(0, "")).text)
     st = HostState(
-        earlyoom_installed=pkg.get("installed") == "yes", rsync_installed=pkg.get("rsync") == "yes",
-        apt_available=pkg.get("apt") == "yes",
+        earlyoom_installed=pkg.get("earlyoom") == "yes", rsync_installed=pkg.get("rsync") == "yes",
+        apt_available=pkg.get("apt-get") == "yes",
         netplan_available=pkg.get("netplan") == "yes",
         earlyoom_enabled=eo.get("enabled", ""), earlyoom_active=eo.get("active", ""),
         earlyoom_cmdline=eo.get("cmdline", ""),
